@@ -1,0 +1,114 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// cleanupTimeout bounds how long Do spends storing or releasing a claim after
+// the operation returned, even when the caller's context is done by then: the
+// operation's side effect has happened, so its outcome is still recorded.
+const cleanupTimeout = 5 * time.Second
+
+// Do runs fn at most once per (scope, key) within the Keeper's retention, and
+// gives every later call the stored result, decoded into T by the Keeper's
+// Codec.
+//
+//   - The first call claims the key (one round trip), runs fn, and stores its
+//     result (a second round trip). fn's context carries the Claim
+//     (ClaimFromContext) and is cancelled, with a cause wrapping ErrLeaseLost,
+//     if the lease is lost; the result is then not stored.
+//   - A later call gets the stored result in one round trip, without running fn.
+//   - A call while another attempt runs gets an *InProgressError, or with Wait
+//     waits for the result.
+//   - fn's error releases the claim, so the next call runs fn again, and is
+//     returned as is. An error wrapped with Final is stored and replayed as a
+//     *FinalError instead.
+//   - A panic in fn releases the claim and panics again.
+//
+// Other errors: ErrInvalidKey, ErrMismatch (see Fingerprint), ErrCorrupt, and
+// ErrUnavailable when the store cannot be reached: fn does not run then. If fn
+// succeeded but its result could not be stored, Do returns fn's value together
+// with the store's error (ErrUnavailable or ErrLeaseLost): the operation ran,
+// and a retry finds the key in progress until the lease runs out, then claims
+// it with Claim.Recovered set.
+func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	var zero T
+	out, err := k.Begin(ctx, scope, key, opts...)
+	if err != nil {
+		return zero, err
+	}
+	if out.Replayed {
+		return replay[T](k, out)
+	}
+	return run(ctx, k, out.Claim, fn)
+}
+
+func replay[T any](k *Keeper, out Outcome) (T, error) {
+	var v T
+	switch out.kind {
+	case kindError:
+		return v, &FinalError{Err: errors.New(string(out.Value)), Replayed: true}
+	case kindValue:
+		if err := k.codec.Unmarshal(out.Value, &v); err != nil {
+			return v, fmt.Errorf("%w: decoding the stored result: %w", ErrCorrupt, err)
+		}
+		return v, nil
+	}
+	return v, fmt.Errorf("%w: the stored result was not made by Do (kind %q)", ErrCorrupt, out.kind)
+}
+
+func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {
+	opCtx, stop := c.KeepAlive(ContextWithClaim(ctx, c))
+	cleanup := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	}
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// fn panicked: give the key up, then panic again.
+		stop()
+		cctx, cancel := cleanup()
+		defer cancel()
+		_ = c.Release(cctx)
+	}()
+	v, err = fn(opCtx)
+	finished = true
+	if lost := stop(); lost != nil {
+		var zero T
+		return zero, lost
+	}
+	cctx, cancel := cleanup()
+	defer cancel()
+	if err != nil {
+		var final *FinalError
+		if !errors.As(err, &final) {
+			if rerr := c.Release(cctx); rerr != nil {
+				return v, errors.Join(err, rerr)
+			}
+			return v, err
+		}
+		if serr := c.complete(cctx, kindError, []byte(final.Error()), k.policy.errorRetention); serr != nil {
+			return v, errors.Join(err, serr)
+		}
+		return v, err
+	}
+	body, merr := k.codec.Marshal(v)
+	if merr != nil {
+		// The operation ran but its result cannot be kept: store the failure
+		// as final, so that a retry does not run the operation again.
+		err = &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)}
+		if serr := c.complete(cctx, kindError, []byte(err.Error()), k.policy.errorRetention); serr != nil {
+			return v, errors.Join(err, serr)
+		}
+		return v, err
+	}
+	if serr := c.complete(cctx, kindValue, body, 0); serr != nil {
+		return v, serr
+	}
+	return v, nil
+}

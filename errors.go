@@ -1,0 +1,99 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Match them with errors.Is: the errors idem returns wrap
+// them with detail, and errors from the store also wrap the cause (a network
+// error, context.DeadlineExceeded, a Redis error reply).
+var (
+	// ErrInvalidKey reports a key refused before the store is touched: empty,
+	// longer than MaxKeyLen bytes, or holding control characters.
+	ErrInvalidKey = errors.New("idem: invalid key")
+
+	// ErrInProgress reports that another attempt holds a live lease on the
+	// key. The error is an *InProgressError that says how long the lease has
+	// left.
+	ErrInProgress = errors.New("idem: operation in progress")
+
+	// ErrMismatch reports that the key was first used with another request
+	// (another fingerprint). It is a client error, never a replay.
+	ErrMismatch = errors.New("idem: key reused with a different request")
+
+	// ErrLeaseLost reports that a claim is no longer the current holder of its
+	// key: its record was released, completed, taken over after the lease ran
+	// out, or expired. Nothing was written.
+	ErrLeaseLost = errors.New("idem: lease lost")
+
+	// ErrUnavailable reports that the store could not answer: connection
+	// refused, timeout, a server loading its data or read-only. The outcome of
+	// the operation is unknown; it is never reported as "key not seen".
+	ErrUnavailable = errors.New("idem: store unavailable")
+
+	// ErrCorrupt reports that the value stored at a key is not an idem record,
+	// or cannot be decoded. Nothing is overwritten.
+	ErrCorrupt = errors.New("idem: corrupt record")
+
+	// ErrInvalidConfig reports a constructor argument or option that cannot
+	// work, such as a nil client or a lease shorter than zero.
+	ErrInvalidConfig = errors.New("idem: invalid configuration")
+)
+
+// InProgressError is returned when another attempt holds a live lease on the
+// key. errors.Is(err, ErrInProgress) reports true for it.
+type InProgressError struct {
+	// RetryAfter is the time left on the other attempt's lease, as Redis
+	// measured it; at least one millisecond.
+	RetryAfter time.Duration
+}
+
+// Error implements error.
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("%s (lease ends in %s)", ErrInProgress.Error(), e.RetryAfter)
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// FinalError marks the error of an operation as its final outcome: Do stores
+// it like a result, and every later call with the same key gets it back
+// instead of running the operation again. Make one with Final.
+type FinalError struct {
+	// Err is the operation's error. On a replay it is an error whose message is
+	// the original message; its type and wrapped errors are not kept.
+	Err error
+	// Replayed is true when the error comes from the store rather than from
+	// this call's operation.
+	Replayed bool
+}
+
+// Final wraps err so that Do stores it and replays it. Final(nil) is nil.
+func Final(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &FinalError{Err: err}
+}
+
+// Error implements error.
+func (e *FinalError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the operation's error.
+func (e *FinalError) Unwrap() error { return e.Err }
+
+// storeError wraps err from a store as ErrUnavailable unless it already
+// carries one of idem's sentinels.
+func storeError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, s := range []error{ErrLeaseLost, ErrCorrupt, ErrUnavailable} {
+		if errors.Is(err, s) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}

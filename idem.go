@@ -1,0 +1,395 @@
+package idem
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Store keeps idempotency records. Every method is one atomic step; the Redis
+// implementation (RedisStore) makes each one Lua script and one round trip.
+//
+// id is the record's fixed-length id, a digest of (scope, key) made by the
+// Keeper; a Store never sees raw client keys. Tokens are the fencing tokens
+// the Store handed out in Claim.
+//
+// Errors: ErrLeaseLost when the token is not the current holder's,
+// ErrCorrupt when the value at the key is not a record, and anything else is
+// read as the store being unavailable (ErrUnavailable).
+type Store interface {
+	// Claim claims the record for one attempt, or reports its state.
+	Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error)
+	// Complete stores value as the record's result, kept for keep, if token
+	// is the current holder's. A retried Complete with the same token succeeds.
+	Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error
+	// Release gives the claim up, if token is the current holder's, so the
+	// next claim runs the operation again; the token and attempt count are
+	// remembered for keep. A retried Release with the same token succeeds.
+	Release(ctx context.Context, id string, token int64, keep time.Duration) error
+	// Extend renews the lease of token to lease from now, and keeps the
+	// pending record for keep.
+	Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error
+}
+
+// ClaimRequest is what a Store needs to claim a record.
+type ClaimRequest struct {
+	// Fingerprint is a digest of the request, in base64url; may be empty.
+	// A record claimed with one fingerprint answers StatusMismatch to another.
+	Fingerprint string
+	// Attempt identifies this attempt, in base64url. A Claim that finds a
+	// pending record with the same Attempt answers StatusClaimed with the same
+	// token: the caller is retrying a command whose reply was lost.
+	Attempt string
+	// Lease is how long the claim may run without renewal.
+	Lease time.Duration
+	// Keep is how long a pending record is kept, at least Lease.
+	Keep time.Duration
+}
+
+// ClaimStatus is what a Store's Claim found.
+type ClaimStatus uint8
+
+// The answers of Store.Claim.
+const (
+	// StatusClaimed: the caller holds the record and must run the operation.
+	StatusClaimed ClaimStatus = iota + 1
+	// StatusCompleted: the operation completed; Value holds its result.
+	StatusCompleted
+	// StatusInProgress: another attempt holds a live lease.
+	StatusInProgress
+	// StatusMismatch: the record was made for another fingerprint.
+	StatusMismatch
+)
+
+// ClaimReply is the answer of Store.Claim.
+type ClaimReply struct {
+	Status ClaimStatus
+	// Token is the fencing token of the claim (StatusClaimed) or of the claim
+	// that completed the record (StatusCompleted); zero otherwise.
+	Token int64
+	// Attempt counts the claims of this record, this one included, for
+	// StatusClaimed and StatusCompleted; zero otherwise.
+	Attempt int
+	// Recovered is true when the claim took over a lease that had run out:
+	// an earlier attempt may have partly run.
+	Recovered bool
+	// LeaseLeft is the time left on the other attempt's lease
+	// (StatusInProgress); zero otherwise.
+	LeaseLeft time.Duration
+	// Value is the stored result (StatusCompleted); nil otherwise.
+	Value []byte
+}
+
+// Keeper runs each operation at most once per (scope, key) within the
+// retention, and answers every later call with the first result. It is safe
+// for concurrent use.
+type Keeper struct {
+	store  Store
+	policy policy
+	codec  Codec
+	now    func() time.Time
+}
+
+// Option configures a Keeper.
+type Option func(*config)
+
+type config struct {
+	policy policy
+	codec  Codec
+}
+
+// New returns a Keeper on store. Options and their defaults: WithLease (30s),
+// WithRetention (24h), WithErrorRetention (the retention), WithCodec
+// (MsgpackCodec). Invalid settings are refused with ErrInvalidConfig.
+func New(store Store, opts ...Option) (*Keeper, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	cfg := config{policy: defaultPolicy(), codec: MsgpackCodec{}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.policy.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.codec == nil {
+		return nil, fmt.Errorf("%w: nil codec", ErrInvalidConfig)
+	}
+	return &Keeper{store: store, policy: cfg.policy, codec: cfg.codec, now: time.Now}, nil
+}
+
+// Lease returns the lease a claim gets.
+func (k *Keeper) Lease() time.Duration { return k.policy.lease }
+
+// Retention returns how long completed results are kept.
+func (k *Keeper) Retention() time.Duration { return k.policy.retention }
+
+// ErrorRetention returns how long stored errors are kept.
+func (k *Keeper) ErrorRetention() time.Duration { return k.policy.errorRetention }
+
+// CallOption configures one call of Begin or Do.
+type CallOption func(*call)
+
+type call struct {
+	fingerprint []byte
+	wait        time.Duration
+}
+
+// Fingerprint binds the call to a digest of its request (for example a hash of
+// the body). A later call with the same key and another fingerprint gets
+// ErrMismatch instead of a replay. Default: none, and every call with the key
+// matches every other call without one.
+func Fingerprint(fp []byte) CallOption {
+	return func(c *call) { c.fingerprint = fp }
+}
+
+// Wait makes a call that finds the operation in progress wait for its result,
+// up to max and within the context, instead of returning ErrInProgress at
+// once. If the other attempt releases its claim or loses its lease meanwhile,
+// the waiting call claims the key and runs the operation itself. Default: 0,
+// no waiting.
+func Wait(max time.Duration) CallOption {
+	return func(c *call) { c.wait = max }
+}
+
+// Outcome is the answer of Begin when the operation may not be refused: either
+// the caller now holds a Claim and must run the operation, or the operation
+// had completed and Value holds its stored result.
+type Outcome struct {
+	// Claim is set when the caller holds the key: run the operation, then
+	// Complete or Release the claim.
+	Claim *Claim
+	// Replayed is true when the operation had completed; Claim is nil then.
+	Replayed bool
+	// Value is the stored result when Replayed: the bytes given to
+	// Claim.Complete.
+	Value []byte
+	// Token is the fencing token of the claim that produced the stored result
+	// when Replayed, or of Claim.
+	Token int64
+
+	kind byte // envelope kind of Value
+}
+
+// Begin claims (scope, key) for one run of an operation, in one round trip.
+// It returns an Outcome holding either a Claim or the stored result, or one of
+// these errors: ErrInvalidKey (the store was not touched), an *InProgressError
+// (another attempt holds the key; see Wait), ErrMismatch (the key was used with
+// another Fingerprint), ErrCorrupt, or ErrUnavailable.
+func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...CallOption) (Outcome, error) {
+	if err := ValidateKey(key); err != nil {
+		return Outcome{}, err
+	}
+	var c call
+	for _, o := range opts {
+		o(&c)
+	}
+	return k.begin(ctx, recordID(scope, key), &c)
+}
+
+func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error) {
+	req := ClaimRequest{
+		Fingerprint: fingerprintDigest(c.fingerprint),
+		Attempt:     newAttemptID(),
+		Lease:       k.policy.lease,
+		Keep:        k.policy.retention,
+	}
+	var deadline time.Time
+	if c.wait > 0 {
+		deadline = k.now().Add(c.wait)
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		out, err := k.claim(ctx, id, req)
+		var ip *InProgressError
+		if c.wait <= 0 || !errors.As(err, &ip) {
+			return out, err
+		}
+		left := deadline.Sub(k.now())
+		if left <= 0 {
+			return out, err
+		}
+		sleep := min(backoff, ip.RetryAfter, left)
+		backoff = min(2*backoff, 250*time.Millisecond)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Outcome{}, errors.Join(err, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+func (k *Keeper) claim(ctx context.Context, id string, req ClaimRequest) (Outcome, error) {
+	started := k.now()
+	r, err := k.store.Claim(ctx, id, req)
+	if err != nil {
+		return Outcome{}, storeError("claim", err)
+	}
+	switch r.Status {
+	case StatusClaimed:
+		cl := &Claim{
+			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered,
+			leaseEnd: started.Add(k.policy.lease),
+		}
+		return Outcome{Claim: cl, Token: r.Token}, nil
+	case StatusCompleted:
+		kind, body, err := open(r.Value)
+		if err != nil {
+			return Outcome{}, err
+		}
+		return Outcome{Replayed: true, Value: body, Token: r.Token, kind: kind}, nil
+	case StatusInProgress:
+		return Outcome{}, &InProgressError{RetryAfter: max(r.LeaseLeft, time.Millisecond)}
+	case StatusMismatch:
+		return Outcome{}, ErrMismatch
+	}
+	return Outcome{}, fmt.Errorf("%w: claim status %d unknown", ErrCorrupt, r.Status)
+}
+
+// newAttemptID returns 64 random bits in base64url.
+func newAttemptID() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// Claim is the right to run one operation, held until Complete or Release, or
+// until the lease runs out and another attempt takes it over. A Claim is safe
+// for concurrent use.
+type Claim struct {
+	k         *Keeper
+	id        string
+	token     int64
+	attempt   int
+	recovered bool
+
+	mu sync.Mutex
+	// leaseEnd is when the lease runs out by this process's clock, measured
+	// from before the request that last set it was sent, so it is never later
+	// than Redis's view.
+	leaseEnd time.Time
+}
+
+// Token returns the fencing token: it strictly increases every time the key
+// is claimed again and is never handed out twice for a key. Pass it on to
+// downstream writes so that they can refuse a stale holder.
+func (c *Claim) Token() int64 { return c.token }
+
+// Attempt returns how many times the key has been claimed, this claim
+// included; 1 for the first.
+func (c *Claim) Attempt() int { return c.attempt }
+
+// Recovered reports whether this claim took over a lease that had run out: an
+// earlier attempt may have partly run, so reconcile before acting again.
+func (c *Claim) Recovered() bool { return c.recovered }
+
+// Complete stores value as the operation's result, replayed to every later
+// Begin with the key for retention (zero means the Keeper's retention). It
+// returns ErrLeaseLost if the claim is no longer the holder; nothing is
+// written then.
+func (c *Claim) Complete(ctx context.Context, value []byte, retention time.Duration) error {
+	return c.complete(ctx, kindBytes, value, retention)
+}
+
+func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention time.Duration) error {
+	if retention <= 0 {
+		retention = c.k.policy.retention
+	}
+	return storeError("complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+}
+
+// Release gives the claim up so that the next Begin with the key runs the
+// operation again, with a higher token. It returns ErrLeaseLost if the claim
+// is no longer the holder.
+func (c *Claim) Release(ctx context.Context) error {
+	return storeError("release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+}
+
+// Extend renews the lease for the Keeper's lease from now. It returns
+// ErrLeaseLost if the claim is no longer the holder.
+func (c *Claim) Extend(ctx context.Context) error {
+	started := c.k.now()
+	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.retention)
+	if err != nil {
+		return storeError("extend", err)
+	}
+	c.mu.Lock()
+	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
+		c.leaseEnd = end
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// KeepAlive renews the lease in the background every third of the lease until
+// stop is called, and returns a context derived from ctx for the operation.
+// That context is cancelled, with a cause wrapping ErrLeaseLost, when the
+// store says the claim is no longer the holder, or when the lease runs out
+// because no renewal got through. stop ends the renewals and returns once they
+// have ended; it returns the cause if the lease was lost, else nil.
+func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() error) {
+	opCtx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	quit := make(chan struct{})
+	var lost error
+	go func() {
+		defer close(done)
+		every := c.k.policy.lease / 3
+		t := time.NewTicker(max(every, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-opCtx.Done():
+				return
+			case <-t.C:
+			}
+			err := c.Extend(opCtx)
+			if errors.Is(err, ErrLeaseLost) {
+				lost = fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
+				cancel(lost)
+				return
+			}
+			c.mu.Lock()
+			end := c.leaseEnd
+			c.mu.Unlock()
+			if err != nil && !c.k.now().Before(end) {
+				lost = fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
+				cancel(lost)
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return opCtx, func() error {
+		once.Do(func() {
+			close(quit)
+			<-done
+			cancel(nil)
+		})
+		return lost
+	}
+}
+
+type claimKey struct{}
+
+// ClaimFromContext returns the Claim that Do put in the context of the
+// operation it runs, and whether there is one.
+func ClaimFromContext(ctx context.Context) (*Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(*Claim)
+	return c, ok
+}
+
+// ContextWithClaim returns a copy of ctx that carries c, for
+// ClaimFromContext.
+func ContextWithClaim(ctx context.Context, c *Claim) context.Context {
+	return context.WithValue(ctx, claimKey{}, c)
+}

@@ -1,0 +1,69 @@
+-- claim.lua: claim a record for one attempt, or say why it cannot be claimed.
+--
+-- KEYS[1]  the record key
+-- ARGV[1]  fingerprint of the request (base64url, may be empty)
+-- ARGV[2]  attempt id (base64url), unique per Begin call
+-- ARGV[3]  lease in milliseconds
+-- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
+--
+-- Returns one of
+--   {1, token, attempt, recovered}  claimed: the caller runs the operation
+--   {2, record}                     completed: the whole record, header and payload
+--   {3, lease_left_ms}              another attempt holds a live lease
+--   {4}                             the record was made for another fingerprint
+--   {5, reason}                     the value at the key is not a record of ours
+--
+-- Record format (one string, so that a completed record is one allocation):
+--   "i1" STATE TOKEN ":" ATTEMPT ":" RECOVERED ":" LEASE_UNTIL_US ":" ATTEMPT_ID ":" FP ":" PAYLOAD
+-- STATE is P (pending), C (completed) or R (released). TOKEN is a fencing token:
+-- max(previous token + 1, Redis time in microseconds), so it never repeats for a
+-- key, even after the record expired.
+--
+-- Safe to run twice for one call (go-redis retries a command whose reply was
+-- lost): the second run finds its own attempt id and answers the same claim.
+local key, fp, attempt = KEYS[1], ARGV[1], ARGV[2]
+local lease, keep = tonumber(ARGV[3]), ARGV[4]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  return {5, 'wrong type'}
+end
+
+local token, n, recovered = now, 1, 0
+if v then
+  local st, tok, cnt, rec, until_us, att, rfp =
+    string.match(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+  if not st then
+    return {5, 'unknown format'}
+  end
+  if st ~= 'R' and rfp ~= fp then
+    return {4}
+  end
+  if st == 'C' then
+    return {2, v}
+  end
+  if st == 'P' then
+    if att == attempt then
+      return {1, tonumber(tok), tonumber(cnt), tonumber(rec)}
+    end
+    local left = tonumber(until_us) - now
+    if left > 0 then
+      return {3, math.ceil(left / 1000)}
+    end
+    recovered = 1
+  end
+  local prev = tonumber(tok)
+  if prev >= token then
+    token = prev + 1
+  end
+  n = tonumber(cnt) + 1
+end
+
+redis.call('SET', key,
+  'i1P' .. string.format('%d', token) .. ':' .. n .. ':' .. recovered .. ':' ..
+  string.format('%d', now + lease * 1000) .. ':' .. attempt .. ':' .. fp .. ':',
+  'PX', keep)
+return {1, token, n, recovered}

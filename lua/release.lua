@@ -1,0 +1,37 @@
+-- release.lua: give up a claim so that the next claim runs the operation again.
+--
+-- KEYS[1]  the record key
+-- ARGV[1]  fencing token of the claim (decimal)
+-- ARGV[2]  how long to keep the released marker, in milliseconds
+--
+-- Returns
+--   {1}          released (or already released by this same token: a retried call)
+--   {0}          lease lost: the record is gone, completed, or held by another token
+--   {5, reason}  the value at the key is not a record of ours; nothing is written
+--
+-- The released marker keeps the token and the attempt count, so the next claim
+-- gets a higher token and the next attempt number.
+local key, token = KEYS[1], ARGV[1]
+
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  return {5, 'wrong type'}
+end
+if not v then
+  return {0}
+end
+local st, tok, cnt = string.match(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:[%w_%-]*:')
+if not st then
+  return {5, 'unknown format'}
+end
+if tok ~= token then
+  return {0}
+end
+if st == 'R' then
+  return {1}
+end
+if st ~= 'P' then
+  return {0}
+end
+redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0:::', 'PX', ARGV[2])
+return {1}
