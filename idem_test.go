@@ -505,7 +505,7 @@ func TestLeaseLostCancelsTheOperation(t *testing.T) {
 		assert.True(t, next.Claim.Recovered())
 		assert.Greater(t, next.Claim.Token(), token)
 		close(taken)
-		err = <-errc
+		err := <-errc
 		require.ErrorIs(t, err, ErrLeaseLost)
 		require.ErrorIs(t, cause, ErrLeaseLost)
 		require.NoError(t, next.Claim.Complete(ctx, []byte("current"), 0))
