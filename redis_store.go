@@ -49,6 +49,8 @@ const DefaultPrefix = "idem:"
 type RedisStore struct {
 	client redis.Scripter
 	prefix string
+	// durable is the setting of WithReplicas; nil: no waiting.
+	durable *durability
 }
 
 // RedisOption configures a RedisStore.
@@ -76,6 +78,11 @@ func NewRedisStore(client redis.Scripter, opts ...RedisOption) (*RedisStore, err
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("%w: prefix %q holds '{' or '}', which would break the hash tag", ErrInvalidConfig, s.prefix)
 	}
+	if s.durable != nil {
+		if err := s.durable.check(client); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -98,7 +105,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if !isBase64URL(req.Fingerprint) || !isBase64URL(req.Attempt) || req.Attempt == "" {
 		return ClaimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
 	}
-	res, err := claimScript.Run(ctx, s.client, []string{s.key(id)},
+	res, err := s.runScript(ctx, claimScript, []string{s.key(id)},
 		req.Fingerprint, req.Attempt, millis(req.Lease), millis(req.Keep)).Slice()
 	if err != nil {
 		return ClaimReply{}, err
@@ -173,7 +180,7 @@ func (s *RedisStore) Extend(ctx context.Context, id string, token int64, lease, 
 // transition runs a script that answers {1} (done), {0} (lease lost) or
 // {5, reason} (corrupt).
 func (s *RedisStore) transition(ctx context.Context, sc *redis.Script, id string, args ...any) error {
-	res, err := sc.Run(ctx, s.client, []string{s.key(id)}, args...).Slice()
+	res, err := s.runScript(ctx, sc, []string{s.key(id)}, args...).Slice()
 	if err != nil {
 		return err
 	}
