@@ -79,8 +79,9 @@ func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Co
 	v, err = fn(opCtx)
 	finished = true
 	if lost := stop(); lost != nil {
+		// Another attempt may hold the key now: store nothing, release nothing.
 		var zero T
-		return zero, lost
+		return zero, errors.Join(lost, err)
 	}
 	cctx, cancel := cleanup()
 	defer cancel()

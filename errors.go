@@ -90,10 +90,8 @@ func storeError(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, s := range []error{ErrLeaseLost, ErrCorrupt, ErrUnavailable} {
-		if errors.Is(err, s) {
-			return err
-		}
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrUnavailable) {
+		return err
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
