@@ -93,19 +93,24 @@ type Keeper struct {
 	policy policy
 	codec  Codec
 	now    func() time.Time
+	// flights holds the claims shared in this process (WithCoalescing);
+	// nil when coalescing is off.
+	flights *flights
 }
 
 // Option configures a Keeper.
 type Option func(*config)
 
 type config struct {
-	policy policy
-	codec  Codec
+	policy   policy
+	codec    Codec
+	coalesce bool
 }
 
 // New returns a Keeper on store. Options and their defaults: WithLease (30s),
 // WithRetention (24h), WithErrorRetention (the retention), WithCodec
-// (MsgpackCodec). Invalid settings are refused with ErrInvalidConfig.
+// (MsgpackCodec), WithCoalescing (off). Invalid settings are refused with
+// ErrInvalidConfig.
 func New(store Store, opts ...Option) (*Keeper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
@@ -120,7 +125,7 @@ func New(store Store, opts ...Option) (*Keeper, error) {
 	if cfg.codec == nil {
 		return nil, fmt.Errorf("%w: nil codec", ErrInvalidConfig)
 	}
-	return &Keeper{store: store, policy: cfg.policy, codec: cfg.codec, now: time.Now}, nil
+	return &Keeper{store: store, policy: cfg.policy, codec: cfg.codec, now: time.Now, flights: newFlights(cfg.coalesce)}, nil
 }
 
 // Lease returns the lease a claim gets.
@@ -205,7 +210,7 @@ func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error)
 	}
 	backoff := 5 * time.Millisecond
 	for {
-		out, err := k.claim(ctx, id, req)
+		out, err := k.claimShared(ctx, id, req, deadline)
 		var ip *InProgressError
 		if c.wait <= 0 || !errors.As(err, &ip) {
 			return out, err
@@ -302,14 +307,22 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 	if retention <= 0 {
 		retention = c.k.policy.retention
 	}
-	return storeError("complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	err := storeError("complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	if c.k.flights != nil {
+		c.k.flights.finish(c, kind, body, err)
+	}
+	return err
 }
 
 // Release gives the claim up so that the next Begin with the key runs the
 // operation again, with a higher token. It returns ErrLeaseLost if the claim
 // is no longer the holder.
 func (c *Claim) Release(ctx context.Context) error {
-	return storeError("release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+	err := storeError("release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+	if c.k.flights != nil {
+		c.k.flights.finish(c, 0, nil, err)
+	}
+	return err
 }
 
 // Extend renews the lease for the Keeper's lease from now. It returns

@@ -1,0 +1,270 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// WithCoalescing makes concurrent calls of Begin and Do with the same
+// (scope, key) and the same Fingerprint inside this process share the store's
+// work, singleflight-style, so that a retry storm on one key costs the store
+// one claim instead of one per retry. Default: off.
+//
+// With it on, for one (scope, key):
+//
+//   - The first caller (the leader) claims the key in the store as usual.
+//     Callers that arrive while its claim is in flight wait for its answer
+//     without a call of their own and share it: the stored result if the
+//     operation had completed (each gets its own copy of Value), or the same
+//     ErrMismatch, *InProgressError, ErrCorrupt or ErrUnavailable. If the
+//     leader's own context ended its call, they claim for themselves.
+//   - If the leader got the claim, callers that arrive while it holds it get
+//     an *InProgressError at once, without a call, its RetryAfter being the
+//     time left on the leader's lease. With Wait they wait in the process for
+//     the leader's outcome: when it completes they get its result as a
+//     replay, and when it releases the claim (or fails to store its result)
+//     they claim the key themselves, through the store.
+//   - Callers with another fingerprint than the leader's make their own call,
+//     and get ErrMismatch from the store when the leader's record is there.
+//
+// Only the store hands out claims, so at most one caller holds a key, and
+// fencing tokens and attempt counts are those of the store's claims alone.
+//
+// The process's clock judges the leader's lease while it holds the claim: once
+// the lease has run out by that clock (measured from before the claim was
+// sent, renewed by Claim.Extend and KeepAlive), callers go to the store again,
+// where a claim whose lease ran out by Redis's clock can be taken over.
+// Calls made on another Keeper, or in another process, are not coalesced.
+func WithCoalescing(enabled bool) Option {
+	return func(c *config) { c.coalesce = enabled }
+}
+
+// flights holds, per record id, the claim a leader is making or holds in this
+// process. The zero value is not usable; see newFlights.
+type flights struct {
+	mu sync.Mutex
+	// m holds a flight per record id, from the moment its leader starts the
+	// claim until the claim answered without a hold, or until the hold ends
+	// (Complete, Release) or is found stale.
+	m map[string]*flight
+	// sweepAt is the size of m at which the next insertion first drops
+	// stale holds, whose leader never completed nor released.
+	sweepAt int
+}
+
+// minSweep is the smallest size of flights.m that is ever swept.
+const minSweep = 1024
+
+// newFlights returns the coalescing state of a Keeper, or nil when coalescing
+// is off.
+func newFlights(enabled bool) *flights {
+	if !enabled {
+		return nil
+	}
+	return &flights{m: make(map[string]*flight), sweepAt: minSweep}
+}
+
+// flight is one leader's claim of a record. Every field but claimed and done
+// is guarded by flights.mu until the channel that publishes it is closed, and
+// read-only after.
+type flight struct {
+	// fp is the leader's fingerprint digest; only callers with the same one
+	// join the flight.
+	fp string
+	// joined counts the callers that joined the flight, the leader excluded.
+	joined int
+
+	// claimed is closed when the leader's claim answered; out, err and retry
+	// are set then.
+	claimed chan struct{}
+	out     Outcome
+	err     error
+	// retry is set when followers must claim for themselves: the leader's
+	// own context ended its call.
+	retry bool
+
+	// held is set, with done, when the leader got the claim (out.Claim). done
+	// is closed when the hold ends: completed, with result set, or released,
+	// or the completion failed.
+	held      bool
+	done      chan struct{}
+	completed bool
+	result    Outcome
+}
+
+// leaseLeft returns the time left on the leader's lease by the process's
+// clock.
+func (fl *flight) leaseLeft(now time.Time) time.Duration {
+	c := fl.out.Claim
+	c.mu.Lock()
+	end := c.leaseEnd
+	c.mu.Unlock()
+	return end.Sub(now)
+}
+
+// claimShared is Keeper.claim, shared with concurrent callers of the same id
+// when coalescing is on. deadline is when a caller with Wait stops waiting;
+// zero without Wait.
+func (k *Keeper) claimShared(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
+	f := k.flights
+	if f == nil {
+		return k.claim(ctx, id, req)
+	}
+	for {
+		fl, leader := f.join(id, req.Fingerprint, k.now())
+		switch {
+		case fl == nil:
+			// Another fingerprint leads: the store says mismatch, or
+			// whatever it finds.
+			return k.claim(ctx, id, req)
+		case leader:
+			return f.lead(ctx, k, id, fl, req)
+		}
+		out, err, again := fl.follow(ctx, k, deadline)
+		if !again {
+			return out, err
+		}
+	}
+}
+
+// join returns the flight of id that a caller with fingerprint fp follows, or
+// a new flight that it leads, or nil when a caller with another fingerprint
+// leads.
+func (f *flights) join(id, fp string, now time.Time) (fl *flight, leader bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl = f.m[id]; fl != nil {
+		if fl.held && fl.leaseLeft(now) <= 0 {
+			// The leader neither completed nor released within its lease.
+			delete(f.m, id)
+		} else if fl.fp != fp {
+			return nil, false
+		} else {
+			fl.joined++
+			return fl, false
+		}
+	}
+	if len(f.m) >= f.sweepAt {
+		f.sweep(now)
+	}
+	fl = &flight{fp: fp, claimed: make(chan struct{})}
+	f.m[id] = fl
+	return fl, true
+}
+
+// sweep drops the holds whose lease ran out by now. f.mu is held.
+func (f *flights) sweep(now time.Time) {
+	for id, fl := range f.m {
+		if fl.held && fl.leaseLeft(now) <= 0 {
+			delete(f.m, id)
+		}
+	}
+	f.sweepAt = max(2*len(f.m), minSweep)
+}
+
+// lead makes the leader's claim and publishes its answer to the followers.
+func (f *flights) lead(ctx context.Context, k *Keeper, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
+	landed := false
+	defer func() {
+		if !landed { // the store panicked: let the followers try for themselves
+			f.land(id, fl, Outcome{}, errors.New("idem: claim panicked"), true)
+		}
+	}()
+	out, err = k.claim(ctx, id, req)
+	landed = true
+	f.land(id, fl, out, err, err != nil && ctx.Err() != nil)
+	return out, err
+}
+
+// land publishes the leader's answer. A flight whose leader got the claim
+// stays, held, until finish.
+func (f *flights) land(id string, fl *flight, out Outcome, err error, retry bool) {
+	f.mu.Lock()
+	fl.out, fl.err, fl.retry = out, err, retry
+	if err == nil && out.Claim != nil {
+		fl.held = true
+		fl.done = make(chan struct{})
+	} else if f.m[id] == fl {
+		delete(f.m, id)
+	}
+	f.mu.Unlock()
+	close(fl.claimed)
+}
+
+// finish ends the hold of c, if its flight is still the current one: the
+// followers waiting for it get body (of kind) as a replay if the completion
+// stored it (err nil, kind not 0), or claim the key themselves otherwise.
+func (f *flights) finish(c *Claim, kind byte, body []byte, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fl := f.m[c.id]
+	if fl == nil || !fl.held || fl.out.Claim != c {
+		return
+	}
+	delete(f.m, c.id)
+	if err == nil && kind != 0 && fl.joined > 0 {
+		fl.completed = true
+		// The caller of Complete may reuse its slice once it returns.
+		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, kind: kind}
+	}
+	close(fl.done)
+}
+
+// follow waits for the leader's answer and returns the follower's, or
+// again=true when the follower must claim for itself (through claimShared, so
+// possibly as the follower of a newer flight).
+func (fl *flight) follow(ctx context.Context, k *Keeper, deadline time.Time) (_ Outcome, _ error, again bool) {
+	select {
+	case <-fl.claimed:
+	case <-ctx.Done():
+		return Outcome{}, storeError("claim", context.Cause(ctx)), false
+	}
+	switch {
+	case fl.retry:
+		return Outcome{}, nil, true
+	case fl.err != nil:
+		var ip *InProgressError
+		if errors.As(fl.err, &ip) {
+			return Outcome{}, &InProgressError{RetryAfter: ip.RetryAfter}, false
+		}
+		return Outcome{}, fl.err, false
+	case fl.out.Replayed:
+		return replayCopy(fl.out), nil, false
+	}
+	// The leader holds the claim.
+	for {
+		now := k.now()
+		left := fl.leaseLeft(now)
+		if left <= 0 {
+			return Outcome{}, nil, true
+		}
+		busy := &InProgressError{RetryAfter: max(left, time.Millisecond)}
+		wait := deadline.Sub(now)
+		if wait <= 0 {
+			return Outcome{}, busy, false
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-fl.done:
+			t.Stop()
+			if fl.completed {
+				return replayCopy(fl.result), nil, false
+			}
+			return Outcome{}, nil, true
+		case <-ctx.Done():
+			t.Stop()
+			return Outcome{}, errors.Join(busy, context.Cause(ctx)), false
+		case <-t.C:
+			// The deadline passed or the lease ran out: look again.
+		}
+	}
+}
+
+// replayCopy returns out with a Value of its own.
+func replayCopy(out Outcome) Outcome {
+	out.Value = bytes.Clone(out.Value)
+	return out
+}
