@@ -1,0 +1,103 @@
+package idem_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// A payments endpoint guarded by the middleware: the retried request is
+// answered with the first response, and the card is charged once.
+func ExampleNewMiddleware() {
+	mr := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+
+	keeper, err := idem.NewRedis(client)
+	if err != nil {
+		panic(err)
+	}
+	guard, err := idem.NewMiddleware(keeper)
+	if err != nil {
+		panic(err)
+	}
+
+	charges := 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		claim, _ := idem.ClaimFromContext(r.Context())
+		charges++ // charge the card, passing claim.Token() on as a fencing token
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":"ch_%d","attempt":%d}`, charges, claim.Attempt())
+	})))
+
+	for range 2 {
+		req := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":1000}`))
+		req.Header.Set("Idempotency-Key", "order-42")
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Body, "replayed:", rec.Header().Get("Idempotent-Replayed") == "true")
+	}
+
+	// The same key with another body is a client error, not a replay.
+	req := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":9999}`))
+	req.Header.Set("Idempotency-Key", "order-42")
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 {"charge":"ch_1","attempt":1} replayed: false
+	// 201 {"charge":"ch_1","attempt":1} replayed: true
+	// 422 application/problem+json
+	// charges: 1
+}
+
+// Count outcomes for metrics with a hook.
+func ExampleWithHook() {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer client.Close()
+	keeper, err := idem.NewRedis(client)
+	if err != nil {
+		panic(err)
+	}
+
+	counts := map[idem.EventKind]int{} // a real hook must be safe for concurrent use
+	guard, err := idem.NewMiddleware(keeper, idem.WithHook(func(ev idem.Event) { counts[ev.Kind]++ }))
+	if err != nil {
+		panic(err)
+	}
+	h := guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	for _, key := range []string{"a", "a", "b", ""} {
+		req := httptest.NewRequest("POST", "/jobs", nil)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	for _, k := range []idem.EventKind{idem.EventClaimed, idem.EventStored, idem.EventReplayed, idem.EventInvalid} {
+		fmt.Printf("%s: %d\n", k, counts[k])
+	}
+	// Output:
+	// claimed: 2
+	// stored: 2
+	// replayed: 1
+	// invalid: 1
+}

@@ -1,0 +1,1101 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// mwEnv is a Redis the middleware suite runs against.
+type mwEnv struct {
+	client *redis.Client
+	// advance moves Redis's clock (TIME and expiry) forward by d.
+	advance func(d time.Duration)
+	// stop makes the server unreachable.
+	stop func()
+}
+
+// mwMiniredis is an embedded miniredis whose clock stands still until
+// advance moves it.
+func mwMiniredis(t *testing.T) *mwEnv {
+	m := miniredis.RunT(t)
+	now := time.Now()
+	m.SetTime(now)
+	c := mwClient(t, m.Addr())
+	return &mwEnv{
+		client: c,
+		advance: func(d time.Duration) {
+			now = now.Add(d)
+			m.SetTime(now)
+			m.FastForward(d)
+		},
+		stop: m.Close,
+	}
+}
+
+// mwClient is a client of addr that gives up on an unreachable server
+// sooner than the default: retries and redials a few milliseconds apart.
+func mwClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetryBackoff: 16 * time.Millisecond, DialerRetryTimeout: 5 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestMiddleware runs the middleware suite on miniredis;
+// TestMiddlewareRedis runs it on redis-server.
+func TestMiddleware(t *testing.T) { mwSuite(t, mwMiniredis) }
+
+// mwSuite is every middleware test that needs a Redis.
+func mwSuite(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T, func(*testing.T) *mwEnv)
+	}{
+		{"StatusTable", mwTestStatusTable},
+		{"InProgressAnswers409", mwTestInProgress},
+		{"ConcurrentDuplicatesRunOnce", mwTestConcurrent},
+		{"ConcurrentDuplicatesWaitForTheReplay", mwTestConcurrentWait},
+		{"TenantsNeverShareRecords", mwTestTenants},
+		{"HeaderPolicy", mwTestHeaderPolicy},
+		{"RoutePattern", mwTestRoutePattern},
+		{"ErrorsKeptForErrorRetention", mwTestErrorRetention},
+		{"OversizedResponse", mwTestOversized},
+		{"FlushedResponse", mwTestFlushed},
+		{"ReadFromAndResponseController", mwTestReadFrom},
+		{"PanicReleasesAndRepanics", mwTestPanic},
+		{"ClientGoneBeforeAnswer", mwTestClientGoneReleases},
+		{"ClientGoneAfterSuccess", mwTestClientGoneStores},
+		{"RecoveredClaimAndLostLease", mwTestLeaseLost},
+		{"StoreLostAfterHandler", mwTestStoreLostAfterHandler},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.test(t, newEnv) })
+	}
+}
+
+// mwHandler is a test handler; run counts its calls from 1.
+type mwHandler func(run int64, w http.ResponseWriter, r *http.Request)
+
+// mwAnswer answers statuses[run-1] (the last one once they run out) with
+// {"run":N} as JSON and an X-Run header.
+func mwAnswer(statuses ...int) mwHandler {
+	if len(statuses) == 0 {
+		statuses = []int{http.StatusCreated}
+	}
+	return func(run int64, w http.ResponseWriter, r *http.Request) {
+		status := statuses[min(int(run), len(statuses))-1]
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Run", strconv.FormatInt(run, 10))
+		w.WriteHeader(status)
+		if bodyAllowed(status) {
+			fmt.Fprintf(w, "{\"run\":%d}\n", run)
+		}
+	}
+}
+
+// mwApp is a handler guarded by the middleware, counting its runs and
+// recording the middleware's events.
+type mwApp struct {
+	env    *mwEnv
+	keeper *Keeper
+	runs   atomic.Int64
+	h      http.Handler
+	events chan Event
+}
+
+func mwKeeper(t *testing.T, env *mwEnv, opts ...Option) *Keeper {
+	t.Helper()
+	k, err := NewRedis(env.client, opts...)
+	require.NoError(t, err)
+	return k
+}
+
+// newMWApp guards handler (mwAnswer() if nil) with the options, on k (a new
+// Keeper on env if nil).
+func newMWApp(t *testing.T, env *mwEnv, k *Keeper, handler mwHandler, opts ...MiddlewareOption) *mwApp {
+	t.Helper()
+	if k == nil {
+		k = mwKeeper(t, env)
+	}
+	if handler == nil {
+		handler = mwAnswer()
+	}
+	a := &mwApp{env: env, keeper: k, events: make(chan Event, 1024)}
+	opts = append([]MiddlewareOption{WithHook(func(ev Event) { a.events <- ev })}, opts...)
+	mw, err := NewMiddleware(k, opts...)
+	require.NoError(t, err)
+	a.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler(a.runs.Add(1), w, r)
+	}))
+	return a
+}
+
+func (a *mwApp) do(r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	a.h.ServeHTTP(rec, r)
+	return rec
+}
+
+// lastEvent returns the kind of the newest event so far, or 0.
+func (a *mwApp) lastEvent() EventKind {
+	var k EventKind
+	for {
+		select {
+		case ev := <-a.events:
+			k = ev.Kind
+		default:
+			return k
+		}
+	}
+}
+
+// await returns the next event of kind, skipping others; it fails the test
+// after ten seconds.
+func (a *mwApp) await(t *testing.T, kind EventKind) Event {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-a.events:
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %s event", kind)
+		}
+	}
+}
+
+// mwReq is a request with header name, value pairs.
+func mwReq(method, target, body string, hdr ...string) *http.Request {
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	return r
+}
+
+// mwPost is POST /x with the key and body.
+func mwPost(key, body string) *http.Request {
+	return mwReq(http.MethodPost, "/x", body, DefaultKeyHeader, key)
+}
+
+// mwCheckProblem asserts an RFC 9457 answer of the middleware.
+func mwCheckProblem(t *testing.T, status int, h http.Header, body []byte, wantStatus int, wantType string) problem {
+	t.Helper()
+	require.Equal(t, wantStatus, status, "body: %s", body)
+	assert.Equal(t, "application/problem+json", h.Get("Content-Type"))
+	var p problem
+	require.NoError(t, json.Unmarshal(body, &p), "body: %s", body)
+	assert.Equal(t, wantType, p.Type)
+	assert.Equal(t, wantStatus, p.Status)
+	assert.NotEmpty(t, p.Title)
+	assert.NotEmpty(t, p.Detail)
+	return p
+}
+
+func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	post := func(key, body string) func() *http.Request {
+		return func() *http.Request { return mwPost(key, body) }
+	}
+	run1 := "{\"run\":1}\n"
+	run2 := "{\"run\":2}\n"
+	type row struct {
+		name    string
+		opts    []MiddlewareOption
+		handler mwHandler
+		before  func(t *testing.T, a *mwApp)
+		req     func() *http.Request
+		status  int
+		header  map[string]string // "" means absent
+		problem string            // the problem type, or "" for a handler's answer
+		body    string            // the handler's body
+		runs    int64
+		event   EventKind // the last event; 0 for none
+	}
+	first := func(req func() *http.Request) func(*testing.T, *mwApp) {
+		return func(t *testing.T, a *mwApp) { a.do(req()) }
+	}
+	corruptAll := func(t *testing.T, a *mwApp, value string) {
+		ctx := context.Background()
+		a.do(mwPost("k1", "a"))
+		keys, err := a.env.client.Keys(ctx, DefaultPrefix+"*").Result()
+		require.NoError(t, err)
+		require.Len(t, keys, 1)
+		require.NoError(t, a.env.client.Set(ctx, keys[0], value, 0).Err())
+	}
+	fresh := map[string]string{ReplayedHeader: "", "Content-Type": "application/json"}
+	replayed := map[string]string{ReplayedHeader: "true", "Content-Type": "application/json", "X-Run": "1"}
+	rows := []row{
+		{name: "unguarded method passes through", req: func() *http.Request { return mwReq(http.MethodGet, "/x", "") },
+			status: 201, header: fresh, body: run1, runs: 1},
+		{name: "first request runs the handler", req: post("k1", "a"),
+			status: 201, header: map[string]string{ReplayedHeader: "", "X-Run": "1"}, body: run1, runs: 1, event: EventStored},
+		{name: "repeat replays", before: first(post("k1", "a")), req: post("k1", "a"),
+			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+		{name: "missing key", req: func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+		{name: "optional key missing passes through", opts: []MiddlewareOption{WithKeyRequired(false)},
+			before: func(t *testing.T, a *mwApp) { a.do(mwReq(http.MethodPost, "/x", "a")) },
+			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+			status: 201, header: fresh, body: run2, runs: 2},
+		{name: "optional key present is guarded", opts: []MiddlewareOption{WithKeyRequired(false)},
+			before: first(post("k1", "a")), req: post("k1", "a"),
+			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+		{name: "empty key", req: post("", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "key of 256 bytes", req: post(strings.Repeat("k", 256), "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "key of 255 bytes", req: post(strings.Repeat("k", 255), "a"), status: 201, body: run1, runs: 1, event: EventStored},
+		{name: "control character in key", req: post("a\tb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "DEL in key", req: post("a\x7fb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "two key headers", req: func() *http.Request {
+			return mwReq(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1", DefaultKeyHeader, "k2")
+		}, status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "unterminated quoted key", req: post(`"k1`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "quoted key with a bad escape", req: post(`"k\1"`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "empty quoted key", req: post(`""`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		{name: "quoted key is its content", before: first(post("k\"1", "a")), req: post(`"k\"1"`, "a"),
+			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+		{name: "body above the limit", opts: []MiddlewareOption{WithBodyLimit(8)}, req: post("k1", "123456789"),
+			status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
+		{name: "body above the limit, no Content-Length", opts: []MiddlewareOption{WithBodyLimit(8)},
+			req: func() *http.Request {
+				r := mwPost("k1", "")
+				r.Body, r.ContentLength = io.NopCloser(strings.NewReader("123456789")), -1
+				return r
+			}, status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
+		{name: "body at the limit", opts: []MiddlewareOption{WithBodyLimit(8)}, req: post("k1", "12345678"),
+			status: 201, body: run1, runs: 1, event: EventStored},
+		{name: "same key, other body", before: first(post("k1", "a")), req: post("k1", "b"),
+			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+		{name: "same key, other query", before: first(post("k1", "a")),
+			req:    func() *http.Request { return mwReq(http.MethodPost, "/x?dry=1", "a", DefaultKeyHeader, "k1") },
+			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+		{name: "same key, other method is another record", before: first(post("k1", "a")),
+			req:    func() *http.Request { return mwReq(http.MethodPatch, "/x", "a", DefaultKeyHeader, "k1") },
+			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+		{name: "same key, other path is another record", before: first(post("k1", "a")),
+			req:    func() *http.Request { return mwReq(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
+			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+		{name: "custom fingerprint may ignore the body",
+			opts:   []MiddlewareOption{WithFingerprint(func(r *http.Request, body []byte) []byte { return []byte(r.Method) })},
+			before: first(post("k1", "a")), req: post("k1", "b"),
+			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+		{name: "custom key header", opts: []MiddlewareOption{WithKeyHeader("x-request-id")},
+			before: func(t *testing.T, a *mwApp) { a.do(mwReq(http.MethodPost, "/x", "a", "X-Request-Id", "k1")) },
+			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a", "X-Request-Id", "k1") },
+			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+		{name: "custom key header, default one ignored", opts: []MiddlewareOption{WithKeyHeader("X-Request-Id")},
+			req: post("k1", "a"), status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+		{name: "custom methods: POST passes", opts: []MiddlewareOption{WithMethods(http.MethodPut)},
+			before: first(func() *http.Request { return mwReq(http.MethodPost, "/x", "a") }),
+			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+			status: 201, header: fresh, body: run2, runs: 2},
+		{name: "custom methods: PUT guarded", opts: []MiddlewareOption{WithMethods(http.MethodPut)},
+			req:    func() *http.Request { return mwReq(http.MethodPut, "/x", "a") },
+			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+		{name: "204 replays without a body", handler: mwAnswer(204), before: first(post("k1", "a")), req: post("k1", "a"),
+			status: 204, header: map[string]string{ReplayedHeader: "true", "Content-Length": ""}, runs: 1, event: EventReplayed},
+		{name: "custom store policy releases 404",
+			opts:    []MiddlewareOption{WithStorePolicy(func(s int) bool { return s < 300 })},
+			handler: mwAnswer(404, 201), before: first(post("k1", "a")), req: post("k1", "a"),
+			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+		{name: "store unavailable", before: func(t *testing.T, a *mwApp) { a.env.stop() }, req: post("k1", "a"),
+			status: 503, header: map[string]string{"Retry-After": "1"}, problem: ProblemUnavailable, event: EventUnavailable},
+		{name: "store unavailable, fail open", opts: []MiddlewareOption{WithFailOpen(true)},
+			before: func(t *testing.T, a *mwApp) { a.env.stop() }, req: post("k1", "a"),
+			status: 201, header: fresh, body: run1, runs: 1, event: EventFailOpen},
+		{name: "record not ours", before: func(t *testing.T, a *mwApp) { corruptAll(t, a, "garbage") }, req: post("k1", "a"),
+			status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
+		{name: "record of another type", before: func(t *testing.T, a *mwApp) {
+			ctx := context.Background()
+			a.do(mwPost("k1", "a"))
+			keys, err := a.env.client.Keys(ctx, DefaultPrefix+"*").Result()
+			require.NoError(t, err)
+			require.NoError(t, a.env.client.Del(ctx, keys...).Err())
+			require.NoError(t, a.env.client.HSet(ctx, keys[0], "f", "v").Err())
+		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
+		{name: "stored response unreadable", before: func(t *testing.T, a *mwApp) {
+			r := mwPost("k1", "a")
+			out, err := a.keeper.Begin(context.Background(), httpScope("", http.MethodPost, "/x"), "k1",
+				Fingerprint(defaultFingerprint(r, []byte("a"))))
+			require.NoError(t, err)
+			require.NoError(t, out.Claim.Complete(context.Background(), []byte{0x93, 1, 2}, 0))
+		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: EventCorrupt},
+	}
+	for _, status := range []int{500, 502, 503, 408, 409, 425, 429} {
+		rows = append(rows, row{name: fmt.Sprintf("%d is released", status), handler: mwAnswer(status, 201),
+			before: first(post("k1", "a")), req: post("k1", "a"),
+			status: 201, header: fresh, body: run2, runs: 2, event: EventStored})
+	}
+	for _, status := range []int{200, 202, 301, 303, 400, 403, 404, 410, 422} {
+		rows = append(rows, row{name: fmt.Sprintf("%d is stored", status), handler: mwAnswer(status, 201),
+			before: first(post("k1", "a")), req: post("k1", "a"),
+			status: status, header: replayed, body: run1, runs: 1, event: EventReplayed})
+	}
+	for _, tc := range rows {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newMWApp(t, newEnv(t), nil, tc.handler, tc.opts...)
+			if tc.before != nil {
+				tc.before(t, a)
+			}
+			rec := a.do(tc.req())
+			if tc.problem != "" {
+				mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), tc.status, tc.problem)
+			} else {
+				require.Equal(t, tc.status, rec.Code, "body: %s", rec.Body)
+				assert.Equal(t, tc.body, rec.Body.String())
+			}
+			for name, want := range tc.header {
+				if want == "" {
+					assert.NotContains(t, rec.Header(), name)
+				} else {
+					assert.Equal(t, want, rec.Header().Get(name), name)
+				}
+			}
+			if rec.Header().Get(ReplayedHeader) == "true" {
+				_, err := http.ParseTime(rec.Header().Get("Date"))
+				assert.NoError(t, err, "a replay has a fresh Date")
+			}
+			assert.Equal(t, tc.runs, a.runs.Load(), "handler runs")
+			assert.Equal(t, tc.event, a.lastEvent(), "last event")
+		})
+	}
+}
+
+func mwTestInProgress(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	gate := make(chan struct{})
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		<-gate
+		mwAnswer()(run, w, r)
+	})
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- a.do(mwPost("k1", "a")) }()
+	claimed := a.await(t, EventClaimed)
+	assert.Equal(t, 1, claimed.Attempt)
+
+	rec := a.do(mwPost("k1", "a"))
+	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusConflict, ProblemInProgress)
+	secs, err := strconv.Atoi(rec.Header().Get("Retry-After"))
+	require.NoError(t, err, "Retry-After is whole seconds")
+	assert.True(t, secs >= 1 && secs <= 30, "Retry-After %d is the lease left, rounded up", secs)
+	conflict := a.await(t, EventConflict)
+	assert.Equal(t, http.StatusConflict, conflict.Status)
+	assert.True(t, conflict.RetryAfter > 0 && conflict.RetryAfter <= DefaultLease)
+
+	close(gate)
+	first := <-done
+	assert.Equal(t, http.StatusCreated, first.Code)
+	rec = a.do(mwPost("k1", "a"))
+	assert.Equal(t, http.StatusCreated, rec.Code)
+	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+	assert.Equal(t, first.Body.String(), rec.Body.String())
+	assert.EqualValues(t, 1, a.runs.Load())
+}
+
+// mwResult is a response read by a net/http client.
+type mwResult struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func mwSend(c *http.Client, r *http.Request) mwResult {
+	resp, err := c.Do(r)
+	if err != nil {
+		return mwResult{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return mwResult{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+func mwClientPost(t *testing.T, url, key, body string) *http.Request {
+	r, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	r.Header.Set(DefaultKeyHeader, key)
+	return r
+}
+
+func mwTestConcurrent(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	const n = 12
+	gate := make(chan struct{})
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		<-gate
+		mwAnswer()(run, w, r)
+	})
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	results := make(chan mwResult, n)
+	for range n {
+		go func() { results <- mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a")) }()
+	}
+	// The claim holder waits at the gate, so every other request is answered
+	// 409 before it.
+	for range n - 1 {
+		res := <-results
+		require.NoError(t, res.err)
+		mwCheckProblem(t, res.status, res.header, res.body, http.StatusConflict, ProblemInProgress)
+		assert.NotEmpty(t, res.header.Get("Retry-After"))
+	}
+	close(gate)
+	res := <-results
+	require.NoError(t, res.err)
+	assert.Equal(t, http.StatusCreated, res.status)
+	assert.Empty(t, res.header.Get(ReplayedHeader))
+
+	again := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	require.NoError(t, again.err)
+	assert.Equal(t, http.StatusCreated, again.status)
+	assert.Equal(t, "true", again.header.Get(ReplayedHeader))
+	assert.Equal(t, res.body, again.body)
+	assert.EqualValues(t, 1, a.runs.Load())
+}
+
+func mwTestConcurrentWait(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	const n = 12
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond) // long enough for duplicates to find it in progress
+		mwAnswer()(run, w, r)
+	}, WithWait(20*time.Second))
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	results := make(chan mwResult, n)
+	for range n {
+		go func() { results <- mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a")) }()
+	}
+	replays := 0
+	var bodies [][]byte
+	for range n {
+		res := <-results
+		require.NoError(t, res.err)
+		require.Equal(t, http.StatusCreated, res.status, "body: %s", res.body)
+		if res.header.Get(ReplayedHeader) == "true" {
+			replays++
+		}
+		bodies = append(bodies, res.body)
+	}
+	assert.Equal(t, n-1, replays)
+	for _, b := range bodies {
+		assert.Equal(t, "{\"run\":1}\n", string(b))
+	}
+	assert.EqualValues(t, 1, a.runs.Load())
+}
+
+func mwTestTenants(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "secret of %s, run %d", r.Header.Get("X-Tenant"), run)
+	}, WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") }))
+	send := func(tenant string) *httptest.ResponseRecorder {
+		return a.do(mwReq(http.MethodPost, "/x", "same body", DefaultKeyHeader, "k1", "X-Tenant", tenant))
+	}
+	assert.Equal(t, "secret of alice, run 1", send("alice").Body.String())
+	bob := send("bob")
+	assert.Equal(t, "secret of bob, run 2", bob.Body.String(), "same key and body, another tenant: its own run")
+	assert.Empty(t, bob.Header().Get(ReplayedHeader))
+	for range 2 {
+		alice, bob := send("alice"), send("bob")
+		assert.Equal(t, "secret of alice, run 1", alice.Body.String())
+		assert.Equal(t, "secret of bob, run 2", bob.Body.String())
+		assert.Equal(t, "true", alice.Header().Get(ReplayedHeader))
+		assert.Equal(t, "true", bob.Header().Get(ReplayedHeader))
+	}
+	// A tenant whose name runs into the method cannot reach another scope.
+	assert.Equal(t, "secret of aliPOST /x, run 3", send("aliPOST /x").Body.String())
+	assert.EqualValues(t, 3, a.runs.Load())
+}
+
+func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	const oldDate = "Mon, 01 Jan 2001 00:00:00 GMT"
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Add("Set-Cookie", "session=1")
+		h.Add("Set-Cookie", "theme=dark")
+		h.Set("Authorization", "Bearer secret")
+		h.Set("WWW-Authenticate", `Basic realm="x"`)
+		h.Set("Proxy-Authenticate", `Basic realm="y"`)
+		h.Set("Connection", "X-Hop")
+		h.Set("X-Hop", "one link only")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("Upgrade", "h2c")
+		h.Set("Te", "trailers")
+		h.Set("Trailer", "X-Checksum")
+		h.Set("Date", oldDate)
+		h.Add("Link", "</a>; rel=next")
+		h.Add("Link", "</b>; rel=prev")
+		h["X-Multi"] = []string{"one", "two", "three"}
+		h.Set("Content-Type", "text/plain")
+		h.Set("Location", "/payments/1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body")
+		h.Set("X-Checksum", "after the body: a trailer") // not a header of the response
+		h.Set("X-Late", "set after WriteHeader")
+	})
+	first := a.do(mwPost("k1", "a"))
+	require.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, []string{"session=1", "theme=dark"}, first.Header().Values("Set-Cookie"), "the first answer is the handler's")
+
+	for range 2 {
+		rec := a.do(mwPost("k1", "a"))
+		require.Equal(t, http.StatusCreated, rec.Code)
+		h := rec.Header()
+		assert.Equal(t, "true", h.Get(ReplayedHeader))
+		assert.Equal(t, []string{"one", "two", "three"}, h.Values("X-Multi"))
+		assert.Equal(t, []string{"</a>; rel=next", "</b>; rel=prev"}, h.Values("Link"))
+		assert.Equal(t, "text/plain", h.Get("Content-Type"))
+		assert.Equal(t, "/payments/1", h.Get("Location"))
+		assert.Equal(t, "4", h.Get("Content-Length"))
+		for _, name := range []string{"Set-Cookie", "Authorization", "Www-Authenticate", "Proxy-Authenticate",
+			"Connection", "X-Hop", "Keep-Alive", "Upgrade", "Te", "Trailer", "X-Checksum", "X-Late"} {
+			assert.NotContains(t, h, name)
+		}
+		assert.NotEqual(t, oldDate, h.Get("Date"))
+		_, err := http.ParseTime(h.Get("Date"))
+		assert.NoError(t, err)
+		assert.Equal(t, "body", rec.Body.String())
+	}
+	assert.EqualValues(t, 1, a.runs.Load())
+
+	// Through a real server and client, multi-value headers arrive intact.
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	require.NoError(t, res.err)
+	assert.Equal(t, []string{"one", "two", "three"}, res.header.Values("X-Multi"))
+	assert.Empty(t, res.header.Values("Set-Cookie"))
+	assert.Equal(t, "body", string(res.body))
+}
+
+func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "item %s, run %d", r.PathValue("id"), run)
+	})
+	inside := http.NewServeMux()
+	inside.Handle("POST /items/{id}", a.h)
+	// Inside the mux the route is the pattern: one key names one operation
+	// on the route, and another item with it is another request.
+	rec := httptest.NewRecorder()
+	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k1"))
+	assert.Equal(t, "item 1, run 1", rec.Body.String())
+	rec = httptest.NewRecorder()
+	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k1"))
+	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
+
+	// Around the mux, r.Pattern is not set yet: the route is the path.
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /items/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "item %s", r.PathValue("id"))
+	})
+	mw, err := NewMiddleware(a.keeper)
+	require.NoError(t, err)
+	around := mw(mux)
+	for _, id := range []string{"1", "2", "1"} {
+		rec = httptest.NewRecorder()
+		around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/"+id, "a", DefaultKeyHeader, "k2"))
+		assert.Equal(t, "item "+id, rec.Body.String())
+	}
+	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+}
+
+func mwTestErrorRetention(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	env := newEnv(t)
+	k := mwKeeper(t, env, WithErrorRetention(time.Minute))
+	a := newMWApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
+		status, _ := strconv.Atoi(r.URL.Query().Get("status"))
+		w.WriteHeader(status)
+	})
+	ttl := func(status int) time.Duration {
+		target := "/x?status=" + strconv.Itoa(status)
+		rec := a.do(mwReq(http.MethodPost, target, "", DefaultKeyHeader, "k1"))
+		require.Equal(t, status, rec.Code)
+		key := DefaultPrefix + "{" + recordID(httpScope("", http.MethodPost, "/x"), "k1") + "}"
+		d, err := env.client.PTTL(context.Background(), key).Result()
+		require.NoError(t, err)
+		require.NoError(t, env.client.Del(context.Background(), key).Err())
+		return d
+	}
+	for _, status := range []int{400, 404, 422} {
+		d := ttl(status)
+		assert.True(t, d > 0 && d <= time.Minute, "%d kept for %s, the error retention", status, d)
+	}
+	for _, status := range []int{200, 201, 303} {
+		d := ttl(status)
+		assert.True(t, d > time.Minute && d <= DefaultRetention, "%d kept for %s, the retention", status, d)
+	}
+}
+
+func mwTestOversized(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Etag", `"v1"`)
+		w.Header().Set("X-Kept", "yes")
+		w.WriteHeader(http.StatusCreated)
+		half := strings.Repeat("a", n/2)
+		io.WriteString(w, half)
+		w.Write([]byte(strings.Repeat("b", n-len(half))))
+	}, WithResponseLimit(64))
+	send := func(n int) *httptest.ResponseRecorder {
+		return a.do(mwReq(http.MethodPost, "/x?n="+strconv.Itoa(n), "", DefaultKeyHeader, "k"+strconv.Itoa(n)))
+	}
+
+	// At the limit: kept.
+	first := send(64)
+	assert.Len(t, first.Body.String(), 64)
+	rec := send(64)
+	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+	assert.Equal(t, first.Body.String(), rec.Body.String())
+	assert.Equal(t, `"v1"`, rec.Header().Get("Etag"))
+
+	// Above it: the first client gets it all, the record is completed, and
+	// replays say the body was not kept.
+	first = send(65)
+	assert.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, strings.Repeat("a", 32)+strings.Repeat("b", 33), first.Body.String())
+	assert.Equal(t, EventStored, a.lastEvent())
+	for range 2 {
+		rec = send(65)
+		p := mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusCreated, ProblemBodyNotKept)
+		assert.Contains(t, p.Detail, "65 bytes")
+		assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+		assert.Equal(t, "yes", rec.Header().Get("X-Kept"))
+		assert.NotContains(t, rec.Header(), "Etag", "the validator of a body that is not sent")
+	}
+	assert.EqualValues(t, 2, a.runs.Load())
+}
+
+func mwTestFlushed(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: 1\n\n")
+		if r.URL.Query().Get("via") == "controller" {
+			require.NoError(t, http.NewResponseController(w).Flush())
+		} else {
+			w.(http.Flusher).Flush()
+		}
+		io.WriteString(w, "data: 2\n\n")
+	})
+	for _, via := range []string{"controller", "flusher"} {
+		send := func() *httptest.ResponseRecorder {
+			return a.do(mwReq(http.MethodPost, "/x?via="+via, "", DefaultKeyHeader, via))
+		}
+		first := send()
+		assert.True(t, first.Flushed)
+		assert.Equal(t, "data: 1\n\ndata: 2\n\n", first.Body.String())
+		assert.Equal(t, EventStored, a.lastEvent(), "a streamed response is stored, not released")
+		rec := send()
+		p := mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusOK, ProblemBodyNotKept)
+		assert.Contains(t, p.Detail, "streamed")
+		assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+	}
+	assert.EqualValues(t, 2, a.runs.Load())
+}
+
+func mwTestReadFrom(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	big := strings.Repeat("0123456789", 10_000)
+	var rcErr atomic.Value
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			rcErr.Store(err)
+		}
+		if _, ok := w.(io.ReaderFrom); !ok {
+			rcErr.Store(errors.New("not an io.ReaderFrom"))
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "head:")
+		src := r.URL.Query().Get("src")
+		if src == "big" {
+			io.Copy(w, strings.NewReader(big))
+		} else {
+			io.Copy(w, strings.NewReader(src))
+		}
+	}, WithResponseLimit(1024))
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	send := func(src string) mwResult {
+		res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x?src="+src, "k-"+src, ""))
+		require.NoError(t, res.err)
+		require.Equal(t, http.StatusCreated, res.status)
+		return res
+	}
+	first := send("small")
+	assert.Equal(t, "head:small", string(first.body))
+	again := send("small")
+	assert.Equal(t, "true", again.header.Get(ReplayedHeader))
+	assert.Equal(t, "head:small", string(again.body))
+
+	first = send("big")
+	assert.Equal(t, "head:"+big, string(first.body))
+	again = send("big")
+	assert.Equal(t, "true", again.header.Get(ReplayedHeader))
+	var p problem
+	require.NoError(t, json.Unmarshal(again.body, &p))
+	assert.Equal(t, ProblemBodyNotKept, p.Type)
+	assert.Contains(t, p.Detail, strconv.Itoa(len("head:"+big))+" bytes")
+	assert.Nil(t, rcErr.Load(), "http.ResponseController reaches the connection through Unwrap")
+	assert.EqualValues(t, 2, a.runs.Load())
+}
+
+// mwQuietServer is an httptest.Server that does not log handler panics.
+func mwQuietServer(h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.Start()
+	return srv
+}
+
+func mwTestPanic(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		if run <= 2 {
+			w.Header().Set("X-Partial", "yes")
+			panic(fmt.Sprintf("boom %d", run))
+		}
+		mwAnswer()(run, w, r)
+	})
+	// Direct: the panic goes on after the release.
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		a.do(mwPost("k1", "a"))
+	}()
+	assert.Equal(t, "boom 1", got)
+	ev := a.await(t, EventReleased)
+	assert.ErrorIs(t, ev.Err, errPanicked)
+
+	// Through a server: net/http recovers it, the client sees the
+	// connection end, and the retry runs the handler again.
+	srv := mwQuietServer(a.h)
+	defer srv.Close()
+	res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	assert.Error(t, res.err)
+	a.await(t, EventReleased)
+	res = mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	require.NoError(t, res.err)
+	assert.Equal(t, http.StatusCreated, res.status)
+	assert.Equal(t, "{\"run\":3}\n", string(res.body))
+	claimed := a.await(t, EventClaimed)
+	assert.Equal(t, 3, claimed.Attempt)
+	assert.False(t, claimed.Recovered, "a released key is claimed afresh")
+	assert.EqualValues(t, 3, a.runs.Load())
+}
+
+// mwDisconnect sends a request through srv and cuts it off once the handler
+// has started.
+func mwDisconnect(t *testing.T, srv *httptest.Server, started <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := mwClientPost(t, srv.URL, "k1", "a").WithContext(ctx)
+	done := make(chan mwResult)
+	go func() { done <- mwSend(srv.Client(), r) }()
+	<-started
+	cancel()
+	res := <-done
+	require.ErrorIs(t, res.err, context.Canceled)
+}
+
+func mwTestClientGoneReleases(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	started := make(chan struct{}, 1)
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		if run == 1 {
+			started <- struct{}{}
+			<-r.Context().Done() // gives up without answering
+			return
+		}
+		mwAnswer()(run, w, r)
+	})
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	mwDisconnect(t, srv, started)
+	ev := a.await(t, EventReleased)
+	assert.Equal(t, http.StatusOK, ev.Status)
+
+	res := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	require.NoError(t, res.err)
+	assert.Equal(t, http.StatusCreated, res.status)
+	assert.Equal(t, "{\"run\":2}\n", string(res.body))
+	assert.EqualValues(t, 2, a.runs.Load())
+}
+
+func mwTestClientGoneStores(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	started := make(chan struct{}, 1)
+	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-r.Context().Done()
+		// The side effect happened anyway; the handler says so.
+		mwAnswer()(run, w, r)
+	})
+	srv := httptest.NewServer(a.h)
+	defer srv.Close()
+	mwDisconnect(t, srv, started)
+	ev := a.await(t, EventStored)
+	assert.Equal(t, http.StatusCreated, ev.Status)
+
+	res := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	require.NoError(t, res.err)
+	assert.Equal(t, http.StatusCreated, res.status)
+	assert.Equal(t, "true", res.header.Get(ReplayedHeader))
+	assert.Equal(t, "{\"run\":1}\n", string(res.body))
+	assert.EqualValues(t, 1, a.runs.Load())
+}
+
+// mwStallStore drops lease renewals while stalled, as a process paused past
+// its lease would.
+type mwStallStore struct {
+	Store
+	stalled atomic.Bool
+}
+
+func (s *mwStallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	if s.stalled.Load() {
+		return nil
+	}
+	return s.Store.Extend(ctx, id, token, lease, keep)
+}
+
+func mwTestLeaseLost(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	env := newEnv(t)
+	rs, err := NewRedisStore(env.client)
+	require.NoError(t, err)
+	store := &mwStallStore{Store: rs}
+	store.stalled.Store(true)
+	const lease = 300 * time.Millisecond
+	k, err := New(store, WithLease(lease))
+	require.NoError(t, err)
+
+	type seen struct {
+		token     int64
+		attempt   int
+		recovered bool
+		cause     error
+	}
+	seenBy := make(chan seen, 2)
+	a := newMWApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
+		c, ok := ClaimFromContext(r.Context())
+		require.True(t, ok)
+		s := seen{token: c.Token(), attempt: c.Attempt(), recovered: c.Recovered()}
+		if run == 1 {
+			<-r.Context().Done()
+			s.cause = context.Cause(r.Context())
+		}
+		seenBy <- s
+		fmt.Fprintf(w, "run %d", run)
+	})
+
+	firstDone := make(chan *httptest.ResponseRecorder)
+	go func() { firstDone <- a.do(mwPost("k1", "a")) }()
+	a.await(t, EventClaimed)
+	env.advance(lease + 100*time.Millisecond) // the first holder's lease runs out unrenewed
+
+	second := a.do(mwPost("k1", "a"))
+	assert.Equal(t, "run 2", second.Body.String())
+	s2 := <-seenBy
+	assert.True(t, s2.recovered, "the takeover is marked recovered")
+	assert.Equal(t, 2, s2.attempt)
+	assert.Equal(t, EventStored, a.await(t, EventStored).Kind)
+
+	store.stalled.Store(false) // the first holder's next renewal finds it lost
+	first := <-firstDone
+	s1 := <-seenBy
+	assert.ErrorIs(t, s1.cause, ErrLeaseLost, "the handler's context says why it ended")
+	assert.Equal(t, 1, s1.attempt)
+	assert.Greater(t, s2.token, s1.token, "fencing tokens increase")
+	assert.Equal(t, "run 1", first.Body.String(), "the first client got its own answer")
+	ev := a.await(t, EventLeaseLost)
+	assert.ErrorIs(t, ev.Err, ErrLeaseLost)
+
+	rec := a.do(mwPost("k1", "a"))
+	assert.Equal(t, "run 2", rec.Body.String(), "the stale holder overwrote nothing")
+	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+}
+
+func mwTestStoreLostAfterHandler(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+	env := newEnv(t)
+	a := newMWApp(t, env, nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		env.stop()
+		mwAnswer()(run, w, r)
+	})
+	rec := a.do(mwPost("k1", "a"))
+	assert.Equal(t, http.StatusCreated, rec.Code, "the client gets the handler's answer")
+	ev := a.await(t, EventUnavailable)
+	assert.Equal(t, http.StatusCreated, ev.Status)
+	assert.ErrorIs(t, ev.Err, ErrUnavailable)
+}
+
+func TestMiddlewareRefusesMisuse(t *testing.T) {
+	k, err := New(&RedisStore{})
+	require.NoError(t, err)
+	_, err = NewMiddleware(nil)
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	for name, opt := range map[string]MiddlewareOption{
+		"no methods":          WithMethods(),
+		"bad method":          WithMethods("PO ST"),
+		"bad header":          WithKeyHeader("Idempotency Key"),
+		"empty header":        WithKeyHeader(""),
+		"nil scope":           WithScope(nil),
+		"nil fingerprint":     WithFingerprint(nil),
+		"nil policy":          WithStorePolicy(nil),
+		"zero body limit":     WithBodyLimit(0),
+		"zero response limit": WithResponseLimit(0),
+		"negative wait":       WithWait(-time.Second),
+	} {
+		_, err := NewMiddleware(k, opt)
+		assert.ErrorIs(t, err, ErrInvalidConfig, name)
+	}
+	_, err = NewMiddleware(k, WithMethods("PUT", "DELETE"), WithKeyHeader("X-Key"), WithWait(time.Second))
+	assert.NoError(t, err)
+}
+
+func TestDefaultStorePolicy(t *testing.T) {
+	stored := map[int]bool{
+		100: false, 101: false, 200: true, 201: true, 204: true, 301: true, 304: true,
+		400: true, 401: true, 404: true, 408: false, 409: false, 410: true, 422: true,
+		425: false, 429: false, 499: true, 500: false, 502: false, 503: false,
+	}
+	for status, want := range stored {
+		assert.Equal(t, want, DefaultStorePolicy(status), "%d", status)
+	}
+}
+
+func TestStoredResponseEncoding(t *testing.T) {
+	in := &storedResponse{
+		Status: 201,
+		Header: http.Header{"X-Multi": {"a", "b", ""}, "Content-Type": {"application/json"}},
+		Body:   []byte(`{"id":1}`),
+		Size:   8,
+	}
+	b, err := in.marshal()
+	require.NoError(t, err)
+	b2, err := in.marshal()
+	require.NoError(t, err)
+	assert.Equal(t, b, b2, "deterministic")
+	var out storedResponse
+	require.NoError(t, out.unmarshal(b))
+	assert.Equal(t, in, &out)
+
+	// Also through msgpack's own entry points.
+	b3, err := msgpack.Marshal(in)
+	require.NoError(t, err)
+	assert.Equal(t, b, b3)
+	var out2 storedResponse
+	require.NoError(t, msgpack.Unmarshal(b, &out2))
+	assert.Equal(t, in, &out2)
+
+	notKept := &storedResponse{Status: 200, Header: http.Header{}, Fate: bodyStreamed, Size: 1 << 30}
+	b, err = notKept.marshal()
+	require.NoError(t, err)
+	require.NoError(t, out.unmarshal(b))
+	assert.Equal(t, notKept, &out)
+
+	// Fields after the six known ones are skipped: a later version may add some.
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	require.NoError(t, e.EncodeArrayLen(7))
+	require.NoError(t, e.EncodeMulti(1, 200, map[string][]string{"A": {"b"}}, []byte("x"), 0, 1, "future"))
+	require.NoError(t, out.unmarshal(buf.Bytes()))
+	assert.Equal(t, "x", string(out.Body))
+
+	for name, bad := range map[string][]any{
+		"version 2":    {2, 200, map[string][]string{}, []byte{}, 0, 0},
+		"status 42":    {1, 42, map[string][]string{}, []byte{}, 0, 0},
+		"fate 9":       {1, 200, map[string][]string{}, []byte{}, 9, 0},
+		"five fields":  {1, 200, map[string][]string{}, []byte{}, 0},
+		"header value": {1, 200, map[string]int{"A": 1}, []byte{}, 0, 0},
+	} {
+		buf.Reset()
+		require.NoError(t, e.EncodeArrayLen(len(bad)))
+		require.NoError(t, e.EncodeMulti(bad...))
+		assert.ErrorIs(t, out.unmarshal(buf.Bytes()), ErrCorrupt, name)
+	}
+	assert.ErrorIs(t, out.unmarshal(b[:len(b)-1]), ErrCorrupt, "truncated")
+	assert.ErrorIs(t, out.unmarshal(nil), ErrCorrupt, "empty")
+}
+
+func TestHTTPScopesAreDistinct(t *testing.T) {
+	seen := map[string]string{}
+	for _, s := range [][3]string{
+		{"", "POST", "/x"}, {"a", "POST", "/x"}, {"", "PATCH", "/x"}, {"", "POST", "/y"},
+		{"aPOST /x", "POST", "/x"}, {"1:", "POST", "/x"}, {"a", "POST", " /x"}, {"a ", "POST", "/x"},
+	} {
+		scope := httpScope(s[0], s[1], s[2])
+		prev, dup := seen[scope]
+		assert.False(t, dup, "%q and %q share scope %q", s, prev, scope)
+		seen[scope] = fmt.Sprint(s)
+	}
+}
+
+func TestEventKindNames(t *testing.T) {
+	names := map[string]bool{}
+	for k := EventClaimed; k <= EventCorrupt; k++ {
+		name := k.String()
+		assert.NotContains(t, name, "EventKind(", "kind %d has a name", k)
+		assert.False(t, names[name], "%q named twice", name)
+		names[name] = true
+	}
+	assert.Equal(t, "EventKind(99)", EventKind(99).String())
+}
+
+// mwDiscard is a ResponseWriter that throws the response away.
+type mwDiscard struct{ h http.Header }
+
+func (d *mwDiscard) Header() http.Header         { return d.h }
+func (d *mwDiscard) Write(p []byte) (int, error) { return len(p), nil }
+func (d *mwDiscard) WriteHeader(int)             {}
+
+// BenchmarkMiddlewareReplay measures a replayed request on miniredis: one
+// script round trip plus decoding the stored response.
+func BenchmarkMiddlewareReplay(b *testing.B) {
+	m := miniredis.RunT(b)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer c.Close()
+	k, err := NewRedis(c)
+	require.NoError(b, err)
+	mw, err := NewMiddleware(k)
+	require.NoError(b, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(bytes.Repeat([]byte("x"), 512))
+	}))
+	body := `{"amount":1000,"currency":"EUR"}`
+	h.ServeHTTP(&mwDiscard{h: http.Header{}}, mwPost("bench", body))
+	b.ReportAllocs()
+	for b.Loop() {
+		w := &mwDiscard{h: http.Header{}}
+		h.ServeHTTP(w, mwPost("bench", body))
+		if w.h.Get(ReplayedHeader) != "true" {
+			b.Fatal("not a replay")
+		}
+	}
+}
+
+// BenchmarkStoredResponseDecode measures decoding a stored response.
+func BenchmarkStoredResponseDecode(b *testing.B) {
+	s := &storedResponse{Status: 201, Header: http.Header{
+		"Content-Type": {"application/json"}, "Location": {"/payments/1"}, "X-Request-Id": {"abc"},
+	}, Body: bytes.Repeat([]byte("x"), 512)}
+	v, err := s.marshal()
+	require.NoError(b, err)
+	b.ReportAllocs()
+	for b.Loop() {
+		var out storedResponse
+		if err := out.unmarshal(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
