@@ -26,7 +26,8 @@ type Faults struct {
 	// and the connection closed: the server executed the request, the client
 	// sees the connection fail.
 	DropReply float64
-	// Delay is added before every reply chunk is forwarded.
+	// Delay is added before every reply chunk is forwarded. Data held back
+	// when the proxy closes is lost, as it would be in a network that fails.
 	Delay time.Duration
 }
 
@@ -45,6 +46,7 @@ type Proxy struct {
 	rnd    *rand.Rand
 	conns  map[net.Conn]struct{}
 	closed bool
+	done   chan struct{} // closed by Close: ends delays at once
 
 	conns64, cuts, drops atomic.Int64
 	wg                   sync.WaitGroup
@@ -61,6 +63,7 @@ func New(target string, seed uint64) (*Proxy, error) {
 		target: target, l: l,
 		rnd:   rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		conns: map[net.Conn]struct{}{},
+		done:  make(chan struct{}),
 	}
 	p.wg.Add(1)
 	go p.accept()
@@ -97,6 +100,9 @@ func (p *Proxy) Stats() Stats {
 // goroutines to end.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.done)
+	}
 	p.closed = true
 	for c := range p.conns {
 		c.Close()
@@ -177,7 +183,13 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 		if n > 0 {
 			brk, delay := p.decide(reply)
 			if delay > 0 {
-				time.Sleep(delay)
+				t := time.NewTimer(delay)
+				select {
+				case <-t.C:
+				case <-p.done:
+					t.Stop()
+					return
+				}
 			}
 			if brk {
 				if reply {

@@ -47,6 +47,8 @@ func StartCluster(tb testing.TB, masters, replicas int, args ...string) *Cluster
 		"--cluster-config-file", "nodes.conf",
 		// A replica that lost its master for a while may still be promoted.
 		"--cluster-replica-validity-factor", "0",
+		// Replicas sync at once rather than after the default 5s.
+		"--repl-diskless-sync-delay", "0",
 	}, args...)
 	c := &Cluster{Replicas: make([][]*Server, masters)}
 	for i := 0; i < masters; i++ {
@@ -189,6 +191,10 @@ func (c *Cluster) waitStable(ctx context.Context, client func(*Server) *redis.Cl
 			}
 			if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
 				return fmt.Errorf("%s: replica link not up", n.Addr)
+			}
+			// A master streams to a replica only once it lists it online.
+			if strings.Contains(repl, "role:master") && strings.Count(repl, "state=online") != strings.Count(repl, ",state=") {
+				return fmt.Errorf("%s: a replica is not online yet", n.Addr)
 			}
 		}
 		return nil

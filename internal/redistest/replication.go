@@ -3,7 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
-	"strconv"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,28 +12,52 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// StartReplica starts a redis-server that replicates master (plain
-// replication, --replicaof), and waits until its link to the master is up and
-// it has loaded the master's data. args are extra redis-server options.
-func StartReplica(tb testing.TB, master *Server, args ...string) *Server {
+// StartReplica starts a redis-server that replicates the master at
+// masterAddr (plain replication, --replicaof; masterAddr may be a proxy in
+// front of the master), and waits until its link to the master is up and it
+// has loaded the master's data. It first sets the master's
+// repl-diskless-sync-delay to 0 so that the first sync starts at once. args are
+// extra redis-server options.
+func StartReplica(tb testing.TB, masterAddr string, args ...string) *Server {
 	tb.Helper()
-	r := Start(tb, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}, args...)...)
+	host, port, err := net.SplitHostPort(masterAddr)
+	if err != nil {
+		tb.Fatalf("StartReplica: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	m := redis.NewClient(&redis.Options{Addr: masterAddr, MaxRetries: -1})
+	defer m.Close()
+	if err := m.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+		tb.Fatalf("StartReplica: configuring the master: %v", err)
+	}
+	r := Start(tb, append([]string{"--replicaof", host, port}, args...)...)
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 	defer c.Close()
-	err := poll(ctx, func() error {
+	err = poll(ctx, func() error {
 		info, err := c.Info(ctx, "replication").Result()
 		if err != nil {
 			return err
 		}
 		if !strings.Contains(info, "master_link_status:up") || strings.Contains(info, "master_sync_in_progress:1") {
-			return fmt.Errorf("%s: not in sync with %s yet", r.Addr, master.Addr)
+			return fmt.Errorf("%s: not in sync with %s yet", r.Addr, masterAddr)
 		}
 		return nil
 	})
+	if err == nil {
+		// After the first sync the master holds its stream back until the
+		// replica's first REPLCONF ACK, sent up to a second later: wait until
+		// a write made now has reached the replica.
+		probe := "redistest:replica-probe:" + r.Addr
+		if err = m.Set(ctx, probe, "1", 0).Err(); err == nil {
+			err = poll(ctx, func() error { return c.Get(ctx, probe).Err() })
+			if err == nil {
+				err = m.Del(ctx, probe).Err()
+			}
+		}
+	}
 	if err != nil {
-		tb.Fatalf("starting a replica of %s: %v", master.Addr, err)
+		tb.Fatalf("starting a replica of %s: %v", masterAddr, err)
 	}
 	return r
 }

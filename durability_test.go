@@ -1,0 +1,211 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/faultproxy"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func durableKeeper(t *testing.T, c redis.Scripter, ropts ...RedisOption) *Keeper {
+	t.Helper()
+	s, err := NewRedisStore(c, ropts...)
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	k, err := New(s, WithLease(2*time.Second), WithRetention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestWithReplicasOnPlainReplication shows what the option answers: success
+// when the replica acknowledges, a *ReplicationError for the claim when too
+// few replicas exist, and for the completion when the replica stops
+// acknowledging between claim and complete; the completion is kept on the
+// master then, and replayed from there.
+func TestWithReplicasOnPlainReplication(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master.Addr)
+	mc := master.Client(t)
+	ctx := context.Background()
+
+	k := durableKeeper(t, mc, WithReplicas(1, time.Second))
+	if v, err := Do(ctx, k, "s", "ok", func(context.Context) (int, error) { return 7, nil }); err != nil || v != 7 {
+		t.Fatalf("Do = %d, %v", v, err)
+	}
+	// The replica has the completed record.
+	rk := durableKeeper(t, replica.Client(t))
+	// A replica is read-only, but a completed record replays without a write.
+	if out, err := rk.Begin(ctx, "s", "ok"); err != nil || !out.Replayed {
+		t.Fatalf("Begin on the replica = %+v, %v; want the replay", out, err)
+	}
+
+	two := durableKeeper(t, mc, WithReplicas(2, 50*time.Millisecond))
+	ran := false
+	_, err := Do(ctx, two, "s", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
+	var re *ReplicationError
+	if !errors.As(err, &re) || re.Op != "claim" || re.Acked != 1 || re.Wanted != 2 || ran {
+		t.Fatalf("Do waiting for 2 replicas of 1: %v (ran %v), want a claim *ReplicationError 1 of 2", err, ran)
+	}
+
+	// The replica stops acknowledging between claim and completion.
+	out, err := k.Begin(ctx, "s", "late")
+	if err != nil || out.Claim == nil {
+		t.Fatalf("Begin = %+v, %v", out, err)
+	}
+	replica.Pause(t)
+	err = out.Claim.Complete(ctx, []byte("result"), 0)
+	replica.Resume(t)
+	if !errors.As(err, &re) || re.Op != "complete" || re.Acked != 0 || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Complete while the replica is paused: %v, want a complete *ReplicationError 0 of 1", err)
+	}
+	plain := durableKeeper(t, mc)
+	rep, err := plain.Begin(ctx, "s", "late")
+	if err != nil || !rep.Replayed || string(rep.Value) != "result" {
+		t.Fatalf("Begin on the master after the unreplicated completion = %+v, %v; want the replay", rep, err)
+	}
+}
+
+// TestWithReplicasReloadsScripts: a master that lost its script cache answers
+// NOSCRIPT inside the pipeline; the store loads the script and goes on.
+func TestWithReplicasReloadsScripts(t *testing.T) {
+	master := redistest.Start(t)
+	redistest.StartReplica(t, master.Addr)
+	mc := master.Client(t)
+	ctx := context.Background()
+	k := durableKeeper(t, mc, WithReplicas(1, time.Second))
+	for i := 0; i < 3; i++ {
+		if err := mc.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprint(i)
+		if _, err := Do(ctx, k, "s", key, func(context.Context) (int, error) { return i, nil }); err != nil {
+			t.Fatalf("Do after SCRIPT FLUSH: %v", err)
+		}
+	}
+}
+
+// TestFailoverLosesAcknowledgedCompletions kills a master (SIGKILL) right
+// after acknowledged completions, promotes its replica (REPLICAOF NO ONE), and
+// counts the acknowledged completions the new master does not have, without
+// and with WithReplicas. The replica replicates through a fault proxy. Two
+// scenarios: the replica keeping up under load, and the replication link
+// lagging (the proxy holds the master's stream back) when the master dies.
+// With the option no acknowledged completion may be lost.
+func TestFailoverLosesAcknowledgedCompletions(t *testing.T) {
+	for _, lagging := range []bool{false, true} {
+		for _, durable := range []bool{false, true} {
+			name := fmt.Sprintf("lagging=%v/WithReplicas=%v", lagging, durable)
+			t.Run(name, func(t *testing.T) {
+				acked, lost := failoverLoss(t, lagging, durable)
+				t.Logf("%s: %d completions acknowledged, %d lost by the failover", name, acked, lost)
+				if durable && lost != 0 {
+					t.Fatalf("%d acknowledged completions lost with WithReplicas", lost)
+				}
+				if acked == 0 {
+					t.Fatal("no completion was acknowledged")
+				}
+			})
+		}
+	}
+}
+
+func failoverLoss(t *testing.T, lagging, durable bool) (acked, lost int) {
+	master := redistest.Start(t)
+	link, err := faultproxy.New(master.Addr, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	replica := redistest.StartReplica(t, link.Addr())
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { mc.Close() })
+	var ropts []RedisOption
+	if durable {
+		ropts = append(ropts, WithReplicas(1, time.Second))
+	}
+	k := durableKeeper(t, mc, ropts...)
+	ctx := context.Background()
+
+	var (
+		mu      sync.Mutex
+		keys    []string
+		killed  atomic.Bool
+		untyped []error
+	)
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(keys) }
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20000 && !killed.Load(); i++ {
+				key := fmt.Sprintf("w%d-%d", w, i)
+				_, err := Do(ctx, k, "loss", key, func(context.Context) (string, error) { return key, nil })
+				mu.Lock()
+				if err == nil {
+					keys = append(keys, key)
+				} else if !errors.Is(err, ErrUnavailable) {
+					untyped = append(untyped, err)
+				}
+				mu.Unlock()
+				if err != nil && killed.Load() {
+					return
+				}
+			}
+		}()
+	}
+	waitFor := func(cond func() bool, max time.Duration) {
+		for deadline := time.Now().Add(max); !cond() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor(func() bool { return count() >= 300 }, 30*time.Second)
+	if lagging {
+		link.Set(faultproxy.Faults{Delay: time.Minute})
+		base := count()
+		// Until completions are acknowledged while the replica lags, or
+		// long enough to show that none are.
+		waitFor(func() bool { return count() >= base+50 }, 300*time.Millisecond)
+	} else {
+		// Right after an acknowledged completion.
+		base := count()
+		waitFor(func() bool { return count() > base }, 10*time.Second)
+	}
+	mu.Lock()
+	killed.Store(true)
+	master.Stop()
+	ackedKeys := append([]string(nil), keys...)
+	mu.Unlock()
+	wg.Wait()
+	// What the link still holds is lost with the master.
+	link.Close()
+	replica.Promote(t)
+
+	rk := durableKeeper(t, replica.Client(t))
+	for _, key := range ackedKeys {
+		out, err := rk.Begin(ctx, "loss", key)
+		switch {
+		case err == nil && out.Replayed:
+		case err == nil && out.Claim != nil:
+			lost++ // the record is gone: a retry runs the operation again
+		case errors.Is(err, ErrInProgress):
+			lost++ // the claim survived, its result did not: a retry runs the operation again once the lease ends
+		default:
+			t.Fatalf("Begin %s on the promoted replica: %+v, %v", key, out, err)
+		}
+	}
+	for _, err := range untyped {
+		t.Errorf("untyped failure: %v", err)
+	}
+	return len(ackedKeys), lost
+}
