@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// smallStorm is a storm quick enough for a test. Every payment is also sent
+// with another amount and without a key, so those counts are exact.
+func smallStorm() stormConfig {
+	return stormConfig{
+		Payments: 24, Copies: 3, Resends: 1, Clients: 4, Work: 4 * time.Millisecond,
+		CutRate: 0.2, ChangeRate: 1, NoKeyRate: 1, Seed: 7,
+	}
+}
+
+// guardedAPI serves the demo's API on miniredis.
+func guardedAPI(t *testing.T, book *ledger, events *eventCounts) http.Handler {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	k, err := newKeeper(c)
+	require.NoError(t, err)
+	api, err := newAPI(k, book, smallStorm().Work, events.add)
+	require.NoError(t, err)
+	return api
+}
+
+func TestStormChargesEachPaymentOnce(t *testing.T) {
+	book, events := newLedger(), &eventCounts{}
+	srv := httptest.NewServer(guardedAPI(t, book, events))
+	defer srv.Close()
+	cfg := smallStorm()
+	rep, err := storm(context.Background(), srv.URL, cfg)
+	require.NoError(t, err)
+	v := check(rep, book)
+	assert.True(t, v.ok(rep), "verdict %+v, unexpected %v", v, rep.Unexpected)
+	assert.Equal(t, cfg.Payments, v.Charges)
+	assert.Equal(t, cfg.Payments, v.Charged)
+	assert.Empty(t, rep.Unexpected)
+	assert.Zero(t, rep.Unanswered)
+	assert.Equal(t, cfg.Payments, rep.Mismatches, "each changed amount: 422")
+	assert.Equal(t, cfg.Payments, rep.MissingKey, "each request without a key: 400")
+	assert.GreaterOrEqual(t, rep.Replays, cfg.Payments, "each resend is a replay")
+	assert.Equal(t, rep.Fresh+rep.Replays, v.Answers)
+	assert.EqualValues(t, cfg.Payments, events.get(idem.EventStored))
+
+	var out bytes.Buffer
+	printTable(&out, cfg, rep, v, events, time.Second)
+	assert.Contains(t, out.String(), "ledger check: OK, 24 charges for 24 distinct payments")
+	assert.Contains(t, out.String(), "replay check: OK")
+	assert.NotContains(t, out.String(), "FAIL")
+}
+
+func TestStormCatchesDoubleCharges(t *testing.T) {
+	book := newLedger()
+	srv := httptest.NewServer(pay(book, smallStorm().Work)) // no middleware
+	defer srv.Close()
+	cfg := smallStorm()
+	cfg.CutRate, cfg.ChangeRate, cfg.NoKeyRate = 0, 0, 0
+	rep, err := storm(context.Background(), srv.URL, cfg)
+	require.NoError(t, err)
+	v := check(rep, book)
+	assert.False(t, v.ok(rep))
+	assert.Len(t, v.Double, cfg.Payments, "every copy of every payment charged")
+	assert.Equal(t, cfg.Payments*(cfg.Copies+cfg.Resends), v.Charges)
+
+	var out bytes.Buffer
+	printTable(&out, cfg, rep, v, &eventCounts{}, time.Second)
+	assert.Contains(t, out.String(), "ledger check: FAIL")
+	assert.Contains(t, out.String(), "idem-demo: FAILED")
+}
+
+func TestStormCatchesReplaysThatDiffer(t *testing.T) {
+	book := newLedger()
+	api := guardedAPI(t, book, &eventCounts{})
+	// A proxy that spoils replayed bodies.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		api.ServeHTTP(rec, r)
+		body := rec.Body.Bytes()
+		if rec.Header().Get(idem.ReplayedHeader) == "true" {
+			body = bytes.Replace(body, []byte("ch_"), []byte("ch_9"), 1)
+		}
+		for k, vs := range rec.Header() {
+			w.Header()[k] = vs
+		}
+		w.Header().Del("Content-Length")
+		w.WriteHeader(rec.Code)
+		w.Write(body)
+	}))
+	defer srv.Close()
+	cfg := smallStorm()
+	rep, err := storm(context.Background(), srv.URL, cfg)
+	require.NoError(t, err)
+	v := check(rep, book)
+	assert.False(t, v.ok(rep))
+	assert.Len(t, v.Differ, cfg.Payments, "every payment had a replay")
+	assert.Empty(t, v.Double)
+}
+
+// runDemo runs the command with args and returns its status and output.
+func runDemo(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+var smallFlags = []string{"-payments", "20", "-copies", "3", "-clients", "4", "-work", "4ms", "-seed", "3"}
+
+func TestRunOnMiniredis(t *testing.T) {
+	code, out, errs := runDemo(t, context.Background(), smallFlags...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	assert.Contains(t, out, "Redis: embedded miniredis")
+	for _, want := range []string{"requests sent", "charges executed", "201 replayed", "409 in progress",
+		"422 same key", "400 no key", "latency p50 / p99", "ledger check: OK, 20 charges for 20 distinct payments"} {
+		assert.Contains(t, out, want)
+	}
+}
+
+func TestRunOnRedisServer(t *testing.T) {
+	s := redistest.Start(t)
+	args := append([]string{"-redis", "redis://" + s.Addr + "/3"}, smallFlags...)
+	code, out, errs := runDemo(t, context.Background(), args...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	assert.Contains(t, out, "Redis: redis at "+s.Addr+", db 3")
+	assert.Contains(t, out, "ledger check: OK")
+	db3 := redis.NewClient(&redis.Options{Addr: s.Addr, DB: 3})
+	defer db3.Close()
+	keys, err := db3.Keys(context.Background(), "idem-demo:*").Result()
+	require.NoError(t, err)
+	assert.Len(t, keys, 20, "one record per payment, in the database the URL names")
+	ttl, err := db3.PTTL(context.Background(), keys[0]).Result()
+	require.NoError(t, err)
+	assert.True(t, ttl > 0 && ttl <= 10*time.Minute, "demo records expire: %s", ttl)
+}
+
+func TestRunRefusesBadInput(t *testing.T) {
+	for name, args := range map[string][]string{
+		"bad URL scheme":    {"-redis", "http://127.0.0.1:6379"},
+		"unreachable redis": {"-redis", "redis://127.0.0.1:1/0"},
+		"no payments":       {"-payments", "0"},
+		"cut rate 1":        {"-cut", "1"},
+		"unknown flag":      {"-nope"},
+		"extra argument":    {"storm"},
+	} {
+		code, _, errs := runDemo(t, context.Background(), args...)
+		assert.Equal(t, 2, code, name)
+		assert.NotEmpty(t, errs, name)
+	}
+}
+
+func TestServeMode(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"-serve", "127.0.0.1:0", "-work", "2ms"}, pw, io.Discard)
+		pw.Close()
+	}()
+	sc := bufio.NewScanner(pr)
+	base := ""
+	for base == "" && sc.Scan() {
+		if m := regexp.MustCompile(`serving POST (http://\S+)/payments`).FindStringSubmatch(sc.Text()); m != nil {
+			base = m[1]
+		}
+	}
+	require.NotEmpty(t, base)
+	go io.Copy(io.Discard, pr)
+
+	post := func(body string) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "order-1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	body := `{"payment":"order-1","amount":1000,"currency":"EUR"}`
+	assert.Equal(t, http.StatusCreated, post(body).StatusCode)
+	again := post(body)
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, "true", again.Header.Get(idem.ReplayedHeader))
+	assert.Equal(t, http.StatusUnprocessableEntity, post(strings.Replace(body, "1000", "2000", 1)).StatusCode)
+
+	resp, err := http.Get(base + "/payments")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, 1, strings.Count(string(b), `"key":"order-1"`), "one charge in the ledger: %s", b)
+
+	cancel()
+	assert.Equal(t, 0, <-done)
+}
