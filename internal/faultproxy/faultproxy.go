@@ -26,14 +26,18 @@ type Faults struct {
 	// and the connection closed: the server executed the request, the client
 	// sees the connection fail.
 	DropReply float64
-	// Delay is added before every reply chunk is forwarded. Data held back
-	// when the proxy closes is lost, as it would be in a network that fails.
+	// Delay is added before a reply chunk is forwarded: before every chunk
+	// when Slow is 0, else with the chance Slow. Data held back when the proxy
+	// closes is lost, as it would be in a network that fails.
 	Delay time.Duration
+	// Slow is the chance that a reply chunk is held back by Delay; 0 means
+	// every chunk.
+	Slow float64
 }
 
 // Stats counts what the proxy did.
 type Stats struct {
-	Conns, Cuts, DroppedReplies int64
+	Conns, Cuts, DroppedReplies, DelayedReplies int64
 }
 
 // Proxy forwards connections from its loopback address to a target.
@@ -48,8 +52,8 @@ type Proxy struct {
 	closed bool
 	done   chan struct{} // closed by Close: ends delays at once
 
-	conns64, cuts, drops atomic.Int64
-	wg                   sync.WaitGroup
+	conns64, cuts, drops, delays atomic.Int64
+	wg                           sync.WaitGroup
 }
 
 // New starts a proxy on a free port of 127.0.0.1 that forwards to target, with
@@ -93,7 +97,7 @@ func (p *Proxy) CutAll() {
 
 // Stats returns what the proxy has done so far.
 func (p *Proxy) Stats() Stats {
-	return Stats{Conns: p.conns64.Load(), Cuts: p.cuts.Load(), DroppedReplies: p.drops.Load()}
+	return Stats{Conns: p.conns64.Load(), Cuts: p.cuts.Load(), DroppedReplies: p.drops.Load(), DelayedReplies: p.delays.Load()}
 }
 
 // Close stops accepting, closes every connection and waits for the proxy's
@@ -163,7 +167,10 @@ func (p *Proxy) decide(reply bool) (brk bool, delay time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if reply {
-		return p.faults.DropReply > 0 && p.rnd.Float64() < p.faults.DropReply, p.faults.Delay
+		if p.faults.Delay > 0 && (p.faults.Slow == 0 || p.rnd.Float64() < p.faults.Slow) {
+			delay = p.faults.Delay
+		}
+		return p.faults.DropReply > 0 && p.rnd.Float64() < p.faults.DropReply, delay
 	}
 	return p.faults.Cut > 0 && p.rnd.Float64() < p.faults.Cut, 0
 }
@@ -183,6 +190,7 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 		if n > 0 {
 			brk, delay := p.decide(reply)
 			if delay > 0 {
+				p.delays.Add(1)
 				t := time.NewTimer(delay)
 				select {
 				case <-t.C:
