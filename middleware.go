@@ -82,8 +82,10 @@ const unavailableRetryAfter = "1"
 //   - The request repeats a finished one: the stored response is replayed:
 //     status, every header value in order, body, plus "Idempotent-Replayed:
 //     true" and a fresh Date. Set-Cookie, Authorization, WWW-Authenticate,
-//     Proxy-Authenticate and hop-by-hop headers are never stored nor
-//     replayed.
+//     Proxy-Authenticate, hop-by-hop headers and trailers are never stored
+//     nor replayed; nor are headers that middleware outside this one set
+//     before the handler ran and the handler left as they were (a request
+//     id): that middleware sets them afresh on the replay.
 //   - Another request with the key is in progress: 409 with Retry-After, the
 //     seconds left on its lease rounded up; or, with WithWait, the request
 //     waits up to that long for the result and replays it.
@@ -616,7 +618,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	m.emit(ev)
 
 	ctx, stop := cl.KeepAlive(ContextWithClaim(r.Context(), cl))
-	c := &capture{w: w, limit: m.responseLimit}
+	c := &capture{w: w, limit: m.responseLimit, outer: w.Header().Clone()}
 	finished := false
 	defer func() {
 		if finished {

@@ -572,6 +572,24 @@ func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	}
 	assert.EqualValues(t, 1, a.runs.Load())
 
+	// Headers set by outer middleware are theirs: a replay carries this
+	// request's id, not the first one's, while a header the handler changed
+	// is kept.
+	ids := 0
+	outer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ids++
+		w.Header().Set("X-Request-Id", strconv.Itoa(ids))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		a.h.ServeHTTP(w, r)
+	})
+	for _, want := range []string{"1", "2"} {
+		rec := httptest.NewRecorder()
+		outer.ServeHTTP(rec, mwPost("k2", "a"))
+		assert.Equal(t, want, rec.Header().Get("X-Request-Id"))
+		assert.Equal(t, "text/plain", rec.Header().Get("Content-Type"))
+		assert.Equal(t, want == "2", rec.Header().Get(ReplayedHeader) == "true")
+	}
+
 	// Through a real server and client, multi-value headers arrive intact.
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()

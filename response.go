@@ -203,8 +203,10 @@ var unkeptHeaders = map[string]bool{
 
 // keptHeader returns the headers of h that may be stored: a deep copy without
 // unkeptHeaders, without headers the Connection header names as hop-by-hop,
-// and without trailers.
-func keptHeader(h http.Header) http.Header {
+// without trailers, and without the headers that were in outer, with the same
+// values, before the handler ran: those were set by middleware outside this
+// one, which sets them afresh on a replay (a request id, CORS headers).
+func keptHeader(h, outer http.Header) http.Header {
 	hop := map[string]bool{}
 	for _, v := range h.Values("Connection") {
 		for _, name := range strings.Split(v, ",") {
@@ -217,6 +219,9 @@ func keptHeader(h http.Header) http.Header {
 	for name, vs := range h {
 		canon := http.CanonicalHeaderKey(name)
 		if unkeptHeaders[canon] || hop[canon] || strings.HasPrefix(name, http.TrailerPrefix) || len(vs) == 0 {
+			continue
+		}
+		if ov, ok := outer[name]; ok && slices.Equal(ov, vs) {
 			continue
 		}
 		out[name] = slices.Clone(vs)
@@ -237,6 +242,7 @@ func bodyAllowed(status int) bool {
 type capture struct {
 	w     http.ResponseWriter
 	limit int64
+	outer http.Header // the headers set before the handler ran
 
 	status int         // final status written; 0 before
 	header http.Header // snapshot of the headers when status was written
@@ -259,7 +265,7 @@ func (c *capture) Header() http.Header { return c.w.Header() }
 func (c *capture) WriteHeader(code int) {
 	if c.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		c.status = code
-		c.header = keptHeader(c.w.Header())
+		c.header = keptHeader(c.w.Header(), c.outer)
 	}
 	c.w.WriteHeader(code)
 }
@@ -353,7 +359,7 @@ func (c *capture) response() *storedResponse {
 	s := &storedResponse{Status: c.status, Header: c.header, Body: c.body, Fate: c.fate, Size: c.size}
 	if s.Status == 0 {
 		s.Status = http.StatusOK
-		s.Header = keptHeader(c.w.Header())
+		s.Header = keptHeader(c.w.Header(), c.outer)
 	}
 	if s.Fate != bodyKept {
 		s.Body = nil
