@@ -1,0 +1,277 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Fuzz targets. `go test` runs their seeds (f.Add and testdata/fuzz); run one
+// for longer with, for example:
+//
+//	go test -run '^$' -fuzz '^FuzzStoredValue$' -fuzztime 2m .
+
+// FuzzParseCompleted: the Go side of reading a completed record never
+// panics, and either answers ErrCorrupt or a reply whose value is the tail of
+// the record.
+func FuzzParseCompleted(f *testing.F) {
+	for _, s := range []string{
+		"i1C1:1:0:0::AAAA:\x01bpayload",
+		"i1C1795988292094037:3:1:0:::\x01v\x81\xa1a\x01",
+		"i1C",
+		"i1C1:1:0:0::",
+		"i1C-1:1:0:0:::x",
+		"i1C99999999999999999999:1:0:0:::x",
+		"i1P1:1:0:5:att:fp:",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rec string) {
+		r, err := parseCompleted(rec)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("parseCompleted(%q): %v, want ErrCorrupt", rec, err)
+			}
+			return
+		}
+		if r.Status != StatusCompleted || !strings.HasPrefix(rec, "i1C") || !strings.HasSuffix(rec, string(r.Value)) {
+			t.Fatalf("parseCompleted(%q) = %+v", rec, r)
+		}
+	})
+}
+
+// FuzzOpenEnvelope: opening an envelope never panics; what opens seals back
+// to the same bytes, and everything else is ErrCorrupt.
+func FuzzOpenEnvelope(f *testing.F) {
+	for _, b := range [][]byte{
+		seal(kindBytes, []byte("hello")), seal(kindValue, []byte{0x81, 0xa1, 'a', 1}), seal(kindError, []byte("boom")),
+		{}, {envelopeV1}, {2, kindBytes}, {envelopeV1, 'x', 1}, {0xff, 0xff, 0xff},
+	} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kind, body, err := open(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("open(%x): %v, want ErrCorrupt", b, err)
+			}
+			return
+		}
+		if !bytes.Equal(seal(kind, body), b) {
+			t.Fatalf("open(%x) = %q %x, which seals to %x", b, kind, body, seal(kind, body))
+		}
+	})
+}
+
+// FuzzValidateKey: ValidateKey accepts exactly the keys of 1 to MaxKeyLen
+// bytes without control characters, and every key, valid or not, gets a
+// record id of fixed length.
+func FuzzValidateKey(f *testing.F) {
+	for _, k := range []string{"a", "order-42", "", strings.Repeat("k", MaxKeyLen), strings.Repeat("k", MaxKeyLen+1),
+		"tab\there", "nl\n", "del\x7f", "ключ", "\xff\xfe", "\"quoted\""} {
+		f.Add(k)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		want := len(key) >= 1 && len(key) <= MaxKeyLen
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] == 0x7f {
+				want = false
+			}
+		}
+		err := ValidateKey(key)
+		if (err == nil) != want {
+			t.Fatalf("ValidateKey(%q) = %v, want valid=%v", key, err, want)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("ValidateKey(%q) = %v, want ErrInvalidKey", key, err)
+		}
+		if id := recordID("scope", key); len(id) != idLen || !isBase64URL(id) {
+			t.Fatalf("recordID of %q = %q", key, id)
+		}
+	})
+}
+
+// fuzzStore returns a RedisStore on a miniredis that lives as long as f.
+func fuzzStore(f *testing.F) (*RedisStore, *redis.Client) {
+	m := miniredis.RunT(f)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	f.Cleanup(func() { c.Close() })
+	s, err := NewRedisStore(c, WithPrefix("fuzz:"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	return s, c
+}
+
+// FuzzStoredValue puts arbitrary bytes where a record lives and runs every
+// step of the Store on it: nothing panics, every error is typed, a value that
+// is not a record is never overwritten, and a claim that succeeds leaves a
+// record that the next claim reads.
+func FuzzStoredValue(f *testing.F) {
+	for _, v := range []string{
+		"i1C1:1:0:0:::\x01bok", "i1P5:1:0:99999999999999999:att:fp:", "i1R5:2:0:0:::",
+		"i1C1:1:0:0::", "i1X1:1:0:0:::", "i2C1:1:0:0:::x", "i1C1:1:0:0:::\x02bnew", "i1C1:1:0:0:::\x01",
+		"plain string", "", "i1", "i1P:::::::", "i1P1:1:2:0:::", "i1Pa:1:0:0:::",
+	} {
+		f.Add([]byte(v), int64(1))
+	}
+	s, c := fuzzStore(f)
+	ctx := context.Background()
+	var n atomic.Int64
+	f.Fuzz(func(t *testing.T, value []byte, token int64) {
+		id := recordID("fuzz", fmt.Sprint(n.Add(1)))
+		key := s.key(id)
+		if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		typed := func(step string, err error) {
+			if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("%s on %q: untyped error %v", step, value, err)
+			}
+			if errors.Is(err, ErrCorrupt) {
+				if got, _ := c.Get(ctx, key).Bytes(); !bytes.Equal(got, value) {
+					t.Fatalf("%s on %q overwrote it with %q", step, value, got)
+				}
+			}
+		}
+		typed("Complete", s.Complete(ctx, id, token, []byte("x"), time.Minute))
+		typed("Release", s.Release(ctx, id, token, time.Minute))
+		typed("Extend", s.Extend(ctx, id, token, time.Minute, time.Minute))
+		before, _ := c.Get(ctx, key).Bytes()
+		r, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Claim on %q: untyped error %v", value, err)
+			}
+			if got, _ := c.Get(ctx, key).Bytes(); !bytes.Equal(got, before) {
+				t.Fatalf("Claim on %q overwrote it with %q", before, got)
+			}
+			return
+		}
+		switch r.Status {
+		case StatusClaimed:
+			again, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
+			if err != nil || again.Status != StatusClaimed || again.Token != r.Token {
+				t.Fatalf("claim on %q then its retry: %+v then %+v, %v", before, r, again, err)
+			}
+		case StatusCompleted:
+			if _, _, err := open(r.Value); err != nil && !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("open of the stored value of %q: %v", before, err)
+			}
+		case StatusInProgress, StatusMismatch:
+		default:
+			t.Fatalf("Claim on %q: status %d", before, r.Status)
+		}
+	})
+}
+
+// FuzzMiddleware sends one request with arbitrary key header, method and body
+// through the middleware twice: it never panics, answers only the statuses of
+// its contract, and a stored answer is replayed byte for byte without the
+// handler running again.
+func FuzzMiddleware(f *testing.F) {
+	for _, seed := range []struct {
+		method, key string
+		body        []byte
+	}{
+		{"POST", "order-1", []byte("amount=10")},
+		{"POST", "", nil},
+		{"POST", `"quoted"`, []byte("{}")},
+		{"POST", "\"unterminated", []byte("x")},
+		{"PATCH", strings.Repeat("k", 300), nil},
+		{"POST", "ctl\x01", nil},
+		{"POST", "big", bytes.Repeat([]byte("b"), 200)},
+		{"GET", "k", nil},
+		{"PUT", "k", []byte("x")},
+	} {
+		f.Add(seed.method, seed.key, seed.body)
+	}
+	s, _ := fuzzStore(f)
+	k, err := New(s, WithLease(time.Minute))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var tenant atomic.Int64
+	mw, err := NewMiddleware(k, WithBodyLimit(128), WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") }))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		b, _ := readAllLimit(r)
+		w.Header().Set("X-Len", fmt.Sprint(len(b)))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	}))
+	allowed := map[int]bool{http.StatusCreated: true, http.StatusBadRequest: true, http.StatusRequestEntityTooLarge: true,
+		http.StatusUnprocessableEntity: true, http.StatusConflict: true}
+	f.Fuzz(func(t *testing.T, method, key string, body []byte) {
+		if !validMethod(method) {
+			return
+		}
+		scope := fmt.Sprint(tenant.Add(1))
+		send := func() *httptest.ResponseRecorder {
+			req := httptest.NewRequest("POST", "/x", bytes.NewReader(body))
+			req.Method = method
+			req.Header["Idempotency-Key"] = []string{key}
+			req.Header.Set("X-Tenant", scope)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			return rec
+		}
+		before := runs.Load()
+		first := send()
+		ran := runs.Load() - before
+		if !allowed[first.Code] {
+			t.Fatalf("%s key %q body %q: status %d %s", method, key, body, first.Code, first.Body)
+		}
+		if first.Code != http.StatusCreated && ran == 0 && !strings.HasPrefix(first.Header().Get("Content-Type"), "application/problem+json") {
+			t.Fatalf("%s key %q: own answer %d without problem+json: %v", method, key, first.Code, first.Header())
+		}
+		if ran == 0 || first.Code != http.StatusCreated {
+			return
+		}
+		second := send()
+		if method != http.MethodPost && method != http.MethodPatch {
+			return // not guarded: the handler runs every time
+		}
+		if runs.Load()-before != 1 {
+			t.Fatalf("%s key %q: the handler ran %d times", method, key, runs.Load()-before)
+		}
+		if second.Code != first.Code || !bytes.Equal(second.Body.Bytes(), first.Body.Bytes()) || second.Header().Get(ReplayedHeader) != "true" {
+			t.Fatalf("%s key %q: replay %d %q %v, first %d %q", method, key, second.Code, second.Body, second.Header(), first.Code, first.Body)
+		}
+	})
+}
+
+func readAllLimit(r *http.Request) ([]byte, error) {
+	var b bytes.Buffer
+	_, err := b.ReadFrom(r.Body)
+	return b.Bytes(), err
+}
+
+// validMethod reports whether m is an HTTP token that net/http would send.
+func validMethod(m string) bool {
+	if m == "" || !utf8.ValidString(m) {
+		return false
+	}
+	for _, c := range m {
+		if c <= ' ' || c >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", c) {
+			return false
+		}
+	}
+	return true
+}
