@@ -162,9 +162,10 @@ func WithScope(tenant func(r *http.Request) string) MiddlewareOption {
 }
 
 // WithFingerprint sets the function that digests a request; a later request
-// with the same key and another digest answers 422. body is the request body
-// (at most the body limit); r.Body also still reads it. A nil digest turns
-// the check off for that request. Default: SHA-256 over the method, the path
+// with the same key and another digest answers 422. body is the whole
+// request body (at most the body limit); the handler gets it whole whatever
+// the function does with r.Body. A nil digest turns the check off for that
+// request. Default: SHA-256 over the method, the path
 // and query (r.URL.RequestURI()), and the body.
 func WithFingerprint(digest func(r *http.Request, body []byte) []byte) MiddlewareOption {
 	return func(m *middleware) { m.fingerprint = digest }
@@ -413,7 +414,11 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		route = r.URL.Path
 	}
 	scope := httpScope(m.scope(r), r.Method, route)
-	out, err := m.k.Begin(r.Context(), scope, key, Fingerprint(m.fingerprint(r, body)), Wait(m.wait))
+	fp := m.fingerprint(r, body)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = io.NopCloser(bytes.NewReader(body)) // for the handler, whole again
+	}
+	out, err := m.k.Begin(r.Context(), scope, key, Fingerprint(fp), Wait(m.wait))
 	switch {
 	case err != nil:
 		m.fail(next, w, r, ev, err)
@@ -482,8 +487,7 @@ func unquoteKey(v string) (string, error) {
 
 var errBodyTooLarge = errors.New("idem: request body too large")
 
-// readBody reads the request body, up to the limit, and puts it back for the
-// handler.
+// readBody reads the request body, up to the limit.
 func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -498,7 +502,6 @@ func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	if int64(len(body)) > m.bodyLimit {
 		return nil, errBodyTooLarge
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
 }
 

@@ -109,6 +109,13 @@ func mwAnswer(statuses ...int) mwHandler {
 	}
 }
 
+// mwEcho answers 201 with the request body.
+func mwEcho(run int64, w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.WriteHeader(http.StatusCreated)
+	w.Write(b)
+}
+
 // mwApp is a handler guarded by the middleware, counting its runs and
 // recording the middleware's events.
 type mwApp struct {
@@ -292,6 +299,14 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		{name: "same key, other path is another record", before: first(post("k1", "a")),
 			req:    func() *http.Request { return mwReq(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
 			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+		{name: "handler reads the whole body", handler: mwEcho, req: post("k1", "the body"),
+			status: 201, body: "the body", runs: 1, event: EventStored},
+		{name: "fingerprint reading r.Body leaves it whole",
+			opts: []MiddlewareOption{WithFingerprint(func(r *http.Request, body []byte) []byte {
+				b, _ := io.ReadAll(r.Body)
+				return b
+			})},
+			handler: mwEcho, req: post("k1", "the body"), status: 201, body: "the body", runs: 1, event: EventStored},
 		{name: "custom fingerprint may ignore the body",
 			opts:   []MiddlewareOption{WithFingerprint(func(r *http.Request, body []byte) []byte { return []byte(r.Method) })},
 			before: first(post("k1", "a")), req: post("k1", "b"),
