@@ -76,8 +76,8 @@ func (s *Server) Promote(tb testing.TB) {
 }
 
 // Pause stops the server process (SIGSTOP) without killing it: it answers
-// nothing, and as a replica it acknowledges nothing, until Resume. A paused
-// server is resumed before it is stopped.
+// nothing, and as a replica it acknowledges nothing, until Resume. Stop
+// kills a paused server all the same.
 func (s *Server) Pause(tb testing.TB) {
 	tb.Helper()
 	s.signal(tb, syscall.SIGSTOP)
