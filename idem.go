@@ -394,8 +394,8 @@ func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() e
 
 type claimKey struct{}
 
-// ClaimFromContext returns the Claim that Do put in the context of the
-// operation it runs, and whether there is one.
+// ClaimFromContext returns the Claim that Do or the HTTP middleware put in
+// the context of the operation or handler it runs, and whether there is one.
 func ClaimFromContext(ctx context.Context) (*Claim, bool) {
 	c, ok := ctx.Value(claimKey{}).(*Claim)
 	return c, ok
