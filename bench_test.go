@@ -1,0 +1,344 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// The benchmarks run every path on an embedded miniredis, and on a real
+// redis-server they start themselves when one is on PATH (sub-benchmarks
+// "miniredis" and "redis"; parallel ones also "redis-autopipeline", through
+// go-redis's AutoPipeliner). Each reports allocations and "roundtrips/op":
+// commands sent alone plus pipelines, counted by a go-redis hook, so a batch
+// of the AutoPipeliner counts once for all the calls it carries.
+//
+//	go test -run '^$' -bench . -benchmem
+//
+// The Redis answer is the same on both; miniredis runs scripts in a Go Lua
+// interpreter, several times slower than Redis, so only the "redis" figures
+// say anything about speed.
+
+// benchBody is the size of the result the benchmarks store: a typical small
+// JSON answer.
+const benchBody = 200
+
+// benchKeys makes keys unique across benchmarks and their rounds.
+var benchKeys atomic.Int64
+
+func nextBenchKey() string { return "bench-" + strconv.FormatInt(benchKeys.Add(1), 10) }
+
+// benchBackend is a Redis the benchmarks share across rounds: one server per
+// top-level benchmark, not one per b.N.
+type benchBackend struct {
+	name   string
+	client redis.Scripter
+	cnt    *counter
+}
+
+// benchBackends starts the Redis backends of one top-level benchmark: an
+// embedded miniredis and, if redis-server is on PATH, a real one; with
+// autopipeline, also the real one through an AutoPipeliner.
+func benchBackends(b *testing.B, autopipeline bool) []*benchBackend {
+	var out []*benchBackend
+	mini := newMiniredis(b)
+	cnt := &counter{}
+	mini.client.AddHook(cnt)
+	out = append(out, &benchBackend{name: "miniredis", client: mini.client, cnt: cnt})
+	if _, err := exec.LookPath("redis-server"); err != nil && !redistest.Required() {
+		return append(out, &benchBackend{name: "redis"}) // skipped
+	}
+	c := redistest.Start(b).Client(b)
+	cnt = &counter{}
+	c.AddHook(cnt)
+	out = append(out, &benchBackend{name: "redis", client: c, cnt: cnt})
+	if autopipeline {
+		ap, err := c.AutoPipeline()
+		if err != nil {
+			b.Fatalf("AutoPipeline: %v", err)
+		}
+		b.Cleanup(func() { ap.Close() })
+		out = append(out, &benchBackend{name: "redis-autopipeline", client: ap, cnt: cnt})
+	}
+	return out
+}
+
+// benchEach runs, on each backend, the operation that setup makes with a
+// Keeper whose scripts are loaded, through run (sequential or parallel), and
+// reports allocations and round trips per operation. setup's own calls are
+// neither timed nor counted.
+func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keeper) func() error, run func(b *testing.B, op func() error), opts ...Option) {
+	for _, be := range benchBackends(b, autopipeline) {
+		b.Run(be.name, func(b *testing.B) {
+			if be.client == nil {
+				b.Skip("redis-server not on PATH")
+			}
+			s, err := NewRedisStore(be.client)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.LoadScripts(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			k, err := New(s, opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			op := setup(b, k)
+			b.ReportAllocs()
+			before := be.cnt.n.Load()
+			b.ResetTimer()
+			run(b, op)
+			b.StopTimer()
+			b.ReportMetric(float64(be.cnt.n.Load()-before)/float64(b.N), "roundtrips/op")
+		})
+	}
+}
+
+// parallel runs op b.N times over GOMAXPROCS*16 goroutines: enough callers
+// for the AutoPipeliner to batch, as many as a busy server has requests.
+func parallel(b *testing.B, op func() error) {
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func sequential(b *testing.B, op func() error) {
+	for i := 0; i < b.N; i++ {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchModes runs the operation that setup makes sequentially and in
+// parallel on every backend.
+func benchModes(b *testing.B, setup func(b *testing.B, k *Keeper) func() error, opts ...Option) {
+	b.Run("sequential", func(b *testing.B) { benchEach(b, false, setup, sequential, opts...) })
+	b.Run("parallel", func(b *testing.B) { benchEach(b, true, setup, parallel, opts...) })
+}
+
+var benchResult = bytes.Repeat([]byte("x"), benchBody)
+
+// BenchmarkFirstExecution: Do on a new key, claim then complete: two round
+// trips.
+func BenchmarkFirstExecution(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return benchResult, nil }
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		keys := make([]string, b.N)
+		for i := range keys {
+			keys[i] = nextBenchKey()
+		}
+		var next atomic.Int64
+		return func() error {
+			_, err := Do(ctx, k, "bench", keys[next.Add(1)-1], fn)
+			return err
+		}
+	})
+}
+
+// BenchmarkBeginComplete: the first execution through Keeper.Begin and
+// Claim.Complete, without Do's lease renewal and codec.
+func BenchmarkBeginComplete(b *testing.B) {
+	ctx := context.Background()
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		keys := make([]string, b.N)
+		for i := range keys {
+			keys[i] = nextBenchKey()
+		}
+		var next atomic.Int64
+		return func() error {
+			out, err := k.Begin(ctx, "bench", keys[next.Add(1)-1])
+			if err != nil {
+				return err
+			}
+			return out.Claim.Complete(ctx, benchResult, 0)
+		}
+	})
+}
+
+// benchCompleted stores the result of n keys and returns them.
+func benchCompleted(b *testing.B, k *Keeper, n int, opts ...CallOption) []string {
+	b.Helper()
+	ctx := context.Background()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = nextBenchKey()
+		if _, err := Do(ctx, k, "bench", keys[i], func(ctx context.Context) ([]byte, error) { return benchResult, nil }, opts...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// BenchmarkReplay: Do on a completed key: one round trip, and the stored
+// 200-byte result decoded.
+func BenchmarkReplay(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran again") }
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		keys := benchCompleted(b, k, 64)
+		var next atomic.Int64
+		return func() error {
+			v, err := Do(ctx, k, "bench", keys[next.Add(1)%int64(len(keys))], fn)
+			if err == nil && len(v) != benchBody {
+				err = errors.New("short replay")
+			}
+			return err
+		}
+	})
+}
+
+// BenchmarkReplayStruct: Do on a completed key whose result is a struct,
+// decoded by the codec on every replay.
+func BenchmarkReplayStruct(b *testing.B) {
+	ctx := context.Background()
+	want := receipt{ID: "ch_3MmlLrLkdIwHu7ix0snN0B15", Amount: 4200, Tags: []string{"card", "eur"}}
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		key := nextBenchKey()
+		if _, err := Do(ctx, k, "bench", key, func(ctx context.Context) (receipt, error) { return want, nil }); err != nil {
+			b.Fatal(err)
+		}
+		return func() error {
+			v, err := Do(ctx, k, "bench", key, func(ctx context.Context) (receipt, error) { return receipt{}, errors.New("ran again") })
+			if err == nil && v.Amount != want.Amount {
+				err = errors.New("wrong replay")
+			}
+			return err
+		}
+	})
+}
+
+// BenchmarkInProgress: Do on a key another attempt holds: one round trip,
+// ErrInProgress.
+func BenchmarkInProgress(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran") }
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		key := nextBenchKey()
+		if _, err := k.Begin(ctx, "bench", key); err != nil {
+			b.Fatal(err)
+		}
+		return func() error {
+			if _, err := Do(ctx, k, "bench", key, fn); !errors.Is(err, ErrInProgress) {
+				return errors.New("not in progress: " + errString(err))
+			}
+			return nil
+		}
+	})
+}
+
+// BenchmarkMismatch: Do with another fingerprint than the stored one: one
+// round trip, ErrMismatch.
+func BenchmarkMismatch(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran") }
+	other := Fingerprint([]byte("another body"))
+	benchModes(b, func(b *testing.B, k *Keeper) func() error {
+		key := benchCompleted(b, k, 1, Fingerprint([]byte("the body")))[0]
+		return func() error {
+			if _, err := Do(ctx, k, "bench", key, fn, other); !errors.Is(err, ErrMismatch) {
+				return errors.New("no mismatch: " + errString(err))
+			}
+			return nil
+		}
+	})
+}
+
+// BenchmarkCoalescedStorm: many concurrent Do calls on one key whose
+// operation is running, with coalescing on: answered in the process, without
+// a round trip.
+func BenchmarkCoalescedStorm(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran") }
+	benchEach(b, false, func(b *testing.B, k *Keeper) func() error {
+		key := nextBenchKey()
+		held, err := k.Begin(ctx, "bench", key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = held.Claim.Release(ctx) })
+		return func() error {
+			if _, err := Do(ctx, k, "bench", key, fn); !errors.Is(err, ErrInProgress) {
+				return errors.New("not in progress: " + errString(err))
+			}
+			return nil
+		}
+	}, parallel, WithCoalescing(true))
+}
+
+// BenchmarkCodec: what a stored result costs in the process alone: the
+// codec's encoding and decoding, and the envelope around it.
+func BenchmarkCodec(b *testing.B) {
+	v := receipt{ID: "ch_3MmlLrLkdIwHu7ix0snN0B15", Amount: 4200, Tags: []string{"card", "eur"}}
+	c := MsgpackCodec{}
+	b.Run("msgpack-struct", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			body, err := c.Marshal(v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			kind, got, err := open(seal(kindValue, body))
+			if err != nil || kind != kindValue {
+				b.Fatal(err)
+			}
+			var back receipt
+			if err := c.Unmarshal(got, &back); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("msgpack-bytes", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			body, err := c.Marshal(benchResult)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, got, err := open(seal(kindValue, body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var back []byte
+			if err := c.Unmarshal(got, &back); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("envelope", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := open(seal(kindBytes, benchResult)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("record-id", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = recordID("tenant-42", "8e2bd1c4-1f6f-4c6c-a7f0-2b1f0d0c4e9a")
+		}
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
