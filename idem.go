@@ -191,10 +191,18 @@ func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...CallOptio
 		return Outcome{}, err
 	}
 	var c call
+	if len(opts) > 0 {
+		c = callOptions(opts) // apart, so that c is on the heap only with options
+	}
+	return k.begin(ctx, recordID(scope, key), &c)
+}
+
+func callOptions(opts []CallOption) call {
+	var c call
 	for _, o := range opts {
 		o(&c)
 	}
-	return k.begin(ctx, recordID(scope, key), &c)
+	return c
 }
 
 func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error) {
@@ -211,8 +219,11 @@ func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error)
 	backoff := 5 * time.Millisecond
 	for {
 		out, err := k.claimShared(ctx, id, req, deadline)
-		var ip *InProgressError
-		if c.wait <= 0 || !errors.As(err, &ip) {
+		if c.wait <= 0 || err == nil {
+			return out, err
+		}
+		var ip *InProgressError // declared here: its address escapes
+		if !errors.As(err, &ip) {
 			return out, err
 		}
 		left := deadline.Sub(k.now())

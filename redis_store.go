@@ -164,17 +164,17 @@ func parseCompleted(rec string) (ClaimReply, error) {
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
-	return s.transition(ctx, completeScript, id, strconv.FormatInt(token, 10), value, millis(keep))
+	return s.transition(ctx, completeScript, id, token, value, millis(keep))
 }
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
-	return s.transition(ctx, releaseScript, id, strconv.FormatInt(token, 10), millis(keep))
+	return s.transition(ctx, releaseScript, id, token, millis(keep))
 }
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	return s.transition(ctx, extendScript, id, strconv.FormatInt(token, 10), millis(lease), millis(keep))
+	return s.transition(ctx, extendScript, id, token, millis(lease), millis(keep))
 }
 
 // transition runs a script that answers {1} (done), {0} (lease lost) or
