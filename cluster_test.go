@@ -421,6 +421,12 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 			}
 		}
 	}
+	// A client that learns the slot map now and not again until the
+	// failover has moved slots under it, for WithReplicas below.
+	stale := cl.Client(t, nil)
+	if err := stale.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	waitAcked(200)
 	phase.Store(1)
 	cl.Failover(t, cl.Replicas[0][0])
@@ -454,5 +460,17 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 		ackedIn[0], ackedIn[1], ackedIn[2], failures, duplicates)
 	if ackedIn[0] == 0 || ackedIn[2] == 0 {
 		t.Fatalf("no load around the failover: %v", ackedIn)
+	}
+
+	// WithReplicas sends the script and WAIT to the master of the key's slot
+	// as the client last knew it: on the old master, now a replica, the
+	// script is refused with MOVED before it runs, and the store tries again
+	// on the new master.
+	kd := clusterKeeper(t, stale, []RedisOption{WithPrefix("fo-dur:"), WithReplicas(1, 2*time.Second)})
+	for i := 0; i < 30; i++ {
+		key := strconv.Itoa(i)
+		if _, err := Do(ctx, kd, "fo", key, func(context.Context) (int, error) { return i, nil }); err != nil {
+			t.Fatalf("WithReplicas after the failover, key %s: %v", key, err)
+		}
 	}
 }
