@@ -76,6 +76,7 @@ func clusterCore(t *testing.T, cc *redis.ClusterClient) {
 	})
 
 	t.Run("in progress and mismatch", func(t *testing.T) {
+		k := clusterKeeper(t, cc, nil, WithLease(time.Minute), WithRetention(time.Minute))
 		out, err := k.Begin(ctx, "core", "busy", Fingerprint([]byte("a")))
 		if err != nil || out.Claim == nil {
 			t.Fatalf("Begin = %+v, %v", out, err)
@@ -330,7 +331,7 @@ func clusterDurability(t *testing.T, cc *redis.ClusterClient) {
 			t.Fatalf("replay %s = %d, %v", key, v, err)
 		}
 	}
-	k2 := clusterKeeper(t, cc, []RedisOption{WithPrefix("dur2:"), WithReplicas(2, 50*time.Millisecond)})
+	k2 := clusterKeeper(t, cc, []RedisOption{WithPrefix("dur2:"), WithReplicas(2, 500*time.Millisecond)})
 	ran := false
 	_, err := Do(ctx, k2, "dur", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
 	var re *ReplicationError

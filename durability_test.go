@@ -49,7 +49,7 @@ func TestWithReplicasOnPlainReplication(t *testing.T) {
 		t.Fatalf("Begin on the replica = %+v, %v; want the replay", out, err)
 	}
 
-	two := durableKeeper(t, mc, WithReplicas(2, 50*time.Millisecond))
+	two := durableKeeper(t, mc, WithReplicas(2, 500*time.Millisecond))
 	ran := false
 	_, err := Do(ctx, two, "s", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
 	var re *ReplicationError
