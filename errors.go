@@ -25,7 +25,10 @@ var (
 
 	// ErrLeaseLost reports that a claim is no longer the current holder of its
 	// key: its record was released, completed, taken over after the lease ran
-	// out, or expired. Nothing was written.
+	// out, or expired. Nothing was written by the call that returns it. (A
+	// Release whose reply was lost and that go-redis sent again can find the
+	// key already claimed by the next attempt and return ErrLeaseLost although
+	// its first run did release: either way the claim is no longer held.)
 	ErrLeaseLost = errors.New("idem: lease lost")
 
 	// ErrUnavailable reports that the store could not answer: connection

@@ -39,6 +39,10 @@ if v then
   if not st then
     return {5, 'unknown format'}
   end
+  -- Lua numbers are doubles: refuse what they cannot hold exactly.
+  if #tok > 16 or tonumber(tok) > 9007199254740991 or #cnt > 9 then
+    return {5, 'token or attempt count out of range'}
+  end
   if st ~= 'R' and rfp ~= fp then
     return {4}
   end
