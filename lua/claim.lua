@@ -40,7 +40,7 @@ if v then
     return {5, 'unknown format'}
   end
   -- Lua numbers are doubles: refuse what they cannot hold exactly.
-  if #tok > 16 or tonumber(tok) > 9007199254740991 or #cnt > 9 then
+  if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
     return {5, 'token or attempt count out of range'}
   end
   if st ~= 'R' and rfp ~= fp then
@@ -60,10 +60,13 @@ if v then
     recovered = 1
   end
   local prev = tonumber(tok)
+  if prev >= 9007199254740991 then
+    return {5, 'token space exhausted'}
+  end
   if prev >= token then
     token = prev + 1
   end
-  n = tonumber(cnt) + 1
+  n = math.min(tonumber(cnt) + 1, 999999999)
 end
 
 redis.call('SET', key,
