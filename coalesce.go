@@ -43,8 +43,15 @@ func WithCoalescing(enabled bool) Option {
 }
 
 // flights holds, per record id, the claim a leader is making or holds in this
-// process. The zero value is not usable; see newFlights.
+// process, in shards so that callers of different keys rarely meet on one
+// lock. The zero value is not usable; see newFlights.
 type flights struct {
+	shards [flightShards]flightShard
+}
+
+const flightShards = 32
+
+type flightShard struct {
 	mu sync.Mutex
 	// m holds a flight per record id, from the moment its leader starts the
 	// claim until the claim answered without a hold, or until the hold ends
@@ -55,8 +62,8 @@ type flights struct {
 	sweepAt int
 }
 
-// minSweep is the smallest size of flights.m that is ever swept.
-const minSweep = 1024
+// minSweep is the smallest size of a shard's map that is ever swept.
+const minSweep = 64
 
 // newFlights returns the coalescing state of a Keeper, or nil when coalescing
 // is off.
@@ -64,12 +71,37 @@ func newFlights(enabled bool) *flights {
 	if !enabled {
 		return nil
 	}
-	return &flights{m: make(map[string]*flight), sweepAt: minSweep}
+	f := &flights{}
+	for i := range f.shards {
+		f.shards[i] = flightShard{m: make(map[string]*flight), sweepAt: minSweep}
+	}
+	return f
 }
 
-// flight is one leader's claim of a record. Every field but claimed and done
-// is guarded by flights.mu until the channel that publishes it is closed, and
-// read-only after.
+// shard returns the shard of a record id. Ids are digests in base64url, so
+// the six bits of their first character spread them evenly.
+func (f *flights) shard(id string) *flightShard {
+	if id == "" {
+		return &f.shards[0]
+	}
+	var v byte
+	switch c := id[0]; {
+	case 'A' <= c && c <= 'Z':
+		v = c - 'A'
+	case 'a' <= c && c <= 'z':
+		v = c - 'a' + 26
+	case '0' <= c && c <= '9':
+		v = c - '0' + 52
+	default: // '-', '_', or not base64url
+		v = c
+	}
+	return &f.shards[v%flightShards]
+}
+
+// flight is one leader's claim of a record. Its fields are guarded by the
+// shard's mutex until landed (out, err, retry) and finished (completed,
+// result) are set, and read-only after. The channels are made only when a
+// follower waits for them, so that a call nobody joins costs no channel.
 type flight struct {
 	// fp is the leader's fingerprint digest; only callers with the same one
 	// join the flight.
@@ -77,8 +109,9 @@ type flight struct {
 	// joined counts the callers that joined the flight, the leader excluded.
 	joined int
 
-	// claimed is closed when the leader's claim answered; out, err and retry
-	// are set then.
+	// landed is set when the leader's claim answered, with out, err and
+	// retry; claimed, if a follower made it, is closed then.
+	landed  bool
 	claimed chan struct{}
 	out     Outcome
 	err     error
@@ -86,10 +119,11 @@ type flight struct {
 	// own context ended its call.
 	retry bool
 
-	// held is set, with done, when the leader got the claim (out.Claim). done
-	// is closed when the hold ends: completed, with result set, or released,
-	// or the completion failed.
+	// held is set when the leader got the claim (out.Claim). finished is set
+	// when the hold ends: completed, with result set, or released, or the
+	// completion failed; done, if a follower made it, is closed then.
 	held      bool
+	finished  bool
 	done      chan struct{}
 	completed bool
 	result    Outcome
@@ -109,21 +143,21 @@ func (fl *flight) leaseLeft(now time.Time) time.Duration {
 // when coalescing is on. deadline is when a caller with Wait stops waiting;
 // zero without Wait.
 func (k *Keeper) claimShared(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
-	f := k.flights
-	if f == nil {
+	if k.flights == nil {
 		return k.claim(ctx, id, req)
 	}
+	sh := k.flights.shard(id)
 	for {
-		fl, leader := f.join(id, req.Fingerprint, k.now())
+		fl, leader := sh.join(id, req.Fingerprint, k.now())
 		switch {
 		case fl == nil:
 			// Another fingerprint leads: the store says mismatch, or
 			// whatever it finds.
 			return k.claim(ctx, id, req)
 		case leader:
-			return f.lead(ctx, k, id, fl, req)
+			return sh.lead(ctx, k, id, fl, req)
 		}
-		out, err, again := fl.follow(ctx, k, deadline)
+		out, err, again := sh.follow(ctx, k, fl, deadline)
 		if !again {
 			return out, err
 		}
@@ -133,13 +167,13 @@ func (k *Keeper) claimShared(ctx context.Context, id string, req ClaimRequest, d
 // join returns the flight of id that a caller with fingerprint fp follows, or
 // a new flight that it leads, or nil when a caller with another fingerprint
 // leads.
-func (f *flights) join(id, fp string, now time.Time) (fl *flight, leader bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if fl = f.m[id]; fl != nil {
+func (sh *flightShard) join(id, fp string, now time.Time) (fl *flight, leader bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if fl = sh.m[id]; fl != nil {
 		if fl.held && fl.leaseLeft(now) <= 0 {
 			// The leader neither completed nor released within its lease.
-			delete(f.m, id)
+			delete(sh.m, id)
 		} else if fl.fp != fp {
 			return nil, false
 		} else {
@@ -147,80 +181,95 @@ func (f *flights) join(id, fp string, now time.Time) (fl *flight, leader bool) {
 			return fl, false
 		}
 	}
-	if len(f.m) >= f.sweepAt {
-		f.sweep(now)
+	if len(sh.m) >= sh.sweepAt {
+		sh.sweep(now)
 	}
-	fl = &flight{fp: fp, claimed: make(chan struct{})}
-	f.m[id] = fl
+	fl = &flight{fp: fp}
+	sh.m[id] = fl
 	return fl, true
 }
 
-// sweep drops the holds whose lease ran out by now. f.mu is held.
-func (f *flights) sweep(now time.Time) {
-	for id, fl := range f.m {
+// sweep drops the holds whose lease ran out by now. sh.mu is held.
+func (sh *flightShard) sweep(now time.Time) {
+	for id, fl := range sh.m {
 		if fl.held && fl.leaseLeft(now) <= 0 {
-			delete(f.m, id)
+			delete(sh.m, id)
 		}
 	}
-	f.sweepAt = max(2*len(f.m), minSweep)
+	sh.sweepAt = max(2*len(sh.m), minSweep)
 }
 
 // lead makes the leader's claim and publishes its answer to the followers.
-func (f *flights) lead(ctx context.Context, k *Keeper, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
+func (sh *flightShard) lead(ctx context.Context, k *Keeper, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
 	landed := false
 	defer func() {
 		if !landed { // the store panicked: let the followers try for themselves
-			f.land(id, fl, Outcome{}, errors.New("idem: claim panicked"), true)
+			sh.land(id, fl, Outcome{}, errors.New("idem: claim panicked"), true)
 		}
 	}()
 	out, err = k.claim(ctx, id, req)
 	landed = true
-	f.land(id, fl, out, err, err != nil && ctx.Err() != nil)
+	sh.land(id, fl, out, err, err != nil && ctx.Err() != nil)
 	return out, err
 }
 
 // land publishes the leader's answer. A flight whose leader got the claim
 // stays, held, until finish.
-func (f *flights) land(id string, fl *flight, out Outcome, err error, retry bool) {
-	f.mu.Lock()
-	fl.out, fl.err, fl.retry = out, err, retry
+func (sh *flightShard) land(id string, fl *flight, out Outcome, err error, retry bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	fl.out, fl.err, fl.retry, fl.landed = out, err, retry, true
 	if err == nil && out.Claim != nil {
 		fl.held = true
-		fl.done = make(chan struct{})
-	} else if f.m[id] == fl {
-		delete(f.m, id)
+	} else if sh.m[id] == fl {
+		delete(sh.m, id)
 	}
-	f.mu.Unlock()
-	close(fl.claimed)
+	if fl.claimed != nil {
+		close(fl.claimed)
+	}
 }
 
 // finish ends the hold of c, if its flight is still the current one: the
 // followers waiting for it get body (of kind) as a replay if the completion
 // stored it (err nil, kind not 0), or claim the key themselves otherwise.
 func (f *flights) finish(c *Claim, kind byte, body []byte, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	fl := f.m[c.id]
+	sh := f.shard(c.id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	fl := sh.m[c.id]
 	if fl == nil || !fl.held || fl.out.Claim != c {
 		return
 	}
-	delete(f.m, c.id)
+	delete(sh.m, c.id)
+	fl.finished = true
 	if err == nil && kind != 0 && fl.joined > 0 {
 		fl.completed = true
 		// The caller of Complete may reuse its slice once it returns.
 		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, kind: kind}
 	}
-	close(fl.done)
+	if fl.done != nil {
+		close(fl.done)
+	}
 }
 
 // follow waits for the leader's answer and returns the follower's, or
 // again=true when the follower must claim for itself (through claimShared, so
 // possibly as the follower of a newer flight).
-func (fl *flight) follow(ctx context.Context, k *Keeper, deadline time.Time) (_ Outcome, _ error, again bool) {
-	select {
-	case <-fl.claimed:
-	case <-ctx.Done():
-		return Outcome{}, storeError("claim", context.Cause(ctx)), false
+func (sh *flightShard) follow(ctx context.Context, k *Keeper, fl *flight, deadline time.Time) (_ Outcome, _ error, again bool) {
+	sh.mu.Lock()
+	if !fl.landed {
+		if fl.claimed == nil {
+			fl.claimed = make(chan struct{})
+		}
+		claimed := fl.claimed
+		sh.mu.Unlock()
+		select {
+		case <-claimed:
+		case <-ctx.Done():
+			return Outcome{}, storeError("claim", context.Cause(ctx)), false
+		}
+	} else {
+		sh.mu.Unlock()
 	}
 	switch {
 	case fl.retry:
@@ -246,14 +295,20 @@ func (fl *flight) follow(ctx context.Context, k *Keeper, deadline time.Time) (_ 
 		if wait <= 0 {
 			return Outcome{}, busy, false
 		}
+		sh.mu.Lock()
+		if !fl.finished && fl.done == nil {
+			fl.done = make(chan struct{})
+		}
+		done, finished := fl.done, fl.finished
+		sh.mu.Unlock()
+		if finished {
+			return fl.finishedAnswer()
+		}
 		t := time.NewTimer(min(wait, left))
 		select {
-		case <-fl.done:
+		case <-done:
 			t.Stop()
-			if fl.completed {
-				return replayCopy(fl.result), nil, false
-			}
-			return Outcome{}, nil, true
+			return fl.finishedAnswer()
 		case <-ctx.Done():
 			t.Stop()
 			return Outcome{}, errors.Join(busy, context.Cause(ctx)), false
@@ -261,6 +316,14 @@ func (fl *flight) follow(ctx context.Context, k *Keeper, deadline time.Time) (_ 
 			// The deadline passed or the lease ran out: look again.
 		}
 	}
+}
+
+// finishedAnswer is a waiting follower's answer once the hold ended.
+func (fl *flight) finishedAnswer() (_ Outcome, _ error, again bool) {
+	if fl.completed {
+		return replayCopy(fl.result), nil, false
+	}
+	return Outcome{}, nil, true
 }
 
 // replayCopy returns out with a Value of its own.

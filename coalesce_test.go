@@ -28,9 +28,11 @@ func coalescingKeeper(t *testing.T, b *backend, opts ...Option) (*Keeper, *count
 // joined returns how many callers have joined the current flight of
 // (scope, key), or -1 when there is none.
 func joined(k *Keeper, scope, key string) int {
-	k.flights.mu.Lock()
-	defer k.flights.mu.Unlock()
-	if fl := k.flights.m[recordID(scope, key)]; fl != nil {
+	id := recordID(scope, key)
+	sh := k.flights.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if fl := sh.m[id]; fl != nil {
 		return fl.joined
 	}
 	return -1
@@ -394,13 +396,38 @@ func TestCoalescingSweepsAbandonedHolds(t *testing.T) {
 	now := time.Now()
 	k.now = func() time.Time { return now }
 	ctx := context.Background()
-	for i := 0; i < minSweep; i++ {
-		_, err := k.Begin(ctx, "s", fmt.Sprint("abandoned-", i))
+	// keys returns n keys whose records fall in the first shard.
+	sh := &k.flights.shards[0]
+	keys := func(prefix string, n int) []string {
+		var out []string
+		for i := 0; len(out) < n && i < 1e6; i++ {
+			key := fmt.Sprint(prefix, i)
+			if k.flights.shard(recordID("s", key)) == sh {
+				out = append(out, key)
+			}
+		}
+		require.Len(t, out, n)
+		return out
+	}
+	for _, key := range keys("abandoned-", minSweep) {
+		_, err := k.Begin(ctx, "s", key) // claimed, then never completed nor released
 		require.NoError(t, err)
 	}
-	require.Len(t, k.flights.m, minSweep)
+	require.Len(t, sh.m, minSweep)
 	now = now.Add(2 * time.Second)
-	_, err := k.Begin(ctx, "s", "fresh")
+	_, err := k.Begin(ctx, "s", keys("fresh-", 1)[0])
 	require.NoError(t, err)
-	assert.Len(t, k.flights.m, 1, "the holds whose lease ran out are dropped")
+	assert.Len(t, sh.m, 1, "the holds whose lease ran out are dropped")
+}
+
+func TestFlightShardsSpreadKeys(t *testing.T) {
+	f := newFlights(true)
+	counts := map[*flightShard]int{}
+	for i := 0; i < 100*flightShards; i++ {
+		counts[f.shard(recordID("s", fmt.Sprint(i)))]++
+	}
+	require.Len(t, counts, flightShards, "every shard is used")
+	for _, n := range counts {
+		assert.InDelta(t, 100, n, 50)
+	}
 }

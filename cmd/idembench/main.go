@@ -73,6 +73,8 @@ type options struct {
 	body         int
 	workload     string
 	autopipeline bool
+	apBatches    int
+	apDelay      time.Duration
 	coalesce     bool
 	baseline     bool
 	retention    time.Duration
@@ -93,6 +95,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.body, "body", 200, "size in bytes of each operation's result")
 	fs.StringVar(&o.workload, "workload", "first", "first, replay or mixed")
 	fs.BoolVar(&o.autopipeline, "autopipeline", false, "send idem's commands through go-redis's AutoPipeliner, which batches concurrent commands into pipelines")
+	fs.IntVar(&o.apBatches, "ap-batches", 1, "with -autopipeline: how many batches may be in flight at once (AutoPipelineOptions.MaxConcurrentBatches; above 1 the batches are unordered, which idem does not mind)")
+	fs.DurationVar(&o.apDelay, "ap-delay", 0, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay)")
 	fs.BoolVar(&o.coalesce, "coalesce", true, "coalesce concurrent calls on one key in the process (idem.WithCoalescing)")
 	fs.BoolVar(&o.baseline, "baseline", false, "also run plain go-redis SETNX at the same concurrency on a plain client, interleaved with the idem run, and print the ratio")
 	fs.DurationVar(&o.retention, "retention", 10*time.Minute, "how long Redis keeps the records (and baseline keys) the run writes")
@@ -337,7 +341,11 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, 
 	idemClient.AddHook(cnt)
 	var scripter redis.Scripter = idemClient
 	if o.autopipeline {
-		ap, err := idemClient.AutoPipeline()
+		apo := redis.DefaultBlockingAutoPipelineOptions()
+		apo.MaxConcurrentBatches = o.apBatches
+		apo.Unordered = o.apBatches > 1
+		apo.MaxFlushDelay = o.apDelay
+		ap, err := idemClient.AutoPipelineWithOptions(apo)
 		if err != nil {
 			return nil, fmt.Errorf("autopipeline: %w", err)
 		}
