@@ -360,47 +360,73 @@ func (c *Claim) Extend(ctx context.Context) error {
 // have ended; it returns the cause if the lease was lost, else nil.
 func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() error) {
 	opCtx, cancel := context.WithCancelCause(ctx)
-	done := make(chan struct{})
-	quit := make(chan struct{})
-	var lost error
-	go func() {
-		defer close(done)
-		every := c.k.policy.lease / 3
-		t := time.NewTicker(max(every, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-opCtx.Done():
-				return
-			case <-t.C:
-			}
-			err := c.Extend(opCtx)
-			if errors.Is(err, ErrLeaseLost) {
-				lost = fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
-				cancel(lost)
-				return
-			}
+	every := max(c.k.policy.lease/3, time.Millisecond)
+	// A timer, not a goroutine: an operation shorter than a third of the
+	// lease (most of them) costs no goroutine and no renewal.
+	ka := &keepAlive{}
+	renew := func() {
+		ka.mu.Lock()
+		if ka.stopped {
+			ka.mu.Unlock()
+			return
+		}
+		ka.running.Add(1)
+		ka.mu.Unlock()
+		defer ka.running.Done()
+		if opCtx.Err() != nil {
+			return
+		}
+		err := c.Extend(opCtx)
+		var lost error
+		if errors.Is(err, ErrLeaseLost) {
+			lost = fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
+		} else if err != nil {
 			c.mu.Lock()
 			end := c.leaseEnd
 			c.mu.Unlock()
-			if err != nil && !c.k.now().Before(end) {
+			if !c.k.now().Before(end) {
 				lost = fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
-				cancel(lost)
-				return
 			}
 		}
-	}()
+		ka.mu.Lock()
+		defer ka.mu.Unlock()
+		switch {
+		case lost != nil:
+			ka.lost = lost
+			cancel(lost)
+		case !ka.stopped:
+			ka.t.Reset(every)
+		}
+	}
+	ka.mu.Lock()
+	ka.t = time.AfterFunc(every, renew)
+	ka.mu.Unlock()
 	var once sync.Once
 	return opCtx, func() error {
 		once.Do(func() {
-			close(quit)
-			<-done
+			ka.mu.Lock()
+			ka.stopped = true
+			ka.t.Stop()
+			ka.mu.Unlock()
+			ka.running.Wait()
 			cancel(nil)
 		})
-		return lost
+		ka.mu.Lock()
+		defer ka.mu.Unlock()
+		return ka.lost
 	}
+}
+
+// keepAlive is the state of one KeepAlive.
+type keepAlive struct {
+	mu sync.Mutex
+	// t fires the next renewal; stopped is set by stop, after which t is not
+	// reset; lost is the cause the operation's context was cancelled with.
+	t       *time.Timer
+	stopped bool
+	lost    error
+	// running counts the renewals under way, which stop waits for.
+	running sync.WaitGroup
 }
 
 type claimKey struct{}
