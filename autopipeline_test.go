@@ -63,13 +63,24 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// autoPipelined returns a Keeper on an AutoPipeliner of b's client, with its
-// scripts loaded, and a counter of the commands sent.
-func autoPipelined(t *testing.T, b *backend, opts ...Option) (*Keeper, *commandCounter) {
+// unorderedAutoPipeline is the AutoPipeliner setting NewRedisStore's
+// documentation suggests: two unordered batches in flight, a 200µs flush
+// delay.
+func unorderedAutoPipeline() *redis.AutoPipelineOptions {
+	return &redis.AutoPipelineOptions{
+		MaxBatchSize: 300, MaxConcurrentBatches: 2, Unordered: true,
+		MaxFlushDelay: 200 * time.Microsecond,
+	}
+}
+
+// autoPipelined returns a Keeper on an AutoPipeliner of b's client, made with
+// apo (nil: go-redis's defaults), with its scripts loaded, and a counter of
+// the commands sent.
+func autoPipelined(t *testing.T, b *backend, apo *redis.AutoPipelineOptions, opts ...Option) (*Keeper, *commandCounter) {
 	t.Helper()
 	cmds := &commandCounter{}
 	b.client.AddHook(cmds)
-	ap, err := b.client.AutoPipeline()
+	ap, err := b.client.AutoPipelineWithOptions(apo)
 	require.NoError(t, err)
 	t.Cleanup(func() { ap.Close() })
 	s, err := NewRedisStore(ap)
@@ -82,7 +93,7 @@ func autoPipelined(t *testing.T, b *backend, opts ...Option) (*Keeper, *commandC
 
 func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		k, cmds := autoPipelined(t, b)
+		k, cmds := autoPipelined(t, b, nil)
 		ctx := context.Background()
 		const n = 64
 		var wg sync.WaitGroup
@@ -110,12 +121,13 @@ func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
 }
 
 // TestAutoPipelinerSurvivesScriptFlush flushes Redis's script cache again
-// and again while many callers run operations through an AutoPipeliner: the
-// EVALSHA of a whole batch then fails with NOSCRIPT, and each call falls back
-// to EVAL. No call may fail, and no operation may run twice.
+// and again while many callers run operations through an AutoPipeliner (in
+// the unordered setting NewRedisStore suggests): the EVALSHA of a whole batch
+// then fails with NOSCRIPT, and each call falls back to EVAL. No call may
+// fail, and no operation may run twice.
 func TestAutoPipelinerSurvivesScriptFlush(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		k, cmds := autoPipelined(t, b, WithCoalescing(true))
+		k, cmds := autoPipelined(t, b, unorderedAutoPipeline(), WithCoalescing(true))
 		ctx := context.Background()
 		callers, ops, keys, flushes := 64, 40, 300, 15 // ops per caller
 		if !b.real {

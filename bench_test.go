@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ import (
 // The benchmarks run every path on an embedded miniredis, and on a real
 // redis-server they start themselves when one is on PATH (sub-benchmarks
 // "miniredis" and "redis"; parallel ones also "redis-autopipeline", through
-// go-redis's AutoPipeliner). Each reports allocations and "roundtrips/op":
+// go-redis's AutoPipeliner in the unordered setting NewRedisStore suggests). Each reports allocations and "roundtrips/op":
 // commands sent alone plus pipelines, counted by a go-redis hook, so a batch
 // of the AutoPipeliner counts once for all the calls it carries.
 //
@@ -101,7 +102,7 @@ func benchBackends(b *testing.B, autopipeline bool) []*benchBackend {
 	c.AddHook(cnt)
 	out = append(out, &benchBackend{name: "redis", client: c, cnt: cnt})
 	if autopipeline {
-		ap, err := c.AutoPipeline()
+		ap, err := c.AutoPipelineWithOptions(unorderedAutoPipeline())
 		if err != nil {
 			b.Fatalf("AutoPipeline: %v", err)
 		}
@@ -143,10 +144,11 @@ func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keep
 	}
 }
 
-// parallel runs op b.N times over GOMAXPROCS*16 goroutines: enough callers
-// for the AutoPipeliner to batch, as many as a busy server has requests.
+// parallel runs op b.N times over GOMAXPROCS*128 goroutines (256 on two
+// cores): as many callers as a busy server has requests in flight, enough for
+// the AutoPipeliner to batch.
 func parallel(b *testing.B, op func() error) {
-	b.SetParallelism(16)
+	b.SetParallelism(128)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if err := op(); err != nil {
@@ -539,4 +541,103 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	require.NoError(t, stop(), "stop may be called again")
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, n, ext.n.Load())
+}
+
+// memStore is a Store in a map, only as faithful as the benchmarks of idem's
+// own cost need: claims of absent records and replays of completed ones.
+type memStore struct {
+	mu sync.Mutex
+	m  map[string][]byte // nil value: claimed
+}
+
+func (s *memStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[id]
+	switch {
+	case !ok:
+		s.m[id] = nil
+		return ClaimReply{Status: StatusClaimed, Token: 1, Attempt: 1}, nil
+	case v == nil:
+		return ClaimReply{Status: StatusInProgress, LeaseLeft: req.Lease}, nil
+	}
+	return ClaimReply{Status: StatusCompleted, Token: 1, Attempt: 1, Value: bytes.Clone(v)}, nil
+}
+
+func (s *memStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[id] = bytes.Clone(value)
+	return nil
+}
+
+func (s *memStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+	return nil
+}
+
+func (s *memStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	return nil
+}
+
+// BenchmarkInProcess measures what idem itself costs per call, with a Store
+// in memory instead of Redis: the floor under every figure above.
+func BenchmarkInProcess(b *testing.B) {
+	ctx := context.Background()
+	fn := func(ctx context.Context) ([]byte, error) { return benchResult, nil }
+	for _, coalesce := range []bool{false, true} {
+		name := "plain"
+		if coalesce {
+			name = "coalescing"
+		}
+		k, err := New(&memStore{m: map[string][]byte{}}, WithCoalescing(coalesce))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("first/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = nextBenchKey()
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := Do(ctx, k, "bench", keys[i], fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("begin-complete/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = nextBenchKey()
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				out, err := k.Begin(ctx, "bench", keys[i])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := out.Claim.Complete(ctx, benchResult, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("replay/"+name, func(b *testing.B) {
+			key := nextBenchKey()
+			if _, err := Do(ctx, k, "bench", key, fn); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := Do(ctx, k, "bench", key, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

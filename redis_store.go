@@ -67,6 +67,29 @@ func WithPrefix(prefix string) RedisOption {
 // that runs scripts: *redis.Client, *redis.ClusterClient, *redis.Ring, a
 // failover client, or an AutoPipeliner. A nil client or a prefix holding '{'
 // or '}' is refused with ErrInvalidConfig.
+//
+// An AutoPipeliner (client.AutoPipeline or AutoPipelineWithOptions) sends the
+// scripts of concurrent calls to Redis together, in pipelines, which costs
+// Redis and the client much less per call than a round trip each. Use one
+// when a process makes many calls at once (a busy HTTP server, a consumer with
+// many workers); a lone caller gains nothing, and waits for the flush delay if
+// one is set. idem's calls do not depend on
+// each other's order, so the batches may be unordered: on a 2-core machine
+// shared by client and server, 256 callers ran about a third faster with two
+// batches in flight and a 200µs flush delay than with go-redis's defaults:
+//
+//	ap, err := client.AutoPipelineWithOptions(&redis.AutoPipelineOptions{
+//		MaxBatchSize: 300, MaxConcurrentBatches: 2, Unordered: true,
+//		MaxFlushDelay: 200 * time.Microsecond,
+//	})
+//
+// Know three things about it. It runs every command on its own context, so a
+// call's deadline is not honoured once its command is queued: bound calls
+// with the client's ReadTimeout and WriteTimeout. A batch that fails on a
+// network error is sent again as a whole, which idem's scripts tolerate (each
+// is safe to run twice). And WithReplicas cannot be used with it. Call
+// LoadScripts when the process starts, so that the first batches do not all
+// fall back to EVAL.
 func NewRedisStore(client redis.Scripter, opts ...RedisOption) (*RedisStore, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidConfig)
@@ -196,9 +219,16 @@ func (s *RedisStore) transition(ctx context.Context, sc *redis.Script, id string
 }
 
 // LoadScripts loads every script into the script cache of the server the
-// client reaches. It is needed only with clients that cannot fall back from
-// EVALSHA to EVAL by themselves, such as pipelines; on a Cluster, each master
-// loads the scripts the first time one of its keys is used.
+// client reaches; a ClusterClient loads them on every node it knows. Calling
+// it when the process starts is optional but spares the first calls a
+// fallback, which matters with an AutoPipeliner, where a whole batch of calls
+// would meet NOSCRIPT at once.
+//
+// The store recovers by itself when Redis loses its scripts later (a restart,
+// a failover to a node that never saw them, SCRIPT FLUSH): a call whose
+// EVALSHA is answered NOSCRIPT runs its script once by EVAL, which also loads
+// it again, so the call costs one more round trip and the next ones none. An
+// EVAL that fails is the call's error; nothing is tried a third time.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {

@@ -16,6 +16,13 @@
 //
 //	idembench -redis redis://127.0.0.1:6379 -autopipeline -c 256 -d 20s -workload first -baseline
 //
+// With -autopipeline, idem's commands go through go-redis's AutoPipeliner,
+// with two batches in flight and a 200µs flush delay unless -ap-batches and
+// -ap-delay say otherwise: on a small machine whose cores the client and the
+// server share, that lets one batch run in Redis while the client prepares
+// the next, where go-redis's defaults (one batch, no delay) leave them taking
+// turns.
+//
 // Workloads:
 //
 //   - first: every operation uses a new key: claim, run, complete (two round
@@ -91,12 +98,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.concurrency, "c", 64, "concurrent callers (goroutines)")
 	fs.DurationVar(&o.duration, "d", 10*time.Second, "how long to measure idem (with -baseline the baseline gets as long again, interleaved)")
 	fs.IntVar(&o.keys, "keys", 10000, "key space: the keys completed before a replay run, or the recent keys that -dup repeats")
-	fs.Float64Var(&o.dup, "dup", -1, "share of operations, 0 to 1, that repeat a key instead of using a new one (default: 0 for first, 1 for replay, 0.5 for mixed)")
+	var dup share
+	fs.Var(&dup, "dup", "share of operations, 0 to 1, that repeat a key instead of using a new one (default: 0 for first, 1 for replay, 0.5 for mixed)")
 	fs.IntVar(&o.body, "body", 200, "size in bytes of each operation's result")
 	fs.StringVar(&o.workload, "workload", "first", "first, replay or mixed")
 	fs.BoolVar(&o.autopipeline, "autopipeline", false, "send idem's commands through go-redis's AutoPipeliner, which batches concurrent commands into pipelines")
-	fs.IntVar(&o.apBatches, "ap-batches", 1, "with -autopipeline: how many batches may be in flight at once (AutoPipelineOptions.MaxConcurrentBatches; above 1 the batches are unordered, which idem does not mind)")
-	fs.DurationVar(&o.apDelay, "ap-delay", 0, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay)")
+	fs.IntVar(&o.apBatches, "ap-batches", 2, "with -autopipeline: how many batches may be in flight at once (AutoPipelineOptions.MaxConcurrentBatches; above 1 the batches are unordered, which idem does not mind; go-redis's default is 1)")
+	fs.DurationVar(&o.apDelay, "ap-delay", 200*time.Microsecond, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay; go-redis's default is 0)")
 	fs.BoolVar(&o.coalesce, "coalesce", true, "coalesce concurrent calls on one key in the process (idem.WithCoalescing)")
 	fs.BoolVar(&o.baseline, "baseline", false, "also run plain go-redis SETNX at the same concurrency on a plain client, interleaved with the idem run, and print the ratio")
 	fs.DurationVar(&o.retention, "retention", 10*time.Minute, "how long Redis keeps the records (and baseline keys) the run writes")
@@ -111,6 +119,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	o.dup = -1
+	if dup.set {
+		if dup.v < 0 || dup.v > 1 {
+			return nil, fmt.Errorf("-dup %v: want a share from 0 to 1", dup.v)
+		}
+		o.dup = dup.v
 	}
 	switch o.workload {
 	case "first":
@@ -135,10 +150,36 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-body %d: want 0 or more", o.body)
 	case o.redisURL != "" && o.cluster != "":
 		return nil, errors.New("-redis and -cluster: choose one")
+	case o.apBatches < 1:
+		return nil, fmt.Errorf("-ap-batches %d: want at least 1", o.apBatches)
+	case o.apDelay < 0:
+		return nil, fmt.Errorf("-ap-delay %s: want 0 or more", o.apDelay)
 	case o.retention < idem.DefaultLease:
 		return nil, fmt.Errorf("-retention %s: want at least the lease, %s", o.retention, idem.DefaultLease)
 	}
 	return o, nil
+}
+
+// share is a flag holding a number, and whether it was given.
+type share struct {
+	v   float64
+	set bool
+}
+
+func (s *share) String() string {
+	if s == nil || !s.set {
+		return ""
+	}
+	return strconv.FormatFloat(s.v, 'g', -1, 64)
+}
+
+func (s *share) Set(v string) error {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return err
+	}
+	s.v, s.set = f, true
+	return nil
 }
 
 func defaultTo(v, def float64) float64 {
@@ -157,6 +198,8 @@ type Result struct {
 	Body         int     `json:"body_bytes"`
 	Dup          float64 `json:"dup"`
 	Autopipeline bool    `json:"autopipeline"`
+	APBatches    int     `json:"autopipeline_batches,omitempty"`
+	APDelayUs    float64 `json:"autopipeline_delay_us,omitempty"`
 	Coalesce     bool    `json:"coalesce"`
 
 	Ops           int64   `json:"ops"`
@@ -392,10 +435,13 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, 
 		Workload: o.workload, Server: server, Concurrency: o.concurrency, Body: o.body,
 		Dup: o.dup, Autopipeline: o.autopipeline, Coalesce: o.coalesce,
 	}
+	if o.autopipeline {
+		res.APBatches, res.APDelayUs = o.apBatches, float64(o.apDelay)/float64(time.Microsecond)
+	}
 	if !o.json {
 		mode := "plain client"
 		if o.autopipeline {
-			mode = "autopipeline"
+			mode = fmt.Sprintf("autopipeline (%d batches in flight, %s flush delay)", o.apBatches, o.apDelay)
 		}
 		fmt.Fprintf(stdout, "idembench: %s, workload %s, %d callers, %s, %d-byte results, dup %.2f, %s, coalescing %v\n",
 			server, o.workload, o.concurrency, o.duration, o.body, o.dup, mode, o.coalesce)

@@ -88,6 +88,8 @@ func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workload", "nope"},
 		{"-dup", "1.5"},
+		{"-dup", "-0.5"},
+		{"-ap-batches", "0"},
 		{"-c", "0"},
 		{"-redis", "redis://a", "-cluster", "b:1"},
 		{"-retention", "1s"},
