@@ -125,3 +125,13 @@ func TestHistogramQuantiles(t *testing.T) {
 	h.record(time.Hour) // beyond the last bucket: counted in it
 	assert.Positive(t, h.quantile(1))
 }
+
+func TestCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline")
+	require.Equal(t, 0, code, stderr)
+	assert.True(t, strings.HasPrefix(res["server"].(string), "redis cluster "), res["server"])
+	assertSound(t, res)
+	assert.Positive(t, res["replays"])
+	assert.Positive(t, res["ratio"])
+}
