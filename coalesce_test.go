@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -430,4 +434,65 @@ func TestFlightShardsSpreadKeys(t *testing.T) {
 	for _, n := range counts {
 		assert.InDelta(t, 100, n, 50)
 	}
+}
+
+func TestCoalescingBehindTheMiddleware(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		k, cnt := coalescingKeeper(t, b)
+		mw, err := NewMiddleware(k, WithWait(time.Minute))
+		require.NoError(t, err)
+		const n = 30
+		var runs atomic.Int32
+		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			eventually(t, "every other request waits", func() bool { return waiting(k) == n-1 })
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"id":"pay_1"}`)
+		}))
+		before := cnt.n.Load()
+		var wg sync.WaitGroup
+		recs := make([]*httptest.ResponseRecorder, n)
+		for i := range recs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1000}`))
+				r.Header.Set(DefaultKeyHeader, "storm")
+				recs[i] = httptest.NewRecorder()
+				h.ServeHTTP(recs[i], r)
+			}()
+		}
+		wg.Wait()
+		assert.EqualValues(t, 1, runs.Load(), "the handler runs once")
+		replayed := 0
+		for _, rec := range recs {
+			assert.Equal(t, http.StatusCreated, rec.Code)
+			assert.Equal(t, `{"id":"pay_1"}`, rec.Body.String())
+			if rec.Header().Get(ReplayedHeader) == "true" {
+				replayed++
+			}
+		}
+		assert.Equal(t, n-1, replayed)
+		assert.EqualValues(t, 2, cnt.n.Load()-before, "Redis sees one claim and one completion")
+	})
+}
+
+// waiting returns how many callers follow the one flight in k, or -1 unless
+// there is exactly one.
+func waiting(k *Keeper) int {
+	found, joined := 0, -1
+	for i := range k.flights.shards {
+		sh := &k.flights.shards[i]
+		sh.mu.Lock()
+		for _, fl := range sh.m {
+			found++
+			joined = fl.joined
+		}
+		sh.mu.Unlock()
+	}
+	if found != 1 {
+		return -1
+	}
+	return joined
 }
