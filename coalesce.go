@@ -38,6 +38,11 @@ import (
 // sent, renewed by Claim.Extend and KeepAlive), callers go to the store again,
 // where a claim whose lease ran out by Redis's clock can be taken over.
 // Calls made on another Keeper, or in another process, are not coalesced.
+//
+// Turn it on where retries of one key pile up in one process: clients that
+// retry quickly while the operation runs, a queue that redelivers to several
+// workers of one process. It is off by default because it makes the process,
+// not Redis alone, judge a held lease, and costs a map entry per call.
 func WithCoalescing(enabled bool) Option {
 	return func(c *config) { c.coalesce = enabled }
 }

@@ -217,11 +217,12 @@ type Result struct {
 	Errors          int64   `json:"errors"`
 	Duplicates      int64   `json:"duplicates"`
 
-	BaselineOps       int64   `json:"baseline_ops,omitempty"`
-	BaselineOpsPerSec float64 `json:"baseline_ops_per_sec,omitempty"`
-	BaselineP50us     float64 `json:"baseline_p50_us,omitempty"`
-	BaselineP99us     float64 `json:"baseline_p99_us,omitempty"`
-	Ratio             float64 `json:"ratio,omitempty"`
+	// The baseline's figures, and Ratio, are 0 without -baseline.
+	BaselineOps       int64   `json:"baseline_ops"`
+	BaselineOpsPerSec float64 `json:"baseline_ops_per_sec"`
+	BaselineP50us     float64 `json:"baseline_p50_us"`
+	BaselineP99us     float64 `json:"baseline_p99_us"`
+	Ratio             float64 `json:"ratio"`
 
 	errorSamples []string
 }
@@ -339,7 +340,8 @@ func serverName(ctx context.Context, c client) string {
 }
 
 // counter is a go-redis hook that counts the commands and round trips a
-// client sends, a pipeline being one round trip.
+// client sends, a pipeline being one round trip. The handshake of a new
+// connection (HELLO, CLIENT SETINFO) is not counted.
 type counter struct {
 	on         atomic.Bool
 	commands   atomic.Int64
@@ -350,7 +352,7 @@ func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if c.on.Load() {
+		if c.on.Load() && !handshake(cmd) {
 			c.commands.Add(1)
 			c.roundTrips.Add(1)
 		}
@@ -360,12 +362,20 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if c.on.Load() {
+		if c.on.Load() && len(cmds) > 0 && !handshake(cmds[0]) {
 			c.commands.Add(int64(len(cmds)))
 			c.roundTrips.Add(1)
 		}
 		return next(ctx, cmds)
 	}
+}
+
+func handshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return true
+	}
+	return false
 }
 
 func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, error) {
@@ -473,6 +483,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, 
 		d := min(slice, o.duration-done)
 		cnt.on.Store(true)
 		runSlice(ctx, w, d, idemStats, w.idemOp, progress)
+		progress.show(idemStats.elapsed, idemStats.ops(), idemStats.ops(), idemStats.elapsed)
 		cnt.on.Store(false)
 		if o.baseline {
 			runSlice(ctx, w, d, baseStats, w.baselineOp, nil)
@@ -518,7 +529,7 @@ func printText(w io.Writer, r *Result) {
 		r.OpsPerSec, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp, r.RoundTripsPerOp)
 	fmt.Fprintf(w, "          %d ops in %.1fs: %d executed, %d replayed, %d in progress, %d errors; duplicates executed: %d\n",
 		r.Ops, r.DurationSec, r.Executions, r.Replays, r.InProgress, r.Errors, r.Duplicates)
-	if r.BaselineOps > 0 || r.BaselineOpsPerSec > 0 {
+	if r.BaselineOps > 0 {
 		fmt.Fprintf(w, "baseline  %10.0f ops/s   p50 %s  p99 %s   (plain go-redis SETNX, same concurrency, interleaved)\n",
 			r.BaselineOpsPerSec, us(r.BaselineP50us), us(r.BaselineP99us))
 		fmt.Fprintf(w, "ratio     %10.2fx idem ops/s over SETNX ops/s\n", r.Ratio)
@@ -672,7 +683,7 @@ func runSlice(ctx context.Context, w *workload, d time.Duration, s *stats, op fu
 		}(locals[i])
 	}
 	t := time.NewTimer(d)
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 loop:
 	for {
@@ -857,8 +868,10 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// progressLine rewrites one line on a terminal with the progress of the run.
-// Its methods do nothing on a nil *progressLine.
+// progressLine rewrites one line on a terminal with the progress of the idem
+// side of the run: time measured, operations, and ops/s (of the slice under
+// way, or of the whole run between slices). Its methods do nothing on a nil
+// *progressLine.
 type progressLine struct {
 	w     io.Writer
 	total time.Duration
