@@ -24,9 +24,10 @@ import (
 // The benchmarks run every path on an embedded miniredis, and on a real
 // redis-server they start themselves when one is on PATH (sub-benchmarks
 // "miniredis" and "redis"; parallel ones also "redis-autopipeline", through
-// go-redis's AutoPipeliner in the unordered setting NewRedisStore suggests). Each reports allocations and "roundtrips/op":
-// commands sent alone plus pipelines, counted by a go-redis hook, so a batch
-// of the AutoPipeliner counts once for all the calls it carries.
+// go-redis's AutoPipeliner in the unordered setting NewRedisStore suggests).
+// Each reports allocations and "roundtrips/op": commands sent alone plus
+// pipelines, counted by a go-redis hook, so a batch of the AutoPipeliner
+// counts once for all the calls it carries.
 //
 //	go test -run '^$' -bench . -benchmem
 //
