@@ -8,8 +8,10 @@ import (
 )
 
 // cleanupTimeout bounds how long Do spends storing or releasing a claim after
-// the operation returned, even when the caller's context is done by then: the
+// the operation returned when the caller's context is done by then: the
 // operation's side effect has happened, so its outcome is still recorded.
+// While the caller's context is live, its deadline does not cut the store
+// short either; the Redis client's own timeouts bound it.
 const cleanupTimeout = 5 * time.Second
 
 // Do runs fn at most once per (scope, key) within the Keeper's retention, and
@@ -63,6 +65,12 @@ func replay[T any](k *Keeper, out Outcome) (T, error) {
 func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {
 	opCtx, stop := c.KeepAlive(ContextWithClaim(ctx, c))
 	cleanup := func() (context.Context, context.CancelFunc) {
+		if ctx.Err() == nil {
+			// The caller is still there: its deadline no longer cuts the
+			// store short, the client's own timeouts bound it, and no timer
+			// is needed.
+			return context.WithoutCancel(ctx), func() {}
+		}
 		return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	}
 	finished := false

@@ -35,15 +35,14 @@ const idLen = 22
 // stored. Raw client keys never reach the store. The scope's length is hashed
 // first so that ("ab", "c") and ("a", "bc") differ.
 func recordID(scope, key string) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
+	// Hash from a buffer on the stack when (scope, key) fits in it.
+	var stack [512]byte
+	b := binary.BigEndian.AppendUint64(stack[:0], uint64(len(scope)))
+	b = append(append(b, scope...), key...)
+	sum := sha256.Sum256(b)
+	var id [idLen]byte
+	base64.RawURLEncoding.Encode(id[:], sum[:16])
+	return string(id[:])
 }
 
 // fingerprintLen is how many bytes of a fingerprint's SHA-256 are stored.
