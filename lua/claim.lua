@@ -24,16 +24,24 @@
 local key, fp, attempt = KEYS[1], ARGV[1], ARGV[2]
 local lease, keep = tonumber(ARGV[3]), ARGV[4]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
   return {5, 'wrong type'}
 end
 
-local token, n, recovered = now, 1, 0
-if v then
+-- Redis's clock is read only once the record is known not to be completed:
+-- a replay costs one command inside the script, not two.
+local now
+local function clock()
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return now
+end
+
+local token, n, recovered
+if not v then
+  token, n, recovered = clock(), 1, 0
+else
   local st, tok, cnt, rec, until_us, att, rfp =
     string.match(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
   if not st then
@@ -53,12 +61,16 @@ if v then
     if att == attempt then
       return {1, tonumber(tok), tonumber(cnt), tonumber(rec)}
     end
-    local left = tonumber(until_us) - now
+    local left = tonumber(until_us) - clock()
     if left > 0 then
       return {3, math.ceil(left / 1000)}
     end
     recovered = 1
+  else
+    recovered = 0
+    clock()
   end
+  token = now
   local prev = tonumber(tok)
   if prev >= 9007199254740991 then
     return {5, 'token space exhausted'}
