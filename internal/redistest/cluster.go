@@ -99,20 +99,8 @@ func (c *Cluster) Client(tb testing.TB, opt *redis.ClusterOptions) *redis.Cluste
 }
 
 func (c *Cluster) create(ctx context.Context) error {
-	clients := map[*Server]*redis.Client{}
-	client := func(s *Server) *redis.Client {
-		if cl, ok := clients[s]; ok {
-			return cl
-		}
-		cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-		clients[s] = cl
-		return cl
-	}
-	defer func() {
-		for _, cl := range clients {
-			cl.Close()
-		}
-	}()
+	client, closeAll := nodeClients()
+	defer closeAll()
 	// Slots and a distinct config epoch per master, as redis-cli does, so
 	// that no epoch collision has to be resolved later.
 	for i, m := range c.Masters {
@@ -231,20 +219,8 @@ func (c *Cluster) Failover(tb testing.TB, replica *Server) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	clients := map[*Server]*redis.Client{}
-	client := func(s *Server) *redis.Client {
-		if cl, ok := clients[s]; ok {
-			return cl
-		}
-		cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-		clients[s] = cl
-		return cl
-	}
-	defer func() {
-		for _, cl := range clients {
-			cl.Close()
-		}
-	}()
+	client, closeAll := nodeClients()
+	defer closeAll()
 	r := client(replica)
 	id, err := r.ClusterMyID(ctx).Result()
 	if err != nil {
@@ -297,4 +273,24 @@ func poll(ctx context.Context, f func() error) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// nodeClients returns a function that gives one client per node, made on
+// first use and without retries, and a function that closes them all.
+func nodeClients() (client func(*Server) *redis.Client, closeAll func()) {
+	clients := map[*Server]*redis.Client{}
+	client = func(s *Server) *redis.Client {
+		if cl, ok := clients[s]; ok {
+			return cl
+		}
+		cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		clients[s] = cl
+		return cl
+	}
+	closeAll = func() {
+		for _, cl := range clients {
+			cl.Close()
+		}
+	}
+	return client, closeAll
 }
