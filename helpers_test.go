@@ -29,11 +29,9 @@ func newMiniredis(t testing.TB) *backend {
 	m := miniredis.RunT(t)
 	now := time.Now()
 	m.SetTime(now)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { c.Close() })
 	return &backend{
 		name:   "miniredis",
-		client: c,
+		client: testClient(t, m.Addr()),
 		advance: func(d time.Duration) {
 			now = now.Add(d)
 			m.SetTime(now)
@@ -49,11 +47,19 @@ func newRealRedis(t testing.TB) *backend {
 	s := redistest.Start(t)
 	return &backend{
 		name:    "redis",
-		client:  s.Client(t),
+		client:  testClient(t, s.Addr),
 		advance: time.Sleep,
 		stop:    s.Stop,
 		real:    true,
 	}
+}
+
+// testClient is a client of addr that gives up on an unreachable server
+// sooner than the default: retries and redials a few milliseconds apart.
+func testClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetryBackoff: 16 * time.Millisecond, DialerRetryTimeout: 5 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // eachBackend runs f as a subtest on miniredis and on a real redis-server.

@@ -13,8 +13,7 @@ import (
 // mwRedisServer is a redis-server started for the test; it skips the test
 // without redis-server (fails it with IDEM_REQUIRE_REDIS=1).
 func mwRedisServer(t *testing.T) *mwEnv {
-	s := redistest.Start(t)
-	return &mwEnv{client: mwClient(t, s.Addr), advance: time.Sleep, stop: s.Stop}
+	return newRealRedis(t)
 }
 
 // TestMiddlewareRedis runs the middleware suite of TestMiddleware against

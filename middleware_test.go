@@ -16,47 +16,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
 // mwEnv is a Redis the middleware suite runs against.
-type mwEnv struct {
-	client *redis.Client
-	// advance moves Redis's clock (TIME and expiry) forward by d.
-	advance func(d time.Duration)
-	// stop makes the server unreachable.
-	stop func()
-}
+type mwEnv = backend
 
 // mwMiniredis is an embedded miniredis whose clock stands still until
 // advance moves it.
-func mwMiniredis(t *testing.T) *mwEnv {
-	m := miniredis.RunT(t)
-	now := time.Now()
-	m.SetTime(now)
-	c := mwClient(t, m.Addr())
-	return &mwEnv{
-		client: c,
-		advance: func(d time.Duration) {
-			now = now.Add(d)
-			m.SetTime(now)
-			m.FastForward(d)
-		},
-		stop: m.Close,
-	}
-}
-
-// mwClient is a client of addr that gives up on an unreachable server
-// sooner than the default: retries and redials a few milliseconds apart.
-func mwClient(t *testing.T, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetryBackoff: 16 * time.Millisecond, DialerRetryTimeout: 5 * time.Millisecond})
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+func mwMiniredis(t *testing.T) *mwEnv { return newMiniredis(t) }
 
 // TestMiddleware runs the middleware suite on miniredis;
 // TestMiddlewareRedis runs it on redis-server.
