@@ -44,6 +44,15 @@ var benchKeys atomic.Int64
 
 func nextBenchKey() string { return "bench-" + strconv.FormatInt(benchKeys.Add(1), 10) }
 
+// benchKeysFor returns n fresh keys, made before the timer starts.
+func benchKeysFor(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = nextBenchKey()
+	}
+	return keys
+}
+
 // benchBackend is a Redis the benchmarks share across rounds: one server per
 // top-level benchmark, not one per b.N.
 type benchBackend struct {
@@ -183,10 +192,7 @@ func BenchmarkFirstExecution(b *testing.B) {
 	ctx := context.Background()
 	fn := func(ctx context.Context) ([]byte, error) { return benchResult, nil }
 	benchModes(b, func(b *testing.B, k *Keeper) func() error {
-		keys := make([]string, b.N)
-		for i := range keys {
-			keys[i] = nextBenchKey()
-		}
+		keys := benchKeysFor(b.N)
 		var next atomic.Int64
 		return func() error {
 			_, err := Do(ctx, k, "bench", keys[next.Add(1)-1], fn)
@@ -200,10 +206,7 @@ func BenchmarkFirstExecution(b *testing.B) {
 func BenchmarkBeginComplete(b *testing.B) {
 	ctx := context.Background()
 	benchModes(b, func(b *testing.B, k *Keeper) func() error {
-		keys := make([]string, b.N)
-		for i := range keys {
-			keys[i] = nextBenchKey()
-		}
+		keys := benchKeysFor(b.N)
 		var next atomic.Int64
 		return func() error {
 			out, err := k.Begin(ctx, "bench", keys[next.Add(1)-1])
@@ -599,10 +602,7 @@ func BenchmarkInProcess(b *testing.B) {
 		}
 		b.Run("first/"+name, func(b *testing.B) {
 			b.ReportAllocs()
-			keys := make([]string, b.N)
-			for i := range keys {
-				keys[i] = nextBenchKey()
-			}
+			keys := benchKeysFor(b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := Do(ctx, k, "bench", keys[i], fn); err != nil {
@@ -612,10 +612,7 @@ func BenchmarkInProcess(b *testing.B) {
 		})
 		b.Run("begin-complete/"+name, func(b *testing.B) {
 			b.ReportAllocs()
-			keys := make([]string, b.N)
-			for i := range keys {
-				keys[i] = nextBenchKey()
-			}
+			keys := benchKeysFor(b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				out, err := k.Begin(ctx, "bench", keys[i])

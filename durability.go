@@ -151,11 +151,12 @@ func waitsAfter(sc *redis.Script) string {
 // runScript runs sc as Script.Run does (EVALSHA, then EVAL on NOSCRIPT), and
 // with WithReplicas, for the steps that need it, pipelines WAIT after it.
 func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	op := waitsAfter(sc)
-	if s.durable == nil || op == "" {
-		return sc.Run(ctx, s.client, keys, args...)
+	if s.durable != nil {
+		if op := waitsAfter(sc); op != "" {
+			return s.durable.run(ctx, s.client, op, sc, keys, args...)
+		}
 	}
-	return s.durable.run(ctx, s.client, op, sc, keys, args...)
+	return sc.Run(ctx, s.client, keys, args...)
 }
 
 // maxClusterRedirects bounds how often a Cluster call is tried again after the slot

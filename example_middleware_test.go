@@ -6,21 +6,14 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
-	"github.com/redis/go-redis/v9"
 )
 
 // A payments endpoint guarded by the middleware: the retried request is
 // answered with the first response, and the card is charged once.
 func ExampleNewMiddleware() {
-	mr := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	defer mr.Close()
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer client.Close()
+	client, done := newClient() // any Redis; miniredis keeps the example self-contained
+	defer done()
 
 	keeper, err := idem.NewRedis(client)
 	if err != nil {
@@ -65,13 +58,8 @@ func ExampleNewMiddleware() {
 
 // Count outcomes for metrics with a hook.
 func ExampleWithHook() {
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		panic(err)
-	}
-	defer mr.Close()
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer client.Close()
+	client, done := newClient() // any Redis; miniredis keeps the example self-contained
+	defer done()
 	keeper, err := idem.NewRedis(client)
 	if err != nil {
 		panic(err)
