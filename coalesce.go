@@ -223,6 +223,11 @@ func (sh *flightShard) lead(ctx context.Context, k *Keeper, id string, fl *fligh
 func (sh *flightShard) land(id string, fl *flight, out Outcome, err error, retry bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if out.Replayed && fl.joined > 0 {
+		// The leader owns out.Value and may change it once it returns: the
+		// followers copy from a copy of their own.
+		out.Value = bytes.Clone(out.Value)
+	}
 	fl.out, fl.err, fl.retry, fl.landed = out, err, retry, true
 	if err == nil && out.Claim != nil {
 		fl.held = true
@@ -271,7 +276,7 @@ func (sh *flightShard) follow(ctx context.Context, k *Keeper, fl *flight, deadli
 		select {
 		case <-claimed:
 		case <-ctx.Done():
-			return Outcome{}, storeError("claim", context.Cause(ctx)), false
+			return Outcome{}, canceled(ctx, "claim"), false
 		}
 	} else {
 		sh.mu.Unlock()
@@ -316,7 +321,7 @@ func (sh *flightShard) follow(ctx context.Context, k *Keeper, fl *flight, deadli
 			return fl.finishedAnswer()
 		case <-ctx.Done():
 			t.Stop()
-			return Outcome{}, errors.Join(busy, context.Cause(ctx)), false
+			return Outcome{}, canceled(ctx, "waiting for the attempt in progress"), false
 		case <-t.C:
 			// The deadline passed or the lease ran out: look again.
 		}

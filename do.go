@@ -30,8 +30,19 @@ const cleanupTimeout = 5 * time.Second
 //     *FinalError instead.
 //   - A panic in fn releases the claim and panics again.
 //
-// Other errors: ErrInvalidKey, ErrMismatch (see Fingerprint), ErrCorrupt, and
-// ErrUnavailable when the store cannot be reached: fn does not run then. If fn
+// A key may be completed by Do or by Begin and Claim.Complete, and read by
+// either: Do hands a result stored by Claim.Complete over as is when T is
+// []byte, and decodes it with the Keeper's Codec otherwise (ErrCorrupt when
+// it cannot); Begin hands a result stored by Do over as its Codec encoding,
+// and a final error as Outcome.Err.
+//
+// Other errors: ErrInvalidKey, ErrMismatch (see Fingerprint), ErrCorrupt,
+// ErrUnavailable when the store cannot be reached, and the caller's own
+// cancellation (errors.Is(err, context.Canceled) or DeadlineExceeded, never
+// ErrUnavailable) when ctx ends before the claim is answered: fn does not
+// run then. Once fn runs, the lease is renewed until fn returns, whatever
+// happens to ctx: a caller that gives up does not let a retry run fn again
+// while it still runs. fn's context carries ctx's cancellation. If fn
 // succeeded but its result could not be stored, Do returns fn's value together
 // with the store's error (ErrUnavailable or ErrLeaseLost): the operation ran,
 // and a retry finds the key in progress until the lease runs out, then claims
@@ -48,18 +59,29 @@ func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx co
 	return run(ctx, k, out.Claim, fn)
 }
 
+// replay decodes a stored result into T. A result that Claim.Complete stored
+// (bytes, not a Codec's encoding) is handed over as is when T is []byte, and
+// decoded by the Codec otherwise, so that the two ways of completing a key
+// can share it.
 func replay[T any](k *Keeper, out Outcome) (T, error) {
 	var v T
 	switch out.kind {
 	case kindError:
-		return v, &FinalError{Err: errors.New(string(out.Value)), Replayed: true}
-	case kindValue:
+		return v, out.Err
+	case kindBytes:
+		if p, ok := any(&v).(*[]byte); ok {
+			*p = out.Value
+			return v, nil
+		}
 		if err := k.codec.Unmarshal(out.Value, &v); err != nil {
-			return v, fmt.Errorf("%w: decoding the stored result: %w", ErrCorrupt, err)
+			return v, fmt.Errorf("%w: the result was stored by Claim.Complete, and the Codec cannot decode it into %T: %w", ErrCorrupt, v, err)
 		}
 		return v, nil
 	}
-	return v, fmt.Errorf("%w: the stored result was not made by Do (kind %q)", ErrCorrupt, out.kind)
+	if err := k.codec.Unmarshal(out.Value, &v); err != nil {
+		return v, fmt.Errorf("%w: decoding the stored result into %T: %w", ErrCorrupt, v, err)
+	}
+	return v, nil
 }
 
 func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -88,13 +89,29 @@ func (e *FinalError) Error() string { return e.Err.Error() }
 func (e *FinalError) Unwrap() error { return e.Err }
 
 // storeError wraps err from a store as ErrUnavailable unless it already
-// carries one of idem's sentinels.
-func storeError(op string, err error) error {
+// carries one of idem's sentinels, or unless ctx, the caller's context, has
+// ended: the caller's own cancellation is not the store's failure, and is
+// reported by canceled.
+func storeError(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrUnavailable) {
 		return err
 	}
+	if ctx.Err() != nil {
+		return canceled(ctx, op)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}
+
+// canceled is the error of a call whose caller's context ended: it wraps
+// ctx.Err() (context.Canceled or context.DeadlineExceeded) and the context's
+// cause, and neither ErrUnavailable nor any other of idem's sentinels.
+func canceled(ctx context.Context, op string) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return fmt.Errorf("idem: %s: the caller's context ended: %w", op, err)
+	}
+	return fmt.Errorf("idem: %s: the caller's context ended: %w: %w", op, err, cause)
 }

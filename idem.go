@@ -172,8 +172,13 @@ type Outcome struct {
 	// Replayed is true when the operation had completed; Claim is nil then.
 	Replayed bool
 	// Value is the stored result when Replayed: the bytes given to
-	// Claim.Complete.
+	// Claim.Complete, or, for a result stored by Do, its encoding by the
+	// Keeper's Codec, or the message of a final error (see Err).
 	Value []byte
+	// Err is set when Replayed and the stored result is a final error that
+	// Do stored (Final): a *FinalError whose Replayed is true, its message
+	// also in Value. Nil otherwise.
+	Err error
 	// Token is the fencing token of the claim that produced the stored result
 	// when Replayed, or of Claim.
 	Token int64
@@ -185,10 +190,17 @@ type Outcome struct {
 // It returns an Outcome holding either a Claim or the stored result, or one of
 // these errors: ErrInvalidKey (the store was not touched), an *InProgressError
 // (another attempt holds the key; see Wait), ErrMismatch (the key was used with
-// another Fingerprint), ErrCorrupt, or ErrUnavailable.
+// another Fingerprint), ErrCorrupt, ErrUnavailable, or, when ctx ends before
+// the store answers, an error for which errors.Is(err, context.Canceled) (or
+// context.DeadlineExceeded) reports true and errors.Is(err, ErrUnavailable)
+// does not: the caller's own cancellation is never reported as the store's
+// failure.
 func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...CallOption) (Outcome, error) {
 	if err := ValidateKey(key); err != nil {
 		return Outcome{}, err
+	}
+	if ctx.Err() != nil {
+		return Outcome{}, canceled(ctx, "claim")
 	}
 	var c call
 	if len(opts) > 0 {
@@ -210,7 +222,7 @@ func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error)
 		Fingerprint: fingerprintDigest(c.fingerprint),
 		Attempt:     newAttemptID(),
 		Lease:       k.policy.lease,
-		Keep:        k.policy.retention,
+		Keep:        k.policy.pendingKeep(),
 	}
 	var deadline time.Time
 	if c.wait > 0 {
@@ -236,7 +248,7 @@ func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return Outcome{}, errors.Join(err, context.Cause(ctx))
+			return Outcome{}, canceled(ctx, "waiting for the attempt in progress")
 		case <-t.C:
 		}
 	}
@@ -246,7 +258,7 @@ func (k *Keeper) claim(ctx context.Context, id string, req ClaimRequest) (Outcom
 	started := k.now()
 	r, err := k.store.Claim(ctx, id, req)
 	if err != nil {
-		return Outcome{}, storeError("claim", err)
+		return Outcome{}, storeError(ctx, "claim", err)
 	}
 	switch r.Status {
 	case StatusClaimed:
@@ -260,7 +272,11 @@ func (k *Keeper) claim(ctx context.Context, id string, req ClaimRequest) (Outcom
 		if err != nil {
 			return Outcome{}, err
 		}
-		return Outcome{Replayed: true, Value: body, Token: r.Token, kind: kind}, nil
+		out := Outcome{Replayed: true, Value: body, Token: r.Token, kind: kind}
+		if kind == kindError {
+			out.Err = &FinalError{Err: errors.New(string(body)), Replayed: true}
+		}
+		return out, nil
 	case StatusInProgress:
 		return Outcome{}, &InProgressError{RetryAfter: max(r.LeaseLeft, time.Millisecond)}
 	case StatusMismatch:
@@ -307,9 +323,10 @@ func (c *Claim) Attempt() int { return c.attempt }
 func (c *Claim) Recovered() bool { return c.recovered }
 
 // Complete stores value as the operation's result, replayed to every later
-// Begin with the key for retention (zero means the Keeper's retention). It
-// returns ErrLeaseLost if the claim is no longer the holder; nothing is
-// written then.
+// Begin with the key for retention (zero or less means the Keeper's
+// retention; more than MaxDuration is refused with ErrInvalidConfig, nothing
+// written). It returns ErrLeaseLost if the claim is no longer the holder;
+// nothing is written then.
 func (c *Claim) Complete(ctx context.Context, value []byte, retention time.Duration) error {
 	return c.complete(ctx, kindBytes, value, retention)
 }
@@ -318,10 +335,11 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 	if retention <= 0 {
 		retention = c.k.policy.retention
 	}
-	err := storeError("complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
-	if c.k.flights != nil {
-		c.k.flights.finish(c, kind, body, err)
+	if retention > MaxDuration {
+		return fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, retention)
 	}
+	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	c.endHold(kind, body, err)
 	return err
 }
 
@@ -329,10 +347,8 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 // operation again, with a higher token. It returns ErrLeaseLost if the claim
 // is no longer the holder.
 func (c *Claim) Release(ctx context.Context) error {
-	err := storeError("release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
-	if c.k.flights != nil {
-		c.k.flights.finish(c, 0, nil, err)
-	}
+	err := storeError(ctx, "release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+	c.endHold(0, nil, err)
 	return err
 }
 
@@ -340,9 +356,13 @@ func (c *Claim) Release(ctx context.Context) error {
 // ErrLeaseLost if the claim is no longer the holder.
 func (c *Claim) Extend(ctx context.Context) error {
 	started := c.k.now()
-	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.retention)
+	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
 	if err != nil {
-		return storeError("extend", err)
+		err = storeError(ctx, "extend", err)
+		if errors.Is(err, ErrLeaseLost) {
+			c.endHold(0, nil, err)
+		}
+		return err
 	}
 	c.mu.Lock()
 	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
@@ -352,74 +372,61 @@ func (c *Claim) Extend(ctx context.Context) error {
 	return nil
 }
 
-// KeepAlive renews the lease in the background every third of the lease until
-// stop is called, and returns a context derived from ctx for the operation.
-// That context is cancelled, with a cause wrapping ErrLeaseLost, when the
-// store says the claim is no longer the holder, or when the lease runs out
-// because no renewal got through. stop ends the renewals and returns once they
-// have ended; it returns the cause if the lease was lost, else nil.
+// endHold ends the in-process hold of the claim (WithCoalescing) once the
+// claim is settled or known lost: callers waiting in the process get body
+// (of kind) as a replay when the completion stored it, or claim the key
+// through the store otherwise. It does nothing without coalescing, and for a
+// hold already ended.
+func (c *Claim) endHold(kind byte, body []byte, err error) {
+	if c.k.flights != nil {
+		c.k.flights.finish(c, kind, body, err)
+	}
+}
+
+// KeepAlive renews the lease in the background every third of the lease
+// until stop is called, and returns a context derived from ctx for the
+// operation.
+//
+// Renewals go on until stop, whatever happens to ctx: a caller that gives up
+// (a client timeout) does not end an operation that goes on, so its lease
+// must not end either, or a retry would take the key over and run the
+// operation a second time while the first still runs. The operation's
+// context still carries ctx's cancellation, for the operation to honour if
+// it can.
+//
+// The operation's context is also cancelled, with a cause wrapping
+// ErrLeaseLost, when the store says the claim is no longer the holder, or
+// when the lease runs out because no renewal got through. stop ends the
+// renewals and returns once they have ended; it returns that cause if the
+// lease was lost, else nil. Call stop exactly when the operation has
+// returned; until then the key stays held, for as long as the process lives.
 func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() error) {
 	opCtx, cancel := context.WithCancelCause(ctx)
-	every := max(c.k.policy.lease/3, time.Millisecond)
+	ka := &keepAlive{
+		c:      c,
+		ctx:    context.WithoutCancel(ctx),
+		cancel: cancel,
+		every:  max(c.k.policy.lease/3, time.Millisecond),
+	}
 	// A timer, not a goroutine: an operation shorter than a third of the
 	// lease (most of them) costs no goroutine and no renewal.
-	ka := &keepAlive{}
-	renew := func() {
-		ka.mu.Lock()
-		if ka.stopped {
-			ka.mu.Unlock()
-			return
-		}
-		ka.running.Add(1)
-		ka.mu.Unlock()
-		defer ka.running.Done()
-		if opCtx.Err() != nil {
-			return
-		}
-		err := c.Extend(opCtx)
-		var lost error
-		if errors.Is(err, ErrLeaseLost) {
-			lost = fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
-		} else if err != nil {
-			c.mu.Lock()
-			end := c.leaseEnd
-			c.mu.Unlock()
-			if !c.k.now().Before(end) {
-				lost = fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
-			}
-		}
-		ka.mu.Lock()
-		defer ka.mu.Unlock()
-		switch {
-		case lost != nil:
-			ka.lost = lost
-			cancel(lost)
-		case !ka.stopped:
-			ka.t.Reset(every)
-		}
-	}
 	ka.mu.Lock()
-	ka.t = time.AfterFunc(every, renew)
+	ka.t = time.AfterFunc(ka.every, ka.renew)
 	ka.mu.Unlock()
-	var once sync.Once
-	return opCtx, func() error {
-		once.Do(func() {
-			ka.mu.Lock()
-			ka.stopped = true
-			ka.t.Stop()
-			ka.mu.Unlock()
-			ka.running.Wait()
-			cancel(nil)
-		})
-		ka.mu.Lock()
-		defer ka.mu.Unlock()
-		return ka.lost
-	}
+	return opCtx, ka.stop
 }
 
 // keepAlive is the state of one KeepAlive.
 type keepAlive struct {
-	mu sync.Mutex
+	c *Claim
+	// ctx carries the values of the caller's context but not its
+	// cancellation: renewals outlive the caller.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	every  time.Duration
+
+	once sync.Once
+	mu   sync.Mutex
 	// t fires the next renewal; stopped is set by stop, after which t is not
 	// reset; lost is the cause the operation's context was cancelled with.
 	t       *time.Timer
@@ -427,6 +434,68 @@ type keepAlive struct {
 	lost    error
 	// running counts the renewals under way, which stop waits for.
 	running sync.WaitGroup
+}
+
+// renew runs on the timer: one renewal, then the timer is set again unless
+// the lease was lost or stop was called.
+func (ka *keepAlive) renew() {
+	ka.mu.Lock()
+	if ka.stopped {
+		ka.mu.Unlock()
+		return
+	}
+	ka.running.Add(1)
+	ka.mu.Unlock()
+	defer ka.running.Done()
+
+	lost := ka.c.renewal(ka.ctx)
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	switch {
+	case lost != nil:
+		ka.lost = lost
+		ka.cancel(lost)
+	case !ka.stopped:
+		ka.t.Reset(ka.every)
+	}
+}
+
+// stop ends the renewals, waits for one under way, and returns the cause of
+// a lost lease, or nil.
+func (ka *keepAlive) stop() error {
+	ka.once.Do(func() {
+		ka.mu.Lock()
+		ka.stopped = true
+		ka.t.Stop()
+		ka.mu.Unlock()
+		ka.running.Wait()
+		ka.cancel(nil)
+	})
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	return ka.lost
+}
+
+// renewal extends the lease once, and returns an error wrapping ErrLeaseLost
+// if the claim is no longer the holder: the store says so, or the renewal
+// failed and the lease has run out by this process's clock.
+func (c *Claim) renewal(ctx context.Context) error {
+	err := c.Extend(ctx)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
+	}
+	c.mu.Lock()
+	end := c.leaseEnd
+	c.mu.Unlock()
+	if c.k.now().Before(end) {
+		return nil // the next renewal may get through in time
+	}
+	lost := fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
+	c.endHold(0, nil, lost)
+	return lost
 }
 
 type claimKey struct{}

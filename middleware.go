@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -29,6 +30,11 @@ const (
 	ReplayedHeader = "Idempotent-Replayed"
 )
 
+// StatusClientClosedRequest is the status the middleware answers (and reports
+// in its Event) for a request whose client went away before its key could be
+// checked: 499, as nginx logs it. No standard status says "the client left".
+const StatusClientClosedRequest = 499
+
 // unavailableRetryAfter is the Retry-After of a 503, in seconds.
 const unavailableRetryAfter = "1"
 
@@ -49,13 +55,17 @@ const unavailableRetryAfter = "1"
 //     or comes in more than one header answers 400.
 //   - The body is read, up to a limit (WithBodyLimit; default 1 MiB, above it
 //     413), and given back to the handler unchanged.
-//   - The record is bound to a scope: the tenant (WithScope; default none),
-//     the method, and the route: r.Pattern when the middleware runs inside a
-//     Go 1.22+ ServeMux (mux.Handle("POST /payments", mw(h))), else the URL
-//     path. The same key under two scopes is two records.
-//   - The request is fingerprinted (WithFingerprint; default SHA-256 over
-//     the method, the path and query, and the body). The same key with
-//     another fingerprint answers 422, never a replay.
+//   - A record is named by the tenant (WithScope; default none) and the
+//     key, as Stripe names them: the same key under two tenants is two
+//     records, and one key names one request of a tenant, whatever endpoint
+//     or router it reaches.
+//   - The request is fingerprinted: the method and the concrete path, always,
+//     then the fingerprint function's digest (WithFingerprint; default
+//     SHA-256 over the method, the path and query, and the body). The same
+//     key with another fingerprint answers 422, never a replay; so a key
+//     reused on another endpoint or resource answers 422, identically under
+//     ServeMux, chi, gorilla or any router. For a key space per endpoint,
+//     put the route in the scope (see WithScope).
 //
 // Then one round trip to Redis decides:
 //
@@ -152,11 +162,18 @@ func WithKeyRequired(required bool) MiddlewareOption {
 }
 
 // WithScope sets the function that names the tenant or principal a request
-// acts for, such as an account id taken from its authentication. Keys are
-// bound to it beside the method and the route, so one tenant can never
-// replay another's response. It must not return an error's text for a
+// acts for, such as an account id taken from its authentication. A record is
+// named by the scope and the key, so one tenant can never replay another's
+// response nor block another's key. It must not return an error's text for a
 // request it cannot place: authenticate before this middleware runs.
 // Default: every request belongs to one tenant, "".
+//
+// By default a key names one request of a tenant across every endpoint, and
+// reusing it on another endpoint answers 422. To give each endpoint its own
+// key space, put the route into the scope, for example
+// tenant(r)+" "+r.Pattern inside a ServeMux (chi:
+// chi.RouteContext(r.Context()).RoutePattern(), which is known only once
+// chi has routed the request: install the middleware on the route).
 func WithScope(tenant func(r *http.Request) string) MiddlewareOption {
 	return func(m *middleware) { m.scope = tenant }
 }
@@ -164,9 +181,11 @@ func WithScope(tenant func(r *http.Request) string) MiddlewareOption {
 // WithFingerprint sets the function that digests a request; a later request
 // with the same key and another digest answers 422. body is the whole
 // request body (at most the body limit); the handler gets it whole whatever
-// the function does with r.Body. A nil digest turns the check off for that
-// request. Default: SHA-256 over the method, the path
-// and query (r.URL.RequestURI()), and the body.
+// the function does with r.Body. The method and the concrete path are
+// always fingerprinted besides the digest, so a function that reads only the
+// body (the IETF draft's payload fingerprint) still tells two resources
+// apart; a nil digest leaves only them. Default: SHA-256 over the method,
+// the path and query (r.URL.RequestURI()), and the body.
 func WithFingerprint(digest func(r *http.Request, body []byte) []byte) MiddlewareOption {
 	return func(m *middleware) { m.fingerprint = digest }
 }
@@ -269,6 +288,11 @@ const (
 	EventTooLarge
 	// EventCorrupt: the record could not be read; answered 500.
 	EventCorrupt
+	// EventCanceled: the request's context ended (the client went away)
+	// before the key could be checked; the handler did not run, even with
+	// WithFailOpen, and the answer is StatusClientClosedRequest, which the
+	// client most likely never reads.
+	EventCanceled
 )
 
 var eventNames = [...]string{
@@ -276,6 +300,7 @@ var eventNames = [...]string{
 	EventReplayed: "replayed", EventConflict: "conflict", EventMismatch: "mismatch",
 	EventLeaseLost: "lease lost", EventUnavailable: "unavailable", EventFailOpen: "fail open",
 	EventInvalid: "invalid", EventTooLarge: "too large", EventCorrupt: "corrupt",
+	EventCanceled: "canceled",
 }
 
 // String returns the outcome's name, such as "replayed".
@@ -409,16 +434,11 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 
-	route := r.Pattern
-	if route == "" {
-		route = r.URL.Path
-	}
-	scope := httpScope(m.scope(r), r.Method, route)
-	fp := m.fingerprint(r, body)
+	fp := requestFingerprint(r, m.fingerprint(r, body))
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = io.NopCloser(bytes.NewReader(body)) // for the handler, whole again
 	}
-	out, err := m.k.Begin(r.Context(), scope, key, Fingerprint(fp), Wait(m.wait))
+	out, err := m.k.Begin(r.Context(), m.scope(r), key, Fingerprint(fp), Wait(m.wait))
 	switch {
 	case err != nil:
 		m.fail(next, w, r, ev, err)
@@ -429,11 +449,38 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// httpScope is the scope of a request's record: the tenant, length first so
-// that no tenant can end where another's scope goes on, then the method and
-// the route.
-func httpScope(tenant, method, route string) string {
-	return strconv.Itoa(len(tenant)) + ":" + tenant + method + " " + route
+// requestFingerprint is the fingerprint of a request's record: SHA-256 over
+// its method and its concrete path, then the digest of the fingerprint
+// function (WithFingerprint; nil: nothing more). The method and the path are
+// always part of it, so that a key reused on another endpoint or another
+// resource answers 422 whatever the fingerprint function reads, and a
+// record never replays to a request for another resource.
+func requestFingerprint(r *http.Request, digest []byte) []byte {
+	h := sha256.New()
+	writeField(h, r.Method)
+	writeField(h, requestPath(r))
+	h.Write(digest)
+	return h.Sum(nil)
+}
+
+// requestPath is the path the client asked for: the request target as
+// received (before any router or http.StripPrefix rewrote r.URL) up to its
+// query, or r.URL's escaped path for a request made in process.
+func requestPath(r *http.Request) string {
+	if r.RequestURI != "" {
+		path, _, _ := strings.Cut(r.RequestURI, "?")
+		return path
+	}
+	return r.URL.EscapedPath()
+}
+
+// writeField writes s to h, its length first, so that no field can end where
+// another goes on.
+func writeField(h io.Writer, s string) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+	h.Write(n[:])
+	io.WriteString(h, s)
 }
 
 // requestKey returns the request's key, whether it has the header, and an
@@ -495,7 +542,9 @@ func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > m.bodyLimit {
 		return nil, errBodyTooLarge
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.bodyLimit+1))
+	// One byte past the limit tells a body at the limit from a larger one;
+	// a limit of math.MaxInt64 has no byte past it.
+	body, err := io.ReadAll(io.LimitReader(r.Body, saturatingAdd(m.bodyLimit, 1)))
 	if err != nil {
 		return nil, err
 	}
@@ -505,16 +554,21 @@ func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
+// saturatingAdd returns a+b for b >= 0, or math.MaxInt64 where that
+// overflows.
+func saturatingAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 // defaultFingerprint is SHA-256 over the method, the request target and the
 // body, each but the last preceded by its length.
 func defaultFingerprint(r *http.Request, body []byte) []byte {
 	h := sha256.New()
-	var n [8]byte
-	for _, s := range [...]string{r.Method, r.URL.RequestURI()} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write([]byte(s))
-	}
+	writeField(h, r.Method)
+	writeField(h, r.URL.RequestURI())
 	h.Write(body)
 	return h.Sum(nil)
 }
@@ -543,6 +597,14 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		})
 	case errors.Is(err, ErrCorrupt):
 		m.corrupt(w, ev, err)
+	case r.Context().Err() != nil:
+		// The client is gone: whether the request ran before cannot matter
+		// to it, and running it unguarded (fail-open) would let its retry
+		// run it again.
+		m.refuse(w, ev, EventCanceled, err, problem{
+			Type: ProblemCanceled, Title: "Request cancelled", Status: StatusClientClosedRequest,
+			Detail: "The request was cancelled before its " + m.header + " could be checked, so it was not run. Retry it with the same " + m.header + ".",
+		})
 	case m.failOpen:
 		ev.Kind, ev.Err = EventFailOpen, err
 		m.emit(ev)

@@ -263,11 +263,19 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		{name: "same key, other query", before: first(post("k1", "a")),
 			req:    func() *http.Request { return mwReq(http.MethodPost, "/x?dry=1", "a", DefaultKeyHeader, "k1") },
 			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
-		{name: "same key, other method is another record", before: first(post("k1", "a")),
+		{name: "same key, other method is refused", before: first(post("k1", "a")),
 			req:    func() *http.Request { return mwReq(http.MethodPatch, "/x", "a", DefaultKeyHeader, "k1") },
-			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
-		{name: "same key, other path is another record", before: first(post("k1", "a")),
+			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+		{name: "same key, other path is refused", before: first(post("k1", "a")),
 			req:    func() *http.Request { return mwReq(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
+			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+		{name: "same key, other tenant is another record", opts: []MiddlewareOption{WithScope(func(r *http.Request) string { return r.Header.Get("Tenant") })},
+			before: first(post("k1", "a")),
+			req: func() *http.Request {
+				r := mwReq(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1")
+				r.Header.Set("Tenant", "t2")
+				return r
+			},
 			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
 		{name: "handler reads the whole body", handler: mwEcho, req: post("k1", "the body"),
 			status: 201, body: "the body", runs: 1, event: EventStored},
@@ -317,8 +325,8 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
 		{name: "stored response unreadable", before: func(t *testing.T, a *mwApp) {
 			r := mwPost("k1", "a")
-			out, err := a.keeper.Begin(context.Background(), httpScope("", http.MethodPost, "/x"), "k1",
-				Fingerprint(defaultFingerprint(r, []byte("a"))))
+			out, err := a.keeper.Begin(context.Background(), "", "k1",
+				Fingerprint(requestFingerprint(r, defaultFingerprint(r, []byte("a")))))
 			require.NoError(t, err)
 			require.NoError(t, out.Claim.Complete(context.Background(), []byte{0x93, 1, 2}, 0))
 		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: EventCorrupt},
@@ -591,8 +599,8 @@ func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	})
 	inside := http.NewServeMux()
 	inside.Handle("POST /items/{id}", a.h)
-	// Inside the mux the route is the pattern: one key names one operation
-	// on the route, and another item with it is another request.
+	// One key names one request of the tenant: another item with it is
+	// another request.
 	rec := httptest.NewRecorder()
 	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k1"))
 	assert.Equal(t, "item 1, run 1", rec.Body.String())
@@ -600,7 +608,7 @@ func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k1"))
 	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
 
-	// Around the mux, r.Pattern is not set yet: the route is the path.
+	// Around the mux the answers are the same: the router does not matter.
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /items/{id}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "item %s", r.PathValue("id"))
@@ -608,11 +616,15 @@ func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	mw, err := NewMiddleware(a.keeper)
 	require.NoError(t, err)
 	around := mw(mux)
-	for _, id := range []string{"1", "2", "1"} {
-		rec = httptest.NewRecorder()
-		around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/"+id, "a", DefaultKeyHeader, "k2"))
-		assert.Equal(t, "item "+id, rec.Body.String())
-	}
+	rec = httptest.NewRecorder()
+	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
+	assert.Equal(t, "item 1", rec.Body.String())
+	rec = httptest.NewRecorder()
+	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k2"))
+	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
+	rec = httptest.NewRecorder()
+	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
+	assert.Equal(t, "item 1", rec.Body.String())
 	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 }
 
@@ -627,7 +639,7 @@ func mwTestErrorRetention(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		target := "/x?status=" + strconv.Itoa(status)
 		rec := a.do(mwReq(http.MethodPost, target, "", DefaultKeyHeader, "k1"))
 		require.Equal(t, status, rec.Code)
-		key := DefaultPrefix + "{" + recordID(httpScope("", http.MethodPost, "/x"), "k1") + "}"
+		key := DefaultPrefix + "{" + recordID("", "k1") + "}"
 		d, err := env.client.PTTL(context.Background(), key).Result()
 		require.NoError(t, err)
 		require.NoError(t, env.client.Del(context.Background(), key).Err())
@@ -1029,22 +1041,32 @@ func TestStoredResponseEncoding(t *testing.T) {
 	assert.ErrorIs(t, out.unmarshal(nil), ErrCorrupt, "empty")
 }
 
-func TestHTTPScopesAreDistinct(t *testing.T) {
+func TestRequestFingerprintsAreDistinct(t *testing.T) {
 	seen := map[string]string{}
 	for _, s := range [][3]string{
-		{"", "POST", "/x"}, {"a", "POST", "/x"}, {"", "PATCH", "/x"}, {"", "POST", "/y"},
-		{"aPOST /x", "POST", "/x"}, {"1:", "POST", "/x"}, {"a", "POST", " /x"}, {"a ", "POST", "/x"},
+		{"POST", "/x", ""}, {"PATCH", "/x", ""}, {"POST", "/y", ""}, {"POST", "/x", "a"},
+		{"POST", "/x/a", ""}, {"POS", "/T/x", ""}, {"POST", "/T/x", ""}, {"POST", "/x%2Fa", ""}, {"POST", "/x/", ""},
 	} {
-		scope := httpScope(s[0], s[1], s[2])
-		prev, dup := seen[scope]
-		assert.False(t, dup, "%q and %q share scope %q", s, prev, scope)
-		seen[scope] = fmt.Sprint(s)
+		r := httptest.NewRequest(s[0], s[1], nil)
+		var digest []byte
+		if s[2] != "" {
+			digest = []byte(s[2])
+		}
+		fp := string(requestFingerprint(r, digest))
+		prev, dup := seen[fp]
+		assert.False(t, dup, "%q and %q share a fingerprint", s, prev)
+		seen[fp] = fmt.Sprint(s)
 	}
+	// The path is the one the client sent, not one a router rewrote.
+	a := httptest.NewRequest("POST", "/v1/x?q=1", nil)
+	b := httptest.NewRequest("POST", "/v1/x?q=2", nil)
+	b.URL.Path = "/x"
+	assert.Equal(t, requestFingerprint(a, nil), requestFingerprint(b, nil))
 }
 
 func TestEventKindNames(t *testing.T) {
 	names := map[string]bool{}
-	for k := EventClaimed; k <= EventCorrupt; k++ {
+	for k := EventClaimed; k <= EventCanceled; k++ {
 		name := k.String()
 		assert.NotContains(t, name, "EventKind(", "kind %d has a name", k)
 		assert.False(t, names[name], "%q named twice", name)

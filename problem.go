@@ -33,6 +33,10 @@ const (
 	// ProblemCorrupt (500): the record of the key cannot be read; nothing was
 	// run or overwritten.
 	ProblemCorrupt = "https://github.com/idemkit/idem/problems/record-corrupt"
+	// ProblemCanceled (499, StatusClientClosedRequest): the request was
+	// cancelled (its client went away) before its key could be checked; the
+	// handler did not run.
+	ProblemCanceled = "https://github.com/idemkit/idem/problems/request-canceled"
 	// ProblemBodyNotKept (the stored status): a replay of a response whose
 	// body was too large to keep or was streamed. The stored status and
 	// headers are replayed; the body is this problem.

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -11,6 +12,13 @@ const (
 	DefaultLease = 30 * time.Second
 	// DefaultRetention is how long a completed result is kept.
 	DefaultRetention = 24 * time.Hour
+	// MaxDuration is the longest lease, retention or error retention a
+	// Keeper accepts, and the longest retention Claim.Complete accepts: 100
+	// years (of 365 days). Longer settings are refused with ErrInvalidConfig.
+	// The bound keeps every lease end Redis computes, in microseconds since
+	// 1970, exact in a Lua number until the year 2200, and every expiry
+	// within Redis's range.
+	MaxDuration = 100 * 365 * 24 * time.Hour
 )
 
 // policy holds the durations a Keeper works with. Every field is a whole
@@ -18,9 +26,9 @@ const (
 type policy struct {
 	// lease is how long a claim stays in progress without proof of life.
 	lease time.Duration
-	// retention is how long a completed result is kept; it is also how long a
-	// pending record is kept, so that an abandoned claim can be recovered.
-	// Never shorter than lease.
+	// retention is how long a completed result is kept; it is also how long
+	// a pending record is kept after its lease ends, so that an abandoned
+	// claim can be recovered (see pendingKeep). Never shorter than lease.
 	retention time.Duration
 	// errorRetention is how long a final error (Do) or a stored error
 	// response is kept. Zero means retention.
@@ -35,25 +43,36 @@ func defaultPolicy() policy {
 // Do renews it in the background every third of the lease while the operation
 // runs, so the lease bounds how long a crashed process blocks its key, not how
 // long an operation may take. Default: 30s (DefaultLease). It must be at least
-// one millisecond and no longer than the retention.
+// one millisecond, no longer than the retention, and at most MaxDuration.
 func WithLease(d time.Duration) Option {
 	return func(c *config) { c.policy.lease = d }
 }
 
 // WithRetention sets how long a completed result is kept and replayed.
-// Default: 24h (DefaultRetention). It must be at least the lease.
+// An abandoned claim (its holder crashed) is remembered for as long after its
+// lease ran out, so that the attempt that takes it over is told so
+// (Claim.Recovered). Default: 24h (DefaultRetention). It must be at least the
+// lease and at most MaxDuration.
 func WithRetention(d time.Duration) Option {
 	return func(c *config) { c.policy.retention = d }
 }
 
 // WithErrorRetention sets how long a stored error is kept: a FinalError from
 // Do, or what a caller of Claim.Complete classes as an error. Default: the
-// retention. It must be at least one millisecond.
+// retention. It must be at least one millisecond and at most MaxDuration.
 func WithErrorRetention(d time.Duration) Option {
 	return func(c *config) { c.policy.errorRetention = d }
 }
 
 func (p *policy) validate() error {
+	for _, d := range [...]struct {
+		name string
+		d    time.Duration
+	}{{"lease", p.lease}, {"retention", p.retention}, {"error retention", p.errorRetention}} {
+		if d.d > MaxDuration {
+			return fmt.Errorf("%w: %s %s is longer than MaxDuration (%s)", ErrInvalidConfig, d.name, d.d, MaxDuration)
+		}
+	}
 	if p.lease < time.Millisecond {
 		return fmt.Errorf("%w: lease %s is shorter than 1ms", ErrInvalidConfig, p.lease)
 	}
@@ -73,7 +92,18 @@ func (p *policy) validate() error {
 // count: long enough for a retried Release to find it.
 func (p *policy) tombstoneTTL() time.Duration { return p.lease }
 
-// millis rounds d up to whole milliseconds, the unit the store works in.
+// pendingKeep is how long a pending record is kept from its claim or last
+// renewal: its lease, then the retention, so that whatever the settings, an
+// abandoned claim is still there to be recovered (Recovered, Attempt) when
+// its lease has run out. Both are at most MaxDuration, so the sum fits.
+func (p *policy) pendingKeep() time.Duration { return p.lease + p.retention }
+
+// millis rounds d up to whole milliseconds, the unit the store works in. It
+// saturates instead of overflowing: the longest duration there is stays the
+// longest.
 func millis(d time.Duration) int64 {
+	if d > math.MaxInt64-time.Millisecond {
+		return math.MaxInt64 / int64(time.Millisecond)
+	}
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
