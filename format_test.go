@@ -1,0 +1,81 @@
+package idem
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The record format rule: a release reads the next format before any release
+// writes it. These records are written exactly as the first format ("i1",
+// envelope 1) writes them; every later release must read them as this one
+// does. Never edit a row: add rows for each new format.
+var formatV1 = []struct {
+	name, record string
+	check        func(t *testing.T, k *Keeper, key string)
+}{
+	{"completed bytes", "i1C1700000000000000:1:0:0:::\x01bshipped", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		assert.True(t, out.Replayed)
+		assert.Equal(t, "shipped", string(out.Value))
+		assert.EqualValues(t, 1700000000000000, out.Token)
+	}},
+	{"completed value of Do", "i1C1700000000000000:2:1:0:::\x01v\x2a", func(t *testing.T, k *Keeper, key string) {
+		v, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 42, v)
+	}},
+	{"completed final error of Do", "i1C1700000000000000:1:0:0:::\x01ecard declined", func(t *testing.T, k *Keeper, key string) {
+		_, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		var final *FinalError
+		require.ErrorAs(t, err, &final)
+		assert.True(t, final.Replayed)
+		assert.Equal(t, "card declined", err.Error())
+	}},
+	{"completed with a fingerprint", "i1C1700000000000000:1:0:0::" + fingerprintDigest([]byte("body")) + ":\x01bok", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key, Fingerprint([]byte("other")))
+		assert.ErrorIs(t, err, ErrMismatch)
+		out, err := k.Begin(context.Background(), "s", key, Fingerprint([]byte("body")))
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(out.Value))
+	}},
+	{"pending, lease alive", "i1P1700000000000000:1:0:4102444800000000:AAAAAAAAAAA::", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key)
+		assert.ErrorIs(t, err, ErrInProgress)
+	}},
+	{"pending, lease run out", "i1P1700000000000000:1:0:1700000000000000:AAAAAAAAAAA::", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim)
+		assert.True(t, out.Claim.Recovered())
+		assert.Equal(t, 2, out.Claim.Attempt())
+		assert.Greater(t, out.Claim.Token(), int64(1700000000000000))
+	}},
+	{"released", "i1R1700000000000000:3:0:0:::", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim)
+		assert.False(t, out.Claim.Recovered())
+		assert.Equal(t, 4, out.Claim.Attempt())
+	}},
+}
+
+func TestRecordFormatV1StillReads(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, err := NewRedis(b.Client)
+		require.NoError(t, err)
+		for _, row := range formatV1 {
+			t.Run(row.name, func(t *testing.T) {
+				key := row.name
+				rk := DefaultPrefix + "{" + recordID("s", key) + "}"
+				require.NoError(t, b.Client.Set(context.Background(), rk, row.record, time.Hour).Err())
+				row.check(t, k, key)
+			})
+		}
+	})
+}
