@@ -47,10 +47,20 @@ func WithCoalescing(enabled bool) Option {
 	return func(c *config) { c.coalesce = enabled }
 }
 
-// flights holds, per record id, the claim a leader is making or holds in this
-// process, in shards so that callers of different keys rarely meet on one
-// lock. The zero value is not usable; see newFlights.
+// claimer makes the claims of Begin: the store (storeClaimer) or, with
+// WithCoalescing, the coalescing layer in front of it. deadline is when a
+// caller with a wait stops waiting; zero without one.
+type claimer interface {
+	claim(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error)
+}
+
+// flights is the coalescing layer: it holds, per record id, the claim a
+// leader is making or holds in this process, in shards so that callers of
+// different keys rarely meet on one lock, and passes the leaders' claims on
+// to next. The zero value is not usable; see newFlights.
 type flights struct {
+	next   claimer
+	now    func() time.Time
 	shards [flightShards]flightShard
 }
 
@@ -60,7 +70,7 @@ type flightShard struct {
 	mu sync.Mutex
 	// m holds a flight per record id, from the moment its leader starts the
 	// claim until the claim answered without a hold, or until the hold ends
-	// (Complete, Release) or is found stale.
+	// (Complete, Release, a lost lease) or is found stale.
 	m map[string]*flight
 	// sweepAt is the size of m at which the next insertion first drops
 	// stale holds, whose leader never completed nor released.
@@ -70,13 +80,9 @@ type flightShard struct {
 // minSweep is the smallest size of a shard's map that is ever swept.
 const minSweep = 64
 
-// newFlights returns the coalescing state of a Keeper, or nil when coalescing
-// is off.
-func newFlights(enabled bool) *flights {
-	if !enabled {
-		return nil
-	}
-	f := &flights{}
+// newFlights returns a coalescing layer in front of next.
+func newFlights(next claimer, now func() time.Time) *flights {
+	f := &flights{next: next, now: now}
 	for i := range f.shards {
 		f.shards[i] = flightShard{m: make(map[string]*flight), sweepAt: minSweep}
 	}
@@ -125,8 +131,8 @@ type flight struct {
 	retry bool
 
 	// held is set when the leader got the claim (out.Claim). finished is set
-	// when the hold ends: completed, with result set, or released, or the
-	// completion failed; done, if a follower made it, is closed then.
+	// when the hold ends: completed, with result set, or released, or lost,
+	// or the completion failed; done, if a follower made it, is closed then.
 	held      bool
 	finished  bool
 	done      chan struct{}
@@ -137,32 +143,23 @@ type flight struct {
 // leaseLeft returns the time left on the leader's lease by the process's
 // clock.
 func (fl *flight) leaseLeft(now time.Time) time.Duration {
-	c := fl.out.Claim
-	c.mu.Lock()
-	end := c.leaseEnd
-	c.mu.Unlock()
-	return end.Sub(now)
+	return fl.out.Claim.localLeaseEnd().Sub(now)
 }
 
-// claimShared is Keeper.claim, shared with concurrent callers of the same id
-// when coalescing is on. deadline is when a caller with Wait stops waiting;
-// zero without Wait.
-func (k *Keeper) claimShared(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
-	if k.flights == nil {
-		return k.claim(ctx, id, req)
-	}
-	sh := k.flights.shard(id)
+// claim implements claimer: the caller leads a new flight, follows the
+// flight of a leader with its fingerprint, or, when a leader with another
+// fingerprint is in flight, asks the store itself.
+func (f *flights) claim(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
+	sh := f.shard(id)
 	for {
-		fl, leader := sh.join(id, req.Fingerprint, k.now())
+		fl, leader := sh.join(id, req.Fingerprint, f.now())
 		switch {
 		case fl == nil:
-			// Another fingerprint leads: the store says mismatch, or
-			// whatever it finds.
-			return k.claim(ctx, id, req)
+			return f.next.claim(ctx, id, req, deadline)
 		case leader:
-			return sh.lead(ctx, k, id, fl, req)
+			return f.lead(ctx, sh, id, fl, req)
 		}
-		out, err, again := sh.follow(ctx, k, fl, deadline)
+		out, err, again := f.follow(ctx, sh, fl, deadline)
 		if !again {
 			return out, err
 		}
@@ -204,15 +201,19 @@ func (sh *flightShard) sweep(now time.Time) {
 	sh.sweepAt = max(2*len(sh.m), minSweep)
 }
 
-// lead makes the leader's claim and publishes its answer to the followers.
-func (sh *flightShard) lead(ctx context.Context, k *Keeper, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
+// lead makes the leader's claim and publishes its answer to the followers. A
+// claim it gets tells the layer when its hold ends (Claim.onEnd).
+func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
 	landed := false
 	defer func() {
 		if !landed { // the store panicked: let the followers try for themselves
 			sh.land(id, fl, Outcome{}, errors.New("idem: claim panicked"), true)
 		}
 	}()
-	out, err = k.claim(ctx, id, req)
+	out, err = f.next.claim(ctx, id, req, time.Time{})
+	if c := out.Claim; c != nil {
+		c.onEnd = func(kind byte, body []byte, err error) { sh.finish(c, kind, body, err) }
+	}
 	landed = true
 	sh.land(id, fl, out, err, err != nil && ctx.Err() != nil)
 	return out, err
@@ -242,8 +243,7 @@ func (sh *flightShard) land(id string, fl *flight, out Outcome, err error, retry
 // finish ends the hold of c, if its flight is still the current one: the
 // followers waiting for it get body (of kind) as a replay if the completion
 // stored it (err nil, kind not 0), or claim the key themselves otherwise.
-func (f *flights) finish(c *Claim, kind byte, body []byte, err error) {
-	sh := f.shard(c.id)
+func (sh *flightShard) finish(c *Claim, kind byte, body []byte, err error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	fl := sh.m[c.id]
@@ -263,23 +263,11 @@ func (f *flights) finish(c *Claim, kind byte, body []byte, err error) {
 }
 
 // follow waits for the leader's answer and returns the follower's, or
-// again=true when the follower must claim for itself (through claimShared, so
+// again=true when the follower must claim for itself (through claim, so
 // possibly as the follower of a newer flight).
-func (sh *flightShard) follow(ctx context.Context, k *Keeper, fl *flight, deadline time.Time) (_ Outcome, _ error, again bool) {
-	sh.mu.Lock()
-	if !fl.landed {
-		if fl.claimed == nil {
-			fl.claimed = make(chan struct{})
-		}
-		claimed := fl.claimed
-		sh.mu.Unlock()
-		select {
-		case <-claimed:
-		case <-ctx.Done():
-			return Outcome{}, canceled(ctx, "claim"), false
-		}
-	} else {
-		sh.mu.Unlock()
+func (f *flights) follow(ctx context.Context, sh *flightShard, fl *flight, deadline time.Time) (_ Outcome, _ error, again bool) {
+	if err := sh.awaitLanding(ctx, fl); err != nil {
+		return Outcome{}, err, false
 	}
 	switch {
 	case fl.retry:
@@ -293,17 +281,43 @@ func (sh *flightShard) follow(ctx context.Context, k *Keeper, fl *flight, deadli
 	case fl.out.Replayed:
 		return replayCopy(fl.out), nil, false
 	}
-	// The leader holds the claim.
+	return f.awaitHold(ctx, sh, fl, deadline)
+}
+
+// awaitLanding waits until the leader's claim answered, or ctx ends.
+func (sh *flightShard) awaitLanding(ctx context.Context, fl *flight) error {
+	sh.mu.Lock()
+	if fl.landed {
+		sh.mu.Unlock()
+		return nil
+	}
+	if fl.claimed == nil {
+		fl.claimed = make(chan struct{})
+	}
+	claimed := fl.claimed
+	sh.mu.Unlock()
+	select {
+	case <-claimed:
+		return nil
+	case <-ctx.Done():
+		return canceled(ctx, "claim")
+	}
+}
+
+// awaitHold is the answer of a follower while the leader holds the claim:
+// in progress at once without a wait, else the leader's result when it
+// completes within the wait, or again=true when its hold ends otherwise or
+// its lease runs out by the process's clock.
+func (f *flights) awaitHold(ctx context.Context, sh *flightShard, fl *flight, deadline time.Time) (_ Outcome, _ error, again bool) {
 	for {
-		now := k.now()
+		now := f.now()
 		left := fl.leaseLeft(now)
 		if left <= 0 {
 			return Outcome{}, nil, true
 		}
-		busy := &InProgressError{RetryAfter: max(left, time.Millisecond)}
 		wait := deadline.Sub(now)
 		if wait <= 0 {
-			return Outcome{}, busy, false
+			return Outcome{}, &InProgressError{RetryAfter: max(left, time.Millisecond)}, false
 		}
 		sh.mu.Lock()
 		if !fl.finished && fl.done == nil {

@@ -33,7 +33,7 @@ func coalescingKeeper(t *testing.T, b *backend, opts ...Option) (*Keeper, *count
 // (scope, key), or -1 when there is none.
 func joined(k *Keeper, scope, key string) int {
 	id := recordID(scope, key)
-	sh := k.flights.shard(id)
+	sh := flightsOf(k).shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if fl := sh.m[id]; fl != nil {
@@ -41,6 +41,9 @@ func joined(k *Keeper, scope, key string) int {
 	}
 	return -1
 }
+
+// flightsOf returns the coalescing layer of k, which must have one.
+func flightsOf(k *Keeper) *flights { return k.claims.(*flights) }
 
 // eventually waits until cond is true, and marks t failed if it is not
 // within 10 seconds. It bounds a wait for other goroutines to reach a point;
@@ -401,12 +404,12 @@ func TestCoalescingSweepsAbandonedHolds(t *testing.T) {
 	k.now = func() time.Time { return now }
 	ctx := context.Background()
 	// keys returns n keys whose records fall in the first shard.
-	sh := &k.flights.shards[0]
+	sh := &flightsOf(k).shards[0]
 	keys := func(prefix string, n int) []string {
 		var out []string
 		for i := 0; len(out) < n && i < 1e6; i++ {
 			key := fmt.Sprint(prefix, i)
-			if k.flights.shard(recordID("s", key)) == sh {
+			if flightsOf(k).shard(recordID("s", key)) == sh {
 				out = append(out, key)
 			}
 		}
@@ -425,7 +428,7 @@ func TestCoalescingSweepsAbandonedHolds(t *testing.T) {
 }
 
 func TestFlightShardsSpreadKeys(t *testing.T) {
-	f := newFlights(true)
+	f := newFlights(nil, time.Now)
 	counts := map[*flightShard]int{}
 	for i := 0; i < 100*flightShards; i++ {
 		counts[f.shard(recordID("s", fmt.Sprint(i)))]++
@@ -482,8 +485,8 @@ func TestCoalescingBehindTheMiddleware(t *testing.T) {
 // there is exactly one.
 func waiting(k *Keeper) int {
 	found, joined := 0, -1
-	for i := range k.flights.shards {
-		sh := &k.flights.shards[i]
+	for i := range flightShards {
+		sh := &flightsOf(k).shards[i]
 		sh.mu.Lock()
 		for _, fl := range sh.m {
 			found++

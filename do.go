@@ -86,15 +86,6 @@ func replay[T any](k *Keeper, out Outcome) (T, error) {
 
 func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {
 	opCtx, stop := c.KeepAlive(ContextWithClaim(ctx, c))
-	cleanup := func() (context.Context, context.CancelFunc) {
-		if ctx.Err() == nil {
-			// The caller is still there: its deadline no longer cuts the
-			// store short, the client's own timeouts bound it, and no timer
-			// is needed.
-			return context.WithoutCancel(ctx), func() {}
-		}
-		return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	}
 	finished := false
 	defer func() {
 		if finished {
@@ -102,7 +93,7 @@ func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Co
 		}
 		// fn panicked: give the key up, then panic again.
 		stop()
-		cctx, cancel := cleanup()
+		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
 		_ = c.Release(cctx)
 	}()
@@ -113,33 +104,49 @@ func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Co
 		var zero T
 		return zero, errors.Join(lost, err)
 	}
-	cctx, cancel := cleanup()
+	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if err != nil {
-		var final *FinalError
-		if !errors.As(err, &final) {
-			if rerr := c.Release(cctx); rerr != nil {
-				return v, errors.Join(err, rerr)
-			}
-			return v, err
-		}
-		if serr := c.complete(cctx, kindError, []byte(final.Error()), k.policy.errorRetention); serr != nil {
-			return v, errors.Join(err, serr)
-		}
-		return v, err
+	return v, settle(cctx, k, c, v, err)
+}
+
+// cleanupContext is the context of the store calls after fn returned: never
+// cut short by the caller's cancellation, since the side effect happened.
+// While the caller's context is live, the client's own timeouts bound the
+// calls and no timer is needed; once it is done, cleanupTimeout does.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return context.WithoutCancel(ctx), func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+// settle records fn's outcome under the claim and returns Do's error:
+//   - an error that is not Final releases the key, and is returned as is;
+//   - a Final error is stored, for the error retention, and returned;
+//   - a value is encoded and stored; one that cannot be encoded is stored as
+//     a Final error instead, so that a retry does not run fn again.
+//
+// A failure of the store is joined to fn's error.
+func settle[T any](ctx context.Context, k *Keeper, c *Claim, v T, err error) error {
+	var final *FinalError
+	switch {
+	case err != nil && !errors.As(err, &final):
+		return withStoreError(err, c.Release(ctx))
+	case err != nil:
+		return withStoreError(err, c.complete(ctx, kindError, []byte(final.Error()), k.policy.errorRetention))
 	}
 	body, merr := k.codec.Marshal(v)
 	if merr != nil {
-		// The operation ran but its result cannot be kept: store the failure
-		// as final, so that a retry does not run the operation again.
 		err = &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)}
-		if serr := c.complete(cctx, kindError, []byte(err.Error()), k.policy.errorRetention); serr != nil {
-			return v, errors.Join(err, serr)
-		}
-		return v, err
+		return withStoreError(err, c.complete(ctx, kindError, []byte(err.Error()), k.policy.errorRetention))
 	}
-	if serr := c.complete(cctx, kindValue, body, 0); serr != nil {
-		return v, serr
+	return c.complete(ctx, kindValue, body, 0)
+}
+
+// withStoreError returns err as is, or joined with serr when the store failed.
+func withStoreError(err, serr error) error {
+	if serr == nil {
+		return err
 	}
-	return v, nil
+	return errors.Join(err, serr)
 }

@@ -1,0 +1,109 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Claim is the right to run one operation, held until Complete or Release, or
+// until the lease runs out and another attempt takes it over. A Claim is safe
+// for concurrent use.
+type Claim struct {
+	k         *Keeper
+	id        string
+	token     int64
+	attempt   int
+	recovered bool
+
+	// onEnd, when set, is told once the claim is settled or known lost: the
+	// coalescing layer that made the claim ends its in-process hold. It is
+	// set before the claim is handed out, and read-only after.
+	onEnd func(kind byte, body []byte, err error)
+
+	mu sync.Mutex
+	// leaseEnd is when the lease runs out by this process's clock, measured
+	// from before the request that last set it was sent, so it is never later
+	// than Redis's view.
+	leaseEnd time.Time
+}
+
+// Token returns the fencing token: it strictly increases every time the key
+// is claimed again and is never handed out twice for a key. Pass it on to
+// downstream writes so that they can refuse a stale holder.
+func (c *Claim) Token() int64 { return c.token }
+
+// Attempt returns how many times the key has been claimed, this claim
+// included; 1 for the first.
+func (c *Claim) Attempt() int { return c.attempt }
+
+// Recovered reports whether this claim took over a lease that had run out: an
+// earlier attempt may have partly run, so reconcile before acting again.
+func (c *Claim) Recovered() bool { return c.recovered }
+
+// Complete stores value as the operation's result, replayed to every later
+// Begin with the key for retention (zero or less means the Keeper's
+// retention; more than MaxDuration is refused with ErrInvalidConfig, nothing
+// written). It returns ErrLeaseLost if the claim is no longer the holder;
+// nothing is written then.
+func (c *Claim) Complete(ctx context.Context, value []byte, retention time.Duration) error {
+	return c.complete(ctx, kindBytes, value, retention)
+}
+
+func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention time.Duration) error {
+	if retention <= 0 {
+		retention = c.k.policy.retention
+	}
+	if retention > MaxDuration {
+		return fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, retention)
+	}
+	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	c.endHold(kind, body, err)
+	return err
+}
+
+// Release gives the claim up so that the next Begin with the key runs the
+// operation again, with a higher token. It returns ErrLeaseLost if the claim
+// is no longer the holder.
+func (c *Claim) Release(ctx context.Context) error {
+	err := storeError(ctx, "release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+	c.endHold(0, nil, err)
+	return err
+}
+
+// Extend renews the lease for the Keeper's lease from now. It returns
+// ErrLeaseLost if the claim is no longer the holder.
+func (c *Claim) Extend(ctx context.Context) error {
+	started := c.k.now()
+	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+	if err != nil {
+		err = storeError(ctx, "extend", err)
+		if errors.Is(err, ErrLeaseLost) {
+			c.endHold(0, nil, err)
+		}
+		return err
+	}
+	c.mu.Lock()
+	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
+		c.leaseEnd = end
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// endHold tells onEnd, if set, that the claim is settled (stored, when kind
+// is not 0 and err is nil) or lost.
+func (c *Claim) endHold(kind byte, body []byte, err error) {
+	if c.onEnd != nil {
+		c.onEnd(kind, body, err)
+	}
+}
+
+// localLeaseEnd is when the lease runs out by this process's clock.
+func (c *Claim) localLeaseEnd() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leaseEnd
+}

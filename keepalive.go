@@ -1,0 +1,121 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// KeepAlive renews the lease in the background every third of the lease
+// until stop is called, and returns a context derived from ctx for the
+// operation.
+//
+// Renewals go on until stop, whatever happens to ctx: a caller that gives up
+// (a client timeout) does not end an operation that goes on, so its lease
+// must not end either, or a retry would take the key over and run the
+// operation a second time while the first still runs. The operation's
+// context still carries ctx's cancellation, for the operation to honour if
+// it can.
+//
+// The operation's context is also cancelled, with a cause wrapping
+// ErrLeaseLost, when the store says the claim is no longer the holder, or
+// when the lease runs out because no renewal got through. stop ends the
+// renewals and returns once they have ended; it returns that cause if the
+// lease was lost, else nil. Call stop exactly when the operation has
+// returned; until then the key stays held, for as long as the process lives.
+func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() error) {
+	opCtx, cancel := context.WithCancelCause(ctx)
+	ka := &keepAlive{
+		c:      c,
+		ctx:    context.WithoutCancel(ctx),
+		cancel: cancel,
+		every:  max(c.k.policy.lease/3, time.Millisecond),
+	}
+	// A timer, not a goroutine: an operation shorter than a third of the
+	// lease (most of them) costs no goroutine and no renewal.
+	ka.mu.Lock()
+	ka.t = time.AfterFunc(ka.every, ka.renew)
+	ka.mu.Unlock()
+	return opCtx, ka.stop
+}
+
+// keepAlive is the state of one KeepAlive.
+type keepAlive struct {
+	c *Claim
+	// ctx carries the values of the caller's context but not its
+	// cancellation: renewals outlive the caller.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	every  time.Duration
+
+	once sync.Once
+	mu   sync.Mutex
+	// t fires the next renewal; stopped is set by stop, after which t is not
+	// reset; lost is the cause the operation's context was cancelled with.
+	t       *time.Timer
+	stopped bool
+	lost    error
+	// running counts the renewals under way, which stop waits for.
+	running sync.WaitGroup
+}
+
+// renew runs on the timer: one renewal, then the timer is set again unless
+// the lease was lost or stop was called.
+func (ka *keepAlive) renew() {
+	ka.mu.Lock()
+	if ka.stopped {
+		ka.mu.Unlock()
+		return
+	}
+	ka.running.Add(1)
+	ka.mu.Unlock()
+	defer ka.running.Done()
+
+	lost := ka.c.renewal(ka.ctx)
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	switch {
+	case lost != nil:
+		ka.lost = lost
+		ka.cancel(lost)
+	case !ka.stopped:
+		ka.t.Reset(ka.every)
+	}
+}
+
+// stop ends the renewals, waits for one under way, and returns the cause of
+// a lost lease, or nil.
+func (ka *keepAlive) stop() error {
+	ka.once.Do(func() {
+		ka.mu.Lock()
+		ka.stopped = true
+		ka.t.Stop()
+		ka.mu.Unlock()
+		ka.running.Wait()
+		ka.cancel(nil)
+	})
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	return ka.lost
+}
+
+// renewal extends the lease once, and returns an error wrapping ErrLeaseLost
+// if the claim is no longer the holder: the store says so, or the renewal
+// failed and the lease has run out by this process's clock.
+func (c *Claim) renewal(ctx context.Context) error {
+	err := c.Extend(ctx)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
+	}
+	if c.k.now().Before(c.localLeaseEnd()) {
+		return nil // the next renewal may get through in time
+	}
+	lost := fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
+	c.endHold(0, nil, lost)
+	return lost
+}
