@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -89,11 +92,18 @@ func (e *ReplicationError) Unwrap() error { return e.Err }
 // to close the gap; a broken connection is then an ErrUnavailable error.
 //
 // The client must be a *redis.Client (including a failover client), a
-// *redis.Conn or a *redis.ClusterClient; on a Cluster, WAIT goes to the master
-// of the record's slot over the connection that ran the script. n must be at
-// least 1, timeout at least 1ms and shorter than the client's ReadTimeout.
-// Anything else is refused by NewRedisStore with ErrInvalidConfig. Default: no
-// waiting.
+// *redis.Conn or a *redis.ClusterClient. On a Cluster the script and WAIT go
+// together to the node that holds the record's slot, and the store follows
+// MOVED and ASK redirects itself, through go-redis's client of the node named;
+// during a slot migration WAIT then counts the replicas of the node that
+// imports the slot, where the record is written. The one node it cannot reach
+// is one that serves no slot yet (a new node importing its first slot): calls
+// that create records in that slot fail with ErrUnavailable until its
+// migration ends.
+//
+// n must be at least 1, timeout at least 1ms and shorter than the client's
+// ReadTimeout. Anything else is refused by NewRedisStore with
+// ErrInvalidConfig. Default: no waiting.
 func WithReplicas(n int, timeout time.Duration) RedisOption {
 	return func(s *RedisStore) { s.durable = &durability{replicas: n, timeout: timeout} }
 }
@@ -159,69 +169,160 @@ func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []str
 	return sc.Run(ctx, s.client, keys, args...)
 }
 
-// maxClusterRedirects bounds how often a Cluster call is tried again after the slot
-// of its key moved (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did not run).
+// maxClusterRedirects bounds how often a Cluster call is sent again after a
+// redirect or a refusal (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did not
+// run where it was sent).
 const maxClusterRedirects = 4
 
+// run sends sc and WAIT for the step op, and turns a write that too few
+// replicas acknowledged into a *ReplicationError.
 func (d *durability) run(ctx context.Context, client redis.Scripter, op string, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cc, cluster := client.(*redis.ClusterClient)
-	loaded := false
-	for try := 0; ; try++ {
-		var p onePipeliner
-		if cluster {
-			node, err := cc.MasterForKey(ctx, keys[0])
-			if err != nil {
-				cmd := redis.NewCmd(ctx)
-				cmd.SetErr(err)
-				return cmd
-			}
-			p = node
-		} else {
-			p = client.(onePipeliner)
-		}
+	var script *redis.Cmd
+	var wait *redis.IntCmd
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		script, wait = d.sendCluster(ctx, cc, sc, keys, args)
+	} else {
+		script, wait = d.send(ctx, client.(onePipeliner), false, sc, keys, args)
+	}
+	return d.settle(op, script, wait)
+}
+
+// send sends sc (EVALSHA) and WAIT in one pipeline on p, so that WAIT covers
+// the script's write. With asking, ASKING goes first: p is the node that
+// imports the key's slot, named by an ASK redirect. When p has lost the script
+// (NOSCRIPT: a restart, SCRIPT FLUSH, a node that never saw it), send loads it
+// on p and sends once more; the script did not run.
+func (d *durability) send(ctx context.Context, p onePipeliner, asking bool, sc *redis.Script, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
+	for loaded := false; ; loaded = true {
 		pipe := p.Pipeline()
+		if asking {
+			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+		}
 		script := pipe.EvalSha(ctx, sc.Hash(), keys, args...)
 		wait := redis.NewIntCmd(ctx, "wait", d.replicas, d.timeout.Milliseconds())
 		_ = pipe.Process(ctx, wait)
 		_, _ = pipe.Exec(ctx)
-		err := script.Err()
-		switch {
-		case err == nil:
-		case redis.HasErrorPrefix(err, "NOSCRIPT") && !loaded:
-			// The server lost its script cache (restart, SCRIPT FLUSH, a new
-			// master): load the script where the pipeline runs, and try once
-			// more. The script did not run.
-			loaded = true
-			if lerr := sc.Load(ctx, p).Err(); lerr != nil {
-				return script
-			}
-			continue
-		case cluster && try < maxClusterRedirects && isClusterRedirect(err):
-			// The slot moved or the cluster is changing: the script did not
-			// run. Let the client learn the new slot map and try again.
+		if loaded || !redis.HasErrorPrefix(script.Err(), "NOSCRIPT") || sc.Load(ctx, p).Err() != nil {
+			return script, wait
+		}
+	}
+}
+
+// sendCluster sends sc and WAIT to the master of the key's slot, and follows
+// the Cluster's redirects itself: go-redis follows them for the commands it
+// routes, but the pipeline goes to a node's own client, which does not.
+func (d *durability) sendCluster(ctx context.Context, cc *redis.ClusterClient, sc *redis.Script, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
+	node, err := cc.MasterForKey(ctx, keys[0])
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, nil
+	}
+	asking := false
+	for try := 0; ; try++ {
+		script, wait := d.send(ctx, node, asking, sc, keys, args)
+		if script.Err() == nil {
+			return script, wait
+		}
+		var ok bool
+		if node, asking, ok = redirect(ctx, cc, keys[0], script.Err(), try); !ok {
+			return script, wait
+		}
+	}
+}
+
+// redirect says where a Cluster call goes next after its pipeline failed with
+// err on its try-th sending (from 0), with asking if ASKING must go first, or
+// ok false if the call is not sent again and fails with err:
+//
+//   - MOVED: the slot has a new owner. The call goes there at once, and the
+//     client learns the new slot map (nodeAt reloads it), so that later calls
+//     go there directly.
+//   - ASK: the slot is migrating and the key is not on its old owner (a new
+//     key, or one already moved). The call goes to the importing node, after
+//     ASKING. The slot map is not changed by a migration until it ends, and
+//     the redirect holds for this key only.
+//   - TRYAGAIN, CLUSTERDOWN, or MOVED or ASK to a node that is not in the
+//     client's slot map: after a backoff, the call goes to the master of the
+//     slot again.
+//   - anything else, or maxClusterRedirects reached: the call fails. After a
+//     network error the client reloads the slot map: the node may be gone.
+//
+// In each of the first three cases the script did not run where it was sent,
+// so sending it again is safe; a script recognises its own earlier run anyway.
+func redirect(ctx context.Context, cc *redis.ClusterClient, key string, err error, try int) (next *redis.Client, asking, ok bool) {
+	if try >= maxClusterRedirects || !isClusterRedirect(err) {
+		if !isRedisReply(err) {
 			cc.ReloadState(ctx)
-			if serr := sleepOrDone(ctx, time.Duration(10<<try)*time.Millisecond); serr != nil {
-				return script
-			}
-			continue
-		default:
-			if cluster && !isRedisReply(err) {
-				cc.ReloadState(ctx)
-			}
-			return script
 		}
-		if !scriptWrote(script) {
-			return script
+		return nil, false, false
+	}
+	if addr, ask, found := redirectAddr(err); found {
+		if node := nodeAt(ctx, cc, addr); node != nil {
+			return node, ask, true
 		}
-		acked, werr := wait.Result()
-		if werr != nil || acked < int64(d.replicas) {
-			if werr != nil {
-				acked = 0
-			}
-			script.SetErr(&ReplicationError{Op: op, Acked: int(acked), Wanted: d.replicas, Err: werr})
+	}
+	if sleepOrDone(ctx, time.Duration(10<<try)*time.Millisecond) != nil {
+		return nil, false, false
+	}
+	node, merr := cc.MasterForKey(ctx, key)
+	return node, false, merr == nil
+}
+
+// redirectAddr returns the node address a MOVED or ASK error names, in the
+// host:port form of go-redis's node clients (Redis writes an IPv6 address
+// without brackets), and whether it is an ASK.
+func redirectAddr(err error) (addr string, ask, ok bool) {
+	if addr, ok = redis.IsAskError(err); ok {
+		ask = true
+	} else if addr, ok = redis.IsMovedError(err); !ok {
+		return "", false, false
+	}
+	if i := strings.LastIndexByte(addr, ':'); i > 0 && addr[0] != '[' {
+		addr = net.JoinHostPort(addr[:i], addr[i+1:])
+	}
+	return addr, ask, true
+}
+
+// nodeAt returns go-redis's own client of the Cluster node at addr, or nil if
+// the client's slot map, reloaded, does not list it. A node client's
+// NodeAddress is the address the Cluster reports, as in MOVED and ASK; its
+// Addr may differ, where go-redis rewrote a loopback address.
+//
+// go-redis keeps a client per node but has no lookup by address, and
+// ForEachShard, which visits every node of the slot map, first reloads the map
+// (a CLUSTER SLOTS round trip). Redirects happen during failovers and slot
+// migrations only, so the round trip is paid rarely, and it leaves the client
+// with the current map. The store does not dial clients of its own (it uses
+// only the client it is given), so a node that serves no slot yet, and so is
+// not in the map, is out of reach: the target of the first slot migrated to a
+// new node. Calls that create records in that slot fail while it migrates.
+func nodeAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	var found atomic.Pointer[redis.Client]
+	_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.NodeAddress() == addr || c.Options().Addr == addr {
+			found.Store(c)
 		}
+		return nil
+	})
+	return found.Load()
+}
+
+// settle returns script, with a *ReplicationError in place of its reply if the
+// script wrote but WAIT did not see enough replicas acknowledge the write.
+func (d *durability) settle(op string, script *redis.Cmd, wait *redis.IntCmd) *redis.Cmd {
+	if !scriptWrote(script) {
 		return script
 	}
+	acked, werr := wait.Result()
+	if werr == nil && acked >= int64(d.replicas) {
+		return script
+	}
+	if werr != nil {
+		acked = 0
+	}
+	script.SetErr(&ReplicationError{Op: op, Acked: int(acked), Wanted: d.replicas, Err: werr})
+	return script
 }
 
 // scriptWrote reports whether a script answered {1, ...}: claimed, completed or
@@ -231,6 +332,9 @@ func scriptWrote(cmd *redis.Cmd) bool {
 	return err == nil && replyCode(res) == 1
 }
 
+// isClusterRedirect reports whether err refuses a Cluster command before it
+// ran, in a way that sending it again may cure: MOVED, ASK, TRYAGAIN or
+// CLUSTERDOWN.
 func isClusterRedirect(err error) bool {
 	if _, ok := redis.IsMovedError(err); ok {
 		return true

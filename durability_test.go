@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 )
 
 func durableKeeper(t *testing.T, c redis.Scripter, ropts ...RedisOption) *Keeper {
@@ -208,4 +209,27 @@ func failoverLoss(t *testing.T, lagging, durable bool) (acked, lost int) {
 		t.Errorf("untyped failure: %v", err)
 	}
 	return len(ackedKeys), lost
+}
+
+// TestRedirectAddr: the address of a MOVED or ASK reply is put in the
+// host:port form of go-redis's node clients; Redis writes IPv6 addresses
+// without brackets.
+func TestRedirectAddr(t *testing.T) {
+	for _, tc := range []struct {
+		reply   string
+		addr    string
+		ask, ok bool
+	}{
+		{reply: "MOVED 3999 127.0.0.1:6381", addr: "127.0.0.1:6381", ok: true},
+		{reply: "ASK 3999 127.0.0.1:6381", addr: "127.0.0.1:6381", ask: true, ok: true},
+		{reply: "ASK 3999 ::1:6381", addr: "[::1]:6381", ask: true, ok: true},
+		{reply: "MOVED 3999 redis-2.example:6379", addr: "redis-2.example:6379", ok: true},
+		{reply: "TRYAGAIN Multiple keys request during rehashing of slot"},
+		{reply: "ERR something else"},
+	} {
+		addr, ask, ok := redirectAddr(errors.New(tc.reply))
+		assert.Equal(t, tc.ok, ok, tc.reply)
+		assert.Equal(t, tc.ask, ask, tc.reply)
+		assert.Equal(t, tc.addr, addr, tc.reply)
+	}
 }
