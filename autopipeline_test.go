@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,11 +77,11 @@ func unorderedAutoPipeline() *redis.AutoPipelineOptions {
 // autoPipelined returns a Keeper on an AutoPipeliner of b's client, made with
 // apo (nil: go-redis's defaults), with its scripts loaded, and a counter of
 // the commands sent.
-func autoPipelined(t *testing.T, b *backend, apo *redis.AutoPipelineOptions, opts ...Option) (*Keeper, *commandCounter) {
+func autoPipelined(t *testing.T, b *redistest.Backend, apo *redis.AutoPipelineOptions, opts ...Option) (*Keeper, *commandCounter) {
 	t.Helper()
 	cmds := &commandCounter{}
-	b.client.AddHook(cmds)
-	ap, err := b.client.AutoPipelineWithOptions(apo)
+	b.Client.AddHook(cmds)
+	ap, err := b.Client.AutoPipelineWithOptions(apo)
 	require.NoError(t, err)
 	t.Cleanup(func() { ap.Close() })
 	s, err := NewRedisStore(ap)
@@ -92,7 +93,7 @@ func autoPipelined(t *testing.T, b *backend, apo *redis.AutoPipelineOptions, opt
 }
 
 func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, cmds := autoPipelined(t, b, nil)
 		ctx := context.Background()
 		const n = 64
@@ -126,11 +127,11 @@ func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
 // then fails with NOSCRIPT, and each call falls back to EVAL. No call may
 // fail, and no operation may run twice.
 func TestAutoPipelinerSurvivesScriptFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, cmds := autoPipelined(t, b, unorderedAutoPipeline(), WithCoalescing(true))
 		ctx := context.Background()
 		callers, ops, keys, flushes := 64, 40, 300, 15 // ops per caller
-		if !b.real {
+		if !b.Real {
 			callers, ops, keys = 16, 20, 100 // miniredis runs Lua slowly
 		}
 		runs := make([]atomic.Int32, keys)
@@ -145,7 +146,7 @@ func TestAutoPipelinerSurvivesScriptFlush(t *testing.T) {
 					v, err := Do(ctx, k, "s", fmt.Sprint("flush-", n), func(ctx context.Context) (int, error) {
 						runs[n].Add(1)
 						return n, nil
-					}, Wait(time.Minute))
+					}, WithWait(time.Minute))
 					if assert.NoError(t, err) {
 						assert.Equal(t, n, v)
 					}
@@ -153,7 +154,7 @@ func TestAutoPipelinerSurvivesScriptFlush(t *testing.T) {
 				}
 			}()
 		}
-		flusher := redis.NewClient(&redis.Options{Addr: b.client.Options().Addr})
+		flusher := redis.NewClient(&redis.Options{Addr: b.Client.Options().Addr})
 		defer flusher.Close()
 		flushed := 0
 		for ; flushed < flushes && done.Load() < int64(callers*ops); flushed++ {
@@ -201,8 +202,8 @@ func (s *noScript) Eval(ctx context.Context, script string, keys []string, args 
 }
 
 func TestNoScriptFallsBackOncePerCall(t *testing.T) {
-	b := newMiniredis(t)
-	ns := &noScript{Scripter: b.client}
+	b := redistest.Miniredis(t)
+	ns := &noScript{Scripter: b.Client}
 	s, err := NewRedisStore(ns)
 	require.NoError(t, err)
 	k, err := New(s)

@@ -4,12 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"os/exec"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,41 +54,7 @@ func benchKeysFor(n int) []string {
 type benchBackend struct {
 	name   string
 	client redis.Scripter
-	cnt    *roundTrips
-}
-
-// roundTrips counts what a client sends as go-redis hooks see it: one per
-// command sent alone, one per pipeline. The handshake of a new connection
-// (HELLO, CLIENT SETINFO) is not counted: parallel benchmarks open
-// connections as they go.
-type roundTrips struct{ n atomic.Int64 }
-
-func handshake(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "auth", "select":
-		return true
-	}
-	return false
-}
-
-func (c *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !handshake(cmd) {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !handshake(cmds[0]) {
-			c.n.Add(1)
-		}
-		return next(ctx, cmds)
-	}
+	cnt    *redistest.Counter
 }
 
 // benchBackends starts the Redis backends of one top-level benchmark: an
@@ -100,15 +62,15 @@ func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // autopipeline, also the real one through an AutoPipeliner.
 func benchBackends(b *testing.B, autopipeline bool) []*benchBackend {
 	var out []*benchBackend
-	mini := newMiniredis(b)
-	cnt := &roundTrips{}
-	mini.client.AddHook(cnt)
-	out = append(out, &benchBackend{name: "miniredis", client: mini.client, cnt: cnt})
+	mini := redistest.Miniredis(b)
+	cnt := &redistest.Counter{}
+	mini.Client.AddHook(cnt)
+	out = append(out, &benchBackend{name: "miniredis", client: mini.Client, cnt: cnt})
 	if _, err := exec.LookPath("redis-server"); err != nil && !redistest.Required() {
 		return append(out, &benchBackend{name: "redis"}) // skipped
 	}
 	c := redistest.Start(b).Client(b)
-	cnt = &roundTrips{}
+	cnt = &redistest.Counter{}
 	c.AddHook(cnt)
 	out = append(out, &benchBackend{name: "redis", client: c, cnt: cnt})
 	if autopipeline {
@@ -145,11 +107,11 @@ func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keep
 			}
 			op := setup(b, k)
 			b.ReportAllocs()
-			before := be.cnt.n.Load()
+			before := be.cnt.RoundTrips()
 			b.ResetTimer()
 			run(b, op)
 			b.StopTimer()
-			b.ReportMetric(float64(be.cnt.n.Load()-before)/float64(b.N), "roundtrips/op")
+			b.ReportMetric(float64(be.cnt.RoundTrips()-before)/float64(b.N), "roundtrips/op")
 		})
 	}
 }
@@ -219,7 +181,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 }
 
 // benchCompleted stores the result of n keys and returns them.
-func benchCompleted(b *testing.B, k *Keeper, n int, opts ...CallOption) []string {
+func benchCompleted(b *testing.B, k *Keeper, n int, opts ...Option) []string {
 	b.Helper()
 	ctx := context.Background()
 	keys := make([]string, n)
@@ -294,9 +256,9 @@ func BenchmarkInProgress(b *testing.B) {
 func BenchmarkMismatch(b *testing.B) {
 	ctx := context.Background()
 	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran") }
-	other := Fingerprint([]byte("another body"))
+	other := WithFingerprint([]byte("another body"))
 	benchModes(b, func(b *testing.B, k *Keeper) func() error {
-		key := benchCompleted(b, k, 1, Fingerprint([]byte("the body")))[0]
+		key := benchCompleted(b, k, 1, WithFingerprint([]byte("the body")))[0]
 		return func() error {
 			if _, err := Do(ctx, k, "bench", key, fn, other); !errors.Is(err, ErrMismatch) {
 				return errors.New("no mismatch: " + errString(err))
@@ -326,63 +288,6 @@ func BenchmarkCoalescedStorm(b *testing.B) {
 			return nil
 		}
 	}, parallel, WithCoalescing(true))
-}
-
-// BenchmarkHTTPReplay: a request through NewMiddleware whose key completed:
-// one round trip, the stored status, headers and 200-byte body written back.
-func BenchmarkHTTPReplay(b *testing.B) {
-	benchModes(b, func(b *testing.B, k *Keeper) func() error {
-		mw, err := NewMiddleware(k)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			w.Write(benchResult)
-		}))
-		key := nextBenchKey()
-		const body = `{"amount":1000,"currency":"EUR"}`
-		if w := serveBench(h, key, body); w.status != http.StatusCreated {
-			b.Fatalf("first request: status %d", w.status)
-		}
-		return func() error {
-			w := serveBench(h, key, body)
-			if w.status != http.StatusCreated || w.header.Get(ReplayedHeader) != "true" || w.n != benchBody {
-				return errors.New("not a replay: status " + strconv.Itoa(w.status))
-			}
-			return nil
-		}
-	})
-}
-
-// serveBench serves one POST with an Idempotency-Key through h.
-func serveBench(h http.Handler, key, body string) *benchWriter {
-	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
-	r.Header.Set(DefaultKeyHeader, key)
-	w := &benchWriter{header: http.Header{}}
-	h.ServeHTTP(w, r)
-	return w
-}
-
-// benchWriter is a ResponseWriter that keeps the status and headers and
-// counts the body.
-type benchWriter struct {
-	header http.Header
-	status int
-	n      int
-}
-
-func (w *benchWriter) Header() http.Header { return w.header }
-func (w *benchWriter) WriteHeader(status int) {
-	if w.status == 0 {
-		w.status = status
-	}
-}
-func (w *benchWriter) Write(p []byte) (int, error) {
-	w.WriteHeader(http.StatusOK)
-	w.n += len(p)
-	return len(p), nil
 }
 
 // BenchmarkCodec: what a stored result costs in the process alone: the
@@ -451,18 +356,18 @@ func errString(err error) string {
 // 350 bytes of Redis memory, as MEMORY USAGE counts it (value, key and the
 // keyspace entry). It needs a real redis-server: miniredis has no MEMORY.
 func TestRecordMemory(t *testing.T) {
-	b := newRealRedis(t)
+	b := redistest.Real(t)
 	k := newKeeper(t, b)
 	ctx := context.Background()
 	body := bytes.Repeat([]byte("x"), 200)
 	usage := func(key string) int64 {
 		t.Helper()
-		n, err := b.client.MemoryUsage(ctx, DefaultPrefix+"{"+recordID("tenant-42", key)+"}").Result()
+		n, err := b.Client.MemoryUsage(ctx, DefaultPrefix+"{"+recordID("tenant-42", key)+"}").Result()
 		require.NoError(t, err)
 		t.Logf("%s: %d bytes", key, n)
 		return n
 	}
-	fp := Fingerprint([]byte(`{"amount":1000,"currency":"EUR"}`))
+	fp := WithFingerprint([]byte(`{"amount":1000,"currency":"EUR"}`))
 
 	_, err := Do(ctx, k, "tenant-42", "do-bytes", func(ctx context.Context) ([]byte, error) { return body, nil }, fp)
 	require.NoError(t, err)
@@ -472,33 +377,6 @@ func TestRecordMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, out.Claim.Complete(ctx, body, 0))
 	assert.LessOrEqual(t, usage("complete"), int64(350))
-
-	// Through the middleware the record keeps the status and the headers
-	// too: reported, not held to the same bound.
-	mw, err := NewMiddleware(k)
-	require.NoError(t, err)
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		w.Write(body)
-	}))
-	before, err := b.client.Keys(ctx, DefaultPrefix+"*").Result()
-	require.NoError(t, err)
-	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1000,"currency":"EUR"}`))
-	req.Header.Set(DefaultKeyHeader, "http-1")
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusCreated, rec.Code)
-	after, err := b.client.Keys(ctx, DefaultPrefix+"*").Result()
-	require.NoError(t, err)
-	require.Len(t, after, len(before)+1)
-	for _, key := range after {
-		if !slices.Contains(before, key) {
-			n, err := b.client.MemoryUsage(ctx, key).Result()
-			require.NoError(t, err)
-			t.Logf("middleware, 201 with Content-Type and a 200-byte body: %d bytes", n)
-		}
-	}
 }
 
 // extendCounter counts a store's lease extensions.
@@ -516,8 +394,8 @@ func (s *extendCounter) Extend(ctx context.Context, id string, token int64, leas
 // timer so that short operations cost no goroutine: a long operation's lease
 // is renewed, the result is stored, and renewals end with the operation.
 func TestKeepAliveRenewsUntilStopped(t *testing.T) {
-	b := newMiniredis(t)
-	s, err := NewRedisStore(b.client)
+	b := redistest.Miniredis(t)
+	s, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
 	ext := &extendCounter{Store: s}
 	k, err := New(ext, WithLease(30*time.Millisecond), WithRetention(time.Minute))

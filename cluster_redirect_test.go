@@ -105,7 +105,7 @@ func TestReplicasFollowMovedAfterSlotMigration(t *testing.T) {
 // loadedKeeper returns a Keeper on a RedisStore on cc with WithReplicas,
 // whose scripts are loaded on every master, so that no NOSCRIPT adds
 // pipelines. Loading them also makes cc load the slot map.
-func loadedKeeper(t *testing.T, cc *redis.ClusterClient, ropts ...RedisOption) *Keeper {
+func loadedKeeper(t *testing.T, cc *redis.ClusterClient, ropts ...Option) *Keeper {
 	t.Helper()
 	s, err := NewRedisStore(cc, append(ropts, WithReplicas(1, time.Second))...)
 	require.NoError(t, err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,12 +32,11 @@ func TestCluster(t *testing.T) {
 	t.Run("core", func(t *testing.T) { clusterCore(t, cc) })
 	t.Run("keys spread over every master", func(t *testing.T) { clusterSpread(t, cc) })
 	t.Run("every key of a record in one slot", func(t *testing.T) { clusterOneSlot(t, cc) })
-	t.Run("http", func(t *testing.T) { clusterHTTP(t, cc) })
 	t.Run("durability", func(t *testing.T) { clusterDurability(t, cc) })
 	t.Run("failover under load", func(t *testing.T) { clusterFailover(t, cl, cc) })
 }
 
-func clusterKeeper(t *testing.T, c redis.Scripter, ropts []RedisOption, opts ...Option) *Keeper {
+func clusterKeeper(t *testing.T, c redis.Scripter, ropts []Option, opts ...Option) *Keeper {
 	t.Helper()
 	s, err := NewRedisStore(c, ropts...)
 	if err != nil {
@@ -77,25 +74,25 @@ func clusterCore(t *testing.T, cc *redis.ClusterClient) {
 
 	t.Run("in progress and mismatch", func(t *testing.T) {
 		k := clusterKeeper(t, cc, nil, WithLease(time.Minute), WithRetention(time.Minute))
-		out, err := k.Begin(ctx, "core", "busy", Fingerprint([]byte("a")))
+		out, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
 		if err != nil || out.Claim == nil {
 			t.Fatalf("Begin = %+v, %v", out, err)
 		}
-		_, err = k.Begin(ctx, "core", "busy", Fingerprint([]byte("a")))
+		_, err = k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
 		var ip *InProgressError
 		if !errors.As(err, &ip) || ip.RetryAfter <= 0 {
 			t.Fatalf("second Begin: %v, want an *InProgressError", err)
 		}
-		if _, err := k.Begin(ctx, "core", "busy", Fingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
+		if _, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
 			t.Fatalf("Begin with another fingerprint: %v, want ErrMismatch", err)
 		}
 		if err := out.Claim.Complete(ctx, []byte("done"), 0); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := k.Begin(ctx, "core", "busy", Fingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
+		if _, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
 			t.Fatalf("Begin on the completed record with another fingerprint: %v, want ErrMismatch", err)
 		}
-		rep, err := k.Begin(ctx, "core", "busy", Fingerprint([]byte("a")))
+		rep, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
 		if err != nil || !rep.Replayed || string(rep.Value) != "done" || rep.Token != out.Token {
 			t.Fatalf("replay = %+v, %v", rep, err)
 		}
@@ -180,7 +177,7 @@ func clusterMasterKeys(t *testing.T, cc *redis.ClusterClient, prefix string) map
 
 func clusterSpread(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []RedisOption{WithPrefix("spread:")})
+	k := clusterKeeper(t, cc, []Option{WithPrefix("spread:")})
 	for i := 0; i < 60; i++ {
 		if _, err := Do(ctx, k, "spread", strconv.Itoa(i), func(context.Context) (int, error) { return i, nil }); err != nil {
 			t.Fatal(err)
@@ -205,7 +202,7 @@ func clusterSpread(t *testing.T, cc *redis.ClusterClient) {
 // that tag, on the master that serves the slot.
 func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []RedisOption{WithPrefix("slot:")})
+	k := clusterKeeper(t, cc, []Option{WithPrefix("slot:")})
 	for i := 0; i < 30; i++ {
 		key := fmt.Sprintf("slot-%d", i)
 		out, err := k.Begin(ctx, "slots", key)
@@ -266,62 +263,11 @@ func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 	}
 }
 
-func clusterHTTP(t *testing.T, cc *redis.ClusterClient) {
-	k := clusterKeeper(t, cc, []RedisOption{WithPrefix("http:")})
-	mw, err := NewMiddleware(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var runs atomic.Int32
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		w.Header().Add("X-Charge", "a")
-		w.Header().Add("X-Charge", "b")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "charged %s", r.Header.Get("Idempotency-Key"))
-	}))
-	do := func(key, body string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
-		req.Header.Set("Idempotency-Key", key)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
-	const keys = 20
-	for i := 0; i < keys; i++ {
-		key := fmt.Sprintf("pay-%d", i)
-		first := do(key, "amount=10")
-		if first.Code != http.StatusCreated || first.Body.String() != "charged "+key {
-			t.Fatalf("first %s: %d %q", key, first.Code, first.Body.String())
-		}
-		again := do(key, "amount=10")
-		if again.Code != http.StatusCreated || again.Body.String() != first.Body.String() ||
-			again.Header().Get(ReplayedHeader) != "true" || strings.Join(again.Header().Values("X-Charge"), ",") != "a,b" {
-			t.Fatalf("replay %s: %d %q %v", key, again.Code, again.Body.String(), again.Header())
-		}
-		if other := do(key, "amount=99"); other.Code != http.StatusUnprocessableEntity {
-			t.Fatalf("other body with %s: %d, want 422", key, other.Code)
-		}
-	}
-	if runs.Load() != keys {
-		t.Fatalf("handler ran %d times for %d keys", runs.Load(), keys)
-	}
-	spread := 0
-	for _, ks := range clusterMasterKeys(t, cc, "http:") {
-		if len(ks) > 0 {
-			spread++
-		}
-	}
-	if spread != 3 {
-		t.Fatalf("records on %d masters, want 3", spread)
-	}
-}
-
 // clusterDurability runs WithReplicas on the cluster: each master has one
 // replica, so waiting for one succeeds and waiting for two cannot.
 func clusterDurability(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []RedisOption{WithPrefix("dur:"), WithReplicas(1, time.Second)})
+	k := clusterKeeper(t, cc, []Option{WithPrefix("dur:"), WithReplicas(1, time.Second)})
 	for i := 0; i < 30; i++ {
 		key := strconv.Itoa(i)
 		if _, err := Do(ctx, k, "dur", key, func(context.Context) (int, error) { return i, nil }); err != nil {
@@ -331,7 +277,7 @@ func clusterDurability(t *testing.T, cc *redis.ClusterClient) {
 			t.Fatalf("replay %s = %d, %v", key, v, err)
 		}
 	}
-	k2 := clusterKeeper(t, cc, []RedisOption{WithPrefix("dur2:"), WithReplicas(2, 500*time.Millisecond)})
+	k2 := clusterKeeper(t, cc, []Option{WithPrefix("dur2:"), WithReplicas(2, 500*time.Millisecond)})
 	ran := false
 	_, err := Do(ctx, k2, "dur", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
 	var re *ReplicationError
@@ -350,7 +296,7 @@ func clusterDurability(t *testing.T, cc *redis.ClusterClient) {
 // that every failure is typed.
 func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []RedisOption{WithPrefix("fo:")}, WithLease(time.Second), WithRetention(time.Minute))
+	k := clusterKeeper(t, cc, []Option{WithPrefix("fo:")}, WithLease(time.Second), WithRetention(time.Minute))
 
 	var (
 		mu       sync.Mutex
@@ -467,7 +413,7 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 	// as the client last knew it: on the old master, now a replica, the
 	// script is refused with MOVED before it runs, and the store tries again
 	// on the new master.
-	kd := clusterKeeper(t, stale, []RedisOption{WithPrefix("fo-dur:"), WithReplicas(1, 2*time.Second)})
+	kd := clusterKeeper(t, stale, []Option{WithPrefix("fo-dur:"), WithReplicas(1, 2*time.Second)})
 	for i := 0; i < 30; i++ {
 		key := strconv.Itoa(i)
 		if _, err := Do(ctx, kd, "fo", key, func(context.Context) (int, error) { return i, nil }); err != nil {

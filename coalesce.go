@@ -43,8 +43,9 @@ import (
 // retry quickly while the operation runs, a queue that redelivers to several
 // workers of one process. It is off by default because it makes the process,
 // not Redis alone, judge a held lease, and costs a map entry per call.
+// Applies to a Keeper.
 func WithCoalescing(enabled bool) Option {
-	return func(c *config) { c.coalesce = enabled }
+	return Option{name: "WithCoalescing", to: toKeeper, set: func(s *settings) { s.coalesce = enabled }}
 }
 
 // claimer makes the claims of Begin: the store (storeClaimer) or, with

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,10 +17,10 @@ import (
 // coalescingKeeper returns a Keeper with coalescing on, its scripts loaded so
 // that round trips are counted without NOSCRIPT fallbacks, and a counter of
 // its round trips.
-func coalescingKeeper(t *testing.T, b *backend, opts ...Option) (*Keeper, *counter) {
+func coalescingKeeper(t *testing.T, b *redistest.Backend, opts ...Option) (*Keeper, *redistest.Counter) {
 	t.Helper()
-	cnt := &counter{}
-	b.client.AddHook(cnt)
+	cnt := &redistest.Counter{}
+	b.Client.AddHook(cnt)
 	k := newKeeper(t, b, append([]Option{WithCoalescing(true)}, opts...)...)
 	require.NoError(t, k.store.(*RedisStore).LoadScripts(context.Background()))
 	return k, cnt
@@ -59,7 +56,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, cnt := coalescingKeeper(t, b)
 		ctx := context.Background()
 		const n = 100
@@ -72,7 +69,7 @@ func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		before := cnt.n.Load()
+		before := cnt.RoundTrips()
 		for i := 0; i < n; i++ {
 			wg.Add(1)
 			go func() {
@@ -96,11 +93,11 @@ func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
 		wg.Wait()
 		assert.EqualValues(t, 1, runs.Load(), "the operation runs once")
 		assert.EqualValues(t, n-1, busy.Load())
-		assert.EqualValues(t, 2, cnt.n.Load()-before, "Redis sees one claim and one completion")
+		assert.EqualValues(t, 2, cnt.RoundTrips()-before, "Redis sees one claim and one completion")
 		assert.Equal(t, -1, joined(k, "s", "storm"), "nothing is left in flight")
 
 		// Later calls go to Redis and replay.
-		assert.EqualValues(t, 1, cnt.roundTrips(func() {
+		assert.EqualValues(t, 1, cnt.Count(func() {
 			v, err := Do(ctx, k, "s", "storm", fn)
 			require.NoError(t, err)
 			assert.Equal(t, "done", v)
@@ -110,7 +107,7 @@ func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
 }
 
 func TestCoalescingWaitersGetTheLeadersResult(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, cnt := coalescingKeeper(t, b)
 		ctx := context.Background()
 		const n = 100
@@ -125,12 +122,12 @@ func TestCoalescingWaitersGetTheLeadersResult(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		results := make(chan receipt, n)
-		before := cnt.n.Load()
+		before := cnt.RoundTrips()
 		for i := 0; i < n; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				v, err := Do(ctx, k, "s", "wait", fn, Wait(time.Minute))
+				v, err := Do(ctx, k, "s", "wait", fn, WithWait(time.Minute))
 				assert.NoError(t, err)
 				results <- v
 			}()
@@ -141,7 +138,7 @@ func TestCoalescingWaitersGetTheLeadersResult(t *testing.T) {
 			assert.Equal(t, receipt{ID: "r1", Amount: 7}, v)
 		}
 		assert.EqualValues(t, 1, runs.Load())
-		assert.EqualValues(t, 2, cnt.n.Load()-before, "Redis sees one claim and one completion")
+		assert.EqualValues(t, 2, cnt.RoundTrips()-before, "Redis sees one claim and one completion")
 
 		// Begin's waiters get the stored bytes as a replay, each its own copy.
 		out, err := k.Begin(ctx, "s", "wait-begin")
@@ -149,7 +146,7 @@ func TestCoalescingWaitersGetTheLeadersResult(t *testing.T) {
 		got := make(chan Outcome, 2)
 		for i := 0; i < 2; i++ {
 			go func() {
-				o, err := k.Begin(ctx, "s", "wait-begin", Wait(time.Minute))
+				o, err := k.Begin(ctx, "s", "wait-begin", WithWait(time.Minute))
 				assert.NoError(t, err)
 				got <- o
 			}()
@@ -171,7 +168,7 @@ func TestCoalescingWaitersGetTheLeadersResult(t *testing.T) {
 }
 
 func TestCoalescingWaitersClaimAfterRelease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, cnt := coalescingKeeper(t, b)
 		ctx := context.Background()
 		const n = 50
@@ -191,12 +188,12 @@ func TestCoalescingWaitersClaimAfterRelease(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		var failed, second atomic.Int32
-		before := cnt.n.Load()
+		before := cnt.RoundTrips()
 		for i := 0; i < n; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				v, err := Do(ctx, k, "s", "rel", fn, Wait(time.Minute))
+				v, err := Do(ctx, k, "s", "rel", fn, WithWait(time.Minute))
 				switch {
 				case errors.Is(err, fail):
 					failed.Add(1)
@@ -213,22 +210,22 @@ func TestCoalescingWaitersClaimAfterRelease(t *testing.T) {
 		assert.EqualValues(t, n-1, second.Load())
 		assert.Greater(t, tokens[1], tokens[0], "the second claim is fenced above the first")
 		assert.Equal(t, [2]int64{1, 2}, attempts, "attempts count the store's claims only")
-		assert.EqualValues(t, 4, cnt.n.Load()-before, "claim, release, claim, complete")
+		assert.EqualValues(t, 4, cnt.RoundTrips()-before, "claim, release, claim, complete")
 	})
 }
 
 func TestCoalescingOtherFingerprintGoesToTheStore(t *testing.T) {
-	b := newMiniredis(t)
+	b := redistest.Miniredis(t)
 	k, cnt := coalescingKeeper(t, b)
 	ctx := context.Background()
-	held, err := k.Begin(ctx, "s", "fp", Fingerprint([]byte("a")))
+	held, err := k.Begin(ctx, "s", "fp", WithFingerprint([]byte("a")))
 	require.NoError(t, err)
-	assert.EqualValues(t, 0, cnt.roundTrips(func() {
-		_, err := k.Begin(ctx, "s", "fp", Fingerprint([]byte("a")))
+	assert.EqualValues(t, 0, cnt.Count(func() {
+		_, err := k.Begin(ctx, "s", "fp", WithFingerprint([]byte("a")))
 		require.ErrorIs(t, err, ErrInProgress)
 	}), "the same request is answered in the process")
-	assert.EqualValues(t, 1, cnt.roundTrips(func() {
-		_, err := k.Begin(ctx, "s", "fp", Fingerprint([]byte("b")))
+	assert.EqualValues(t, 1, cnt.Count(func() {
+		_, err := k.Begin(ctx, "s", "fp", WithFingerprint([]byte("b")))
 		require.ErrorIs(t, err, ErrMismatch)
 	}), "another request asks the store, which refuses it")
 	require.NoError(t, held.Claim.Release(ctx))
@@ -259,7 +256,7 @@ func (g *gateStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cla
 
 func gatedKeeper(t *testing.T, err error) (*Keeper, *gateStore) {
 	t.Helper()
-	s, serr := NewRedisStore(newMiniredis(t).client)
+	s, serr := NewRedisStore(redistest.Miniredis(t).Client)
 	require.NoError(t, serr)
 	g := &gateStore{Store: s, gate: make(chan struct{}), err: err}
 	k, kerr := New(g, WithCoalescing(true))
@@ -357,17 +354,17 @@ func TestCoalescingLeadersCancellationIsNotShared(t *testing.T) {
 }
 
 func TestCoalescingHoldEndsWithTheLease(t *testing.T) {
-	b := newMiniredis(t)
+	b := redistest.Miniredis(t)
 	k, cnt := coalescingKeeper(t, b, WithLease(time.Second), WithRetention(time.Minute))
 	now := time.Now()
 	var mu sync.Mutex
 	k.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock(); b.advance(d) }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock(); b.Advance(d) }
 	ctx := context.Background()
 
 	old, err := k.Begin(ctx, "s", "lease")
 	require.NoError(t, err)
-	assert.EqualValues(t, 0, cnt.roundTrips(func() {
+	assert.EqualValues(t, 0, cnt.Count(func() {
 		_, err := k.Begin(ctx, "s", "lease")
 		require.ErrorIs(t, err, ErrInProgress)
 	}))
@@ -375,7 +372,7 @@ func TestCoalescingHoldEndsWithTheLease(t *testing.T) {
 	advance(800 * time.Millisecond)
 	require.NoError(t, old.Claim.Extend(ctx))
 	advance(800 * time.Millisecond)
-	assert.EqualValues(t, 0, cnt.roundTrips(func() {
+	assert.EqualValues(t, 0, cnt.Count(func() {
 		_, err := k.Begin(ctx, "s", "lease")
 		var ip *InProgressError
 		require.ErrorAs(t, err, &ip)
@@ -384,7 +381,7 @@ func TestCoalescingHoldEndsWithTheLease(t *testing.T) {
 	// Once it runs out, the store decides: it is taken over, fenced above.
 	advance(300 * time.Millisecond)
 	var next Outcome
-	assert.EqualValues(t, 1, cnt.roundTrips(func() {
+	assert.EqualValues(t, 1, cnt.Count(func() {
 		next, err = k.Begin(ctx, "s", "lease")
 		require.NoError(t, err)
 	}))
@@ -399,7 +396,7 @@ func TestCoalescingHoldEndsWithTheLease(t *testing.T) {
 }
 
 func TestCoalescingSweepsAbandonedHolds(t *testing.T) {
-	k, _ := coalescingKeeper(t, newMiniredis(t), WithLease(time.Second))
+	k, _ := coalescingKeeper(t, redistest.Miniredis(t), WithLease(time.Second))
 	now := time.Now()
 	k.now = func() time.Time { return now }
 	ctx := context.Background()
@@ -437,48 +434,6 @@ func TestFlightShardsSpreadKeys(t *testing.T) {
 	for _, n := range counts {
 		assert.InDelta(t, 100, n, 50)
 	}
-}
-
-func TestCoalescingBehindTheMiddleware(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		k, cnt := coalescingKeeper(t, b)
-		mw, err := NewMiddleware(k, WithWait(time.Minute))
-		require.NoError(t, err)
-		const n = 30
-		var runs atomic.Int32
-		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			eventually(t, "every other request waits", func() bool { return waiting(k) == n-1 })
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			io.WriteString(w, `{"id":"pay_1"}`)
-		}))
-		before := cnt.n.Load()
-		var wg sync.WaitGroup
-		recs := make([]*httptest.ResponseRecorder, n)
-		for i := range recs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":1000}`))
-				r.Header.Set(DefaultKeyHeader, "storm")
-				recs[i] = httptest.NewRecorder()
-				h.ServeHTTP(recs[i], r)
-			}()
-		}
-		wg.Wait()
-		assert.EqualValues(t, 1, runs.Load(), "the handler runs once")
-		replayed := 0
-		for _, rec := range recs {
-			assert.Equal(t, http.StatusCreated, rec.Code)
-			assert.Equal(t, `{"id":"pay_1"}`, rec.Body.String())
-			if rec.Header().Get(ReplayedHeader) == "true" {
-				replayed++
-			}
-		}
-		assert.Equal(t, n-1, replayed)
-		assert.EqualValues(t, 2, cnt.n.Load()-before, "Redis sees one claim and one completion")
-	})
 }
 
 // waiting returns how many callers follow the one flight in k, or -1 unless

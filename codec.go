@@ -23,9 +23,10 @@ func (MsgpackCodec) Marshal(v any) ([]byte, error) { return msgpack.Marshal(v) }
 // Unmarshal implements Codec.
 func (MsgpackCodec) Unmarshal(data []byte, v any) error { return msgpack.Unmarshal(data, v) }
 
-// WithCodec sets how Do encodes results. Default: MsgpackCodec.
+// WithCodec sets how Do encodes results. Default: MsgpackCodec. Applies to a
+// Keeper.
 func WithCodec(c Codec) Option {
-	return func(cfg *config) { cfg.codec = c }
+	return Option{name: "WithCodec", to: toKeeper, set: func(s *settings) { s.codec = c }}
 }
 
 // The envelope around every stored value: a format byte, a kind byte, then the

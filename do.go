@@ -47,7 +47,7 @@ const cleanupTimeout = 5 * time.Second
 // with the store's error (ErrUnavailable or ErrLeaseLost): the operation ran,
 // and a retry finds the key in progress until the lease runs out, then claims
 // it with Claim.Recovered set.
-func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx context.Context) (T, error), opts ...Option) (T, error) {
 	var zero T
 	out, err := k.Begin(ctx, scope, key, opts...)
 	if err != nil {

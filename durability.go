@@ -103,9 +103,9 @@ func (e *ReplicationError) Unwrap() error { return e.Err }
 //
 // n must be at least 1, timeout at least 1ms and shorter than the client's
 // ReadTimeout. Anything else is refused by NewRedisStore with
-// ErrInvalidConfig. Default: no waiting.
-func WithReplicas(n int, timeout time.Duration) RedisOption {
-	return func(s *RedisStore) { s.durable = &durability{replicas: n, timeout: timeout} }
+// ErrInvalidConfig. Default: no waiting. Applies to a RedisStore.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return Option{name: "WithReplicas", to: toStore, set: func(s *settings) { s.replicas = &durability{replicas: n, timeout: timeout} }}
 }
 
 // durability is the setting of WithReplicas.

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-func durableKeeper(t *testing.T, c redis.Scripter, ropts ...RedisOption) *Keeper {
+func durableKeeper(t *testing.T, c redis.Scripter, ropts ...Option) *Keeper {
 	t.Helper()
 	s, err := NewRedisStore(c, ropts...)
 	if err != nil {
@@ -130,7 +130,7 @@ func failoverLoss(t *testing.T, lagging, durable bool) (acked, lost int) {
 	replica := redistest.StartReplica(t, link.Addr())
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { mc.Close() })
-	var ropts []RedisOption
+	var ropts []Option
 	if durable {
 		ropts = append(ropts, WithReplicas(1, time.Second))
 	}

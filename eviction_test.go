@@ -58,7 +58,7 @@ func requireUnchecked(t *testing.T, err error) *EvictionError {
 // CONFIG SET between the cases.
 func TestCheckEviction(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
-	client := testClient(t, srv.Addr)
+	client := redistest.NewClient(t, srv.Addr)
 	store := evictionStore(t, client)
 	ctx := context.Background()
 	set := func(t *testing.T, param, value string) {
@@ -117,9 +117,9 @@ func TestCheckEviction(t *testing.T) {
 		t.Log(ee)
 	})
 	t.Run("unreachable", func(t *testing.T) {
-		b := newRealRedis(t)
-		b.stop()
-		err := evictionStore(t, b.client).CheckEviction(ctx)
+		b := redistest.Real(t)
+		b.Stop()
+		err := evictionStore(t, b.Client).CheckEviction(ctx)
 		require.ErrorIs(t, err, ErrUnavailable)
 		assert.NotErrorIs(t, err, ErrEvictionPolicy)
 		assert.NotErrorIs(t, err, ErrEvictionUnchecked)
@@ -135,7 +135,7 @@ type scripterOnly struct{ redis.Scripter }
 // ErrEvictionUnchecked.
 func TestCheckEvictionConfigDisabled(t *testing.T) {
 	srv := redistest.Start(t, "--rename-command", "CONFIG", "")
-	ee := requireUnchecked(t, evictionStore(t, testClient(t, srv.Addr)).CheckEviction(context.Background()))
+	ee := requireUnchecked(t, evictionStore(t, redistest.NewClient(t, srv.Addr)).CheckEviction(context.Background()))
 	assert.Equal(t, srv.Addr, ee.Addr)
 	assert.Empty(t, ee.Policy)
 	assert.Equal(t, int64(-1), ee.MaxMemory)
@@ -146,7 +146,7 @@ func TestCheckEvictionConfigDisabled(t *testing.T) {
 // TestCheckEvictionMiniredis: miniredis has no CONFIG command.
 func TestCheckEvictionMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
-	ee := requireUnchecked(t, evictionStore(t, testClient(t, m.Addr())).CheckEviction(context.Background()))
+	ee := requireUnchecked(t, evictionStore(t, redistest.NewClient(t, m.Addr())).CheckEviction(context.Background()))
 	assert.Equal(t, m.Addr(), ee.Addr)
 	assert.Contains(t, ee.Err.Error(), "unknown command")
 	t.Log(ee)
@@ -188,7 +188,7 @@ func TestCheckEvictionCluster(t *testing.T) {
 
 	// A client that reaches one node of a Cluster cannot vouch for the
 	// others, even when that node is fine.
-	lone := evictionStore(t, testClient(t, cl.Masters[0].Addr))
+	lone := evictionStore(t, redistest.NewClient(t, cl.Masters[0].Addr))
 	ee := requireUnchecked(t, lone.CheckEviction(ctx))
 	assert.Equal(t, cl.Masters[0].Addr, ee.Addr)
 	assert.Equal(t, "noeviction", ee.Policy)
@@ -242,7 +242,7 @@ type evictionRun struct {
 // it recovered an expired lease fails the test.
 func evictionWorkload(t *testing.T, policy string, maxKeys, refusalsWanted, rounds int) evictionRun {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", policy)
-	client := testClient(t, srv.Addr)
+	client := redistest.NewClient(t, srv.Addr)
 	k, err := NewRedis(client, WithLease(time.Hour))
 	require.NoError(t, err)
 	ctx := context.Background()

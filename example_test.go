@@ -60,7 +60,7 @@ func ExampleDo_fingerprint() {
 	pay := func(body string) error {
 		_, err := idem.Do(ctx, keeper, "tenant-42", "order-1002",
 			func(ctx context.Context) (string, error) { return "paid " + body, nil },
-			idem.Fingerprint([]byte(body)))
+			idem.WithFingerprint([]byte(body)))
 		return err
 	}
 	fmt.Println(pay("amount=10"))

@@ -119,7 +119,7 @@ func TestFaults(t *testing.T) {
 			defer c.Close()
 			const lease = 300 * time.Millisecond
 			prefix := "fault" + strconv.Itoa(i) + ":"
-			k := clusterKeeper(t, c, []RedisOption{WithPrefix(prefix)}, WithLease(lease), WithRetention(time.Minute))
+			k := clusterKeeper(t, c, []Option{WithPrefix(prefix)}, WithLease(lease), WithRetention(time.Minute))
 			l := newFaultLedger()
 			p.Set(sc.faults)
 			stopCuts := make(chan struct{})
@@ -163,7 +163,7 @@ func TestFaults(t *testing.T) {
 			// No key is stuck: once the lease has run out, every key answers,
 			// here to a client without faults or short timeouts.
 			time.Sleep(lease + 50*time.Millisecond)
-			direct := clusterKeeper(t, srv.Client(t), []RedisOption{WithPrefix(prefix)}, WithLease(lease), WithRetention(time.Minute))
+			direct := clusterKeeper(t, srv.Client(t), []Option{WithPrefix(prefix)}, WithLease(lease), WithRetention(time.Minute))
 			stuck := 0
 			for n := 0; n < keys; n++ {
 				key := "k" + strconv.Itoa(n)
@@ -205,7 +205,7 @@ func TestLeaseExpiryChaos(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	const lease = 40 * time.Millisecond
-	k := clusterKeeper(t, c, []RedisOption{WithPrefix("chaos:")}, WithLease(lease), WithRetention(time.Minute))
+	k := clusterKeeper(t, c, []Option{WithPrefix("chaos:")}, WithLease(lease), WithRetention(time.Minute))
 	ctx := context.Background()
 	start := time.Now()
 
@@ -318,7 +318,7 @@ func TestLeaseExpiryChaos(t *testing.T) {
 func TestRestartWithAOF(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	c := srv.Client(t)
-	k := clusterKeeper(t, c, []RedisOption{WithPrefix("aof:")}, WithLease(time.Minute), WithRetention(time.Hour))
+	k := clusterKeeper(t, c, []Option{WithPrefix("aof:")}, WithLease(time.Minute), WithRetention(time.Hour))
 	ctx := context.Background()
 	var runs atomic.Int32
 	fn := func(i int) func(context.Context) (int, error) {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,8 +57,8 @@ func TestStoreFailuresAreUnavailable(t *testing.T) {
 	}
 	for _, cause := range cases {
 		t.Run(cause.Error(), func(t *testing.T) {
-			b := newMiniredis(t)
-			f := &flakyScripter{Scripter: b.client, err: cause}
+			b := redistest.Miniredis(t)
+			f := &flakyScripter{Scripter: b.Client, err: cause}
 			s, err := NewRedisStore(f)
 			require.NoError(t, err)
 			k, err := New(s)
@@ -97,8 +98,8 @@ func TestStoreFailuresAreUnavailable(t *testing.T) {
 }
 
 func TestDoReturnsValueWhenResultCannotBeStored(t *testing.T) {
-	b := newMiniredis(t)
-	f := &flakyScripter{Scripter: b.client, err: redisError("LOADING Redis is loading the dataset in memory")}
+	b := redistest.Miniredis(t)
+	f := &flakyScripter{Scripter: b.Client, err: redisError("LOADING Redis is loading the dataset in memory")}
 	s, err := NewRedisStore(f)
 	require.NoError(t, err)
 	k, err := New(s)

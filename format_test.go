@@ -38,9 +38,9 @@ var formatV1 = []struct {
 		assert.Equal(t, "card declined", err.Error())
 	}},
 	{"completed with a fingerprint", "i1C1700000000000000:1:0:0::" + fingerprintDigest([]byte("body")) + ":\x01bok", func(t *testing.T, k *Keeper, key string) {
-		_, err := k.Begin(context.Background(), "s", key, Fingerprint([]byte("other")))
+		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
 		assert.ErrorIs(t, err, ErrMismatch)
-		out, err := k.Begin(context.Background(), "s", key, Fingerprint([]byte("body")))
+		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
 		require.NoError(t, err)
 		assert.Equal(t, "ok", string(out.Value))
 	}},

@@ -18,41 +18,45 @@ type Keeper struct {
 	policy policy
 	codec  Codec
 	now    func() time.Time
+	// wait is the default of WithWait for every call.
+	wait time.Duration
 	// claims makes the claims of Begin: the store, or the coalescing layer
 	// in front of it (WithCoalescing).
 	claims claimer
 }
 
-// Option configures a Keeper.
-type Option func(*config)
-
-type config struct {
-	policy   policy
-	codec    Codec
-	coalesce bool
-}
-
-// New returns a Keeper on store. Options and their defaults: WithLease (30s),
-// WithRetention (24h), WithErrorRetention (the retention), WithCodec
-// (MsgpackCodec), WithCoalescing (off). Invalid settings are refused with
-// ErrInvalidConfig.
+// New returns a Keeper on store. Options that apply to a Keeper, and their
+// defaults: WithLease (30s), WithRetention (24h), WithErrorRetention (the
+// retention), WithCodec (MsgpackCodec), WithCoalescing (off), WithWait (0),
+// WithClock (time.Now). Invalid settings, and options that do not apply to a
+// Keeper, are refused with ErrInvalidConfig.
 func New(store Store, opts ...Option) (*Keeper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
-	cfg := config{policy: defaultPolicy(), codec: MsgpackCodec{}}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := cfg.policy.validate(); err != nil {
+	s := defaultSettings()
+	if err := s.apply(toKeeper, "New", opts); err != nil {
 		return nil, err
 	}
-	if cfg.codec == nil {
-		return nil, fmt.Errorf("%w: nil codec", ErrInvalidConfig)
+	return buildKeeper(store, &s)
+}
+
+// buildKeeper returns a Keeper with the Keeper's part of s.
+func buildKeeper(store Store, s *settings) (*Keeper, error) {
+	if err := s.policy.validate(); err != nil {
+		return nil, err
 	}
-	k := &Keeper{store: store, policy: cfg.policy, codec: cfg.codec, now: time.Now}
+	switch {
+	case s.codec == nil:
+		return nil, fmt.Errorf("%w: nil codec", ErrInvalidConfig)
+	case s.now == nil:
+		return nil, fmt.Errorf("%w: nil clock", ErrInvalidConfig)
+	case s.wait < 0:
+		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
+	}
+	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait}
 	k.claims = storeClaimer{k}
-	if cfg.coalesce {
+	if s.coalesce {
 		k.claims = newFlights(k.claims, func() time.Time { return k.now() })
 	}
 	return k, nil
@@ -66,31 +70,6 @@ func (k *Keeper) Retention() time.Duration { return k.policy.retention }
 
 // ErrorRetention returns how long stored errors are kept.
 func (k *Keeper) ErrorRetention() time.Duration { return k.policy.errorRetention }
-
-// CallOption configures one call of Begin or Do.
-type CallOption func(*call)
-
-type call struct {
-	fingerprint []byte
-	wait        time.Duration
-}
-
-// Fingerprint binds the call to a digest of its request (for example a hash of
-// the body). A later call with the same key and another fingerprint gets
-// ErrMismatch instead of a replay. Default: none, and every call with the key
-// matches every other call without one.
-func Fingerprint(fp []byte) CallOption {
-	return func(c *call) { c.fingerprint = fp }
-}
-
-// Wait makes a call that finds the operation in progress wait for its result,
-// up to max and within the context, instead of returning ErrInProgress at
-// once. If the other attempt releases its claim or loses its lease meanwhile,
-// the waiting call claims the key and runs the operation itself. Default: 0,
-// no waiting.
-func Wait(max time.Duration) CallOption {
-	return func(c *call) { c.wait = max }
-}
 
 // Outcome is the answer of Begin when the operation may not be refused: either
 // the caller now holds a Claim and must run the operation, or the operation
@@ -119,32 +98,44 @@ type Outcome struct {
 // Begin claims (scope, key) for one run of an operation, in one round trip.
 // It returns an Outcome holding either a Claim or the stored result, or one of
 // these errors: ErrInvalidKey (the store was not touched), an *InProgressError
-// (another attempt holds the key; see Wait), ErrMismatch (the key was used with
-// another Fingerprint), ErrCorrupt, ErrUnavailable, or, when ctx ends before
+// (another attempt holds the key; see WithWait), ErrMismatch (the key was used
+// with another WithFingerprint), ErrCorrupt, ErrUnavailable, or, when ctx ends before
 // the store answers, an error for which errors.Is(err, context.Canceled) (or
 // context.DeadlineExceeded) reports true and errors.Is(err, ErrUnavailable)
 // does not: the caller's own cancellation is never reported as the store's
 // failure.
-func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...CallOption) (Outcome, error) {
+func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...Option) (Outcome, error) {
 	if err := ValidateKey(key); err != nil {
 		return Outcome{}, err
 	}
 	if ctx.Err() != nil {
 		return Outcome{}, canceled(ctx, "claim")
 	}
-	var c call
+	c := call{wait: k.wait}
 	if len(opts) > 0 {
-		c = callOptions(opts) // apart, so that c is on the heap only with options
+		var err error
+		if c, err = k.callOptions(opts); err != nil { // apart, so that only options put c on the heap
+			return Outcome{}, err
+		}
 	}
 	return k.begin(ctx, recordID(scope, key), &c)
 }
 
-func callOptions(opts []CallOption) call {
-	var c call
-	for _, o := range opts {
-		o(&c)
+// call is what the options of one call set.
+type call struct {
+	fingerprint []byte
+	wait        time.Duration
+}
+
+func (k *Keeper) callOptions(opts []Option) (call, error) {
+	s := settings{wait: k.wait}
+	if err := s.apply(toCall, "a call", opts); err != nil {
+		return call{}, err
 	}
-	return c
+	if s.wait < 0 {
+		return call{}, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
+	}
+	return call{fingerprint: s.fingerprint, wait: s.wait}, nil
 }
 
 func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error) {

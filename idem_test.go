@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,7 +23,7 @@ type receipt struct {
 }
 
 func TestDoRunsOnceAndReplays(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		var runs atomic.Int32
@@ -47,7 +48,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesRunOnce(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		var runs, inProgress, replays atomic.Int32
@@ -90,7 +91,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 }
 
 func TestManyKeysManyRacers(t *testing.T) {
-	b := newRealRedis(t)
+	b := redistest.Real(t)
 	k := newKeeper(t, b)
 	ctx := context.Background()
 	const keys, racers, workers = 10000, 8, 64
@@ -131,7 +132,7 @@ func TestManyKeysManyRacers(t *testing.T) {
 }
 
 func TestLeaseExpiryTakeoverFencesTheOldHolder(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(200*time.Millisecond), WithRetention(time.Minute))
 		ctx := context.Background()
 		old, err := k.Begin(ctx, "s", "lease")
@@ -146,7 +147,7 @@ func TestLeaseExpiryTakeoverFencesTheOldHolder(t *testing.T) {
 		assert.Greater(t, ip.RetryAfter, time.Duration(0))
 		assert.LessOrEqual(t, ip.RetryAfter, 200*time.Millisecond)
 
-		b.advance(300 * time.Millisecond)
+		b.Advance(300 * time.Millisecond)
 		next, err := k.Begin(ctx, "s", "lease")
 		require.NoError(t, err)
 		require.NotNil(t, next.Claim)
@@ -169,12 +170,12 @@ func TestLeaseExpiryTakeoverFencesTheOldHolder(t *testing.T) {
 }
 
 func TestExpiredLeaseNotTakenOverIsStillTheHolders(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(100*time.Millisecond), WithRetention(time.Minute))
 		ctx := context.Background()
 		out, err := k.Begin(ctx, "s", "late")
 		require.NoError(t, err)
-		b.advance(200 * time.Millisecond)
+		b.Advance(200 * time.Millisecond)
 		// Nobody took the key over, so the token is still current.
 		require.NoError(t, out.Claim.Complete(ctx, []byte("late but only"), 0))
 		got, err := k.Begin(ctx, "s", "late")
@@ -184,7 +185,7 @@ func TestExpiredLeaseNotTakenOverIsStillTheHolders(t *testing.T) {
 }
 
 func TestTokensStrictlyIncrease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const lease = 100 * time.Millisecond
 		k := newKeeper(t, b, WithLease(lease), WithRetention(300*time.Millisecond))
 		ctx := context.Background()
@@ -198,16 +199,16 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 			return out.Claim
 		}
 		claim("first claim")
-		b.advance(2 * lease)
+		b.Advance(2 * lease)
 		c := claim("takeover after the lease")
 		require.NoError(t, c.Release(ctx))
 		c = claim("claim after release")
 		require.NoError(t, c.Release(ctx))
-		b.advance(2 * lease) // the released marker expires
+		b.Advance(2 * lease) // the released marker expires
 		c = claim("claim after the marker expired")
 		require.NoError(t, c.Complete(ctx, []byte("x"), 0))
-		b.advance(500 * time.Millisecond) // the completed record expires
-		n, err := b.client.Exists(ctx, k.store.(*RedisStore).key(recordID("s", "tokens"))).Result()
+		b.Advance(500 * time.Millisecond) // the completed record expires
+		n, err := b.Client.Exists(ctx, k.store.(*RedisStore).key(recordID("s", "tokens"))).Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "the record should have expired")
 		claim("claim after the record expired")
@@ -218,8 +219,8 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 }
 
 func TestRetriedCommandsAreIdempotent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		s, err := NewRedisStore(b.client)
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		s, err := NewRedisStore(b.Client)
 		require.NoError(t, err)
 		ctx := context.Background()
 		req := ClaimRequest{Attempt: "attempt-1", Lease: time.Minute, Keep: time.Hour}
@@ -254,37 +255,37 @@ func TestRetriedCommandsAreIdempotent(t *testing.T) {
 }
 
 func TestMismatchedFingerprint(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		out, err := k.Begin(ctx, "s", "fp", Fingerprint([]byte("amount=10")))
+		out, err := k.Begin(ctx, "s", "fp", WithFingerprint([]byte("amount=10")))
 		require.NoError(t, err)
-		_, err = k.Begin(ctx, "s", "fp", Fingerprint([]byte("amount=11")))
+		_, err = k.Begin(ctx, "s", "fp", WithFingerprint([]byte("amount=11")))
 		require.ErrorIs(t, err, ErrMismatch, "pending record")
 		require.NoError(t, out.Claim.Complete(ctx, []byte("ok"), 0))
-		_, err = k.Begin(ctx, "s", "fp", Fingerprint([]byte("amount=11")))
+		_, err = k.Begin(ctx, "s", "fp", WithFingerprint([]byte("amount=11")))
 		require.ErrorIs(t, err, ErrMismatch, "completed record")
 		_, err = k.Begin(ctx, "s", "fp")
 		require.ErrorIs(t, err, ErrMismatch, "no fingerprint")
-		got, err := k.Begin(ctx, "s", "fp", Fingerprint([]byte("amount=10")))
+		got, err := k.Begin(ctx, "s", "fp", WithFingerprint([]byte("amount=10")))
 		require.NoError(t, err)
 		assert.Equal(t, "ok", string(got.Value))
 
 		// After a release the key is free for any request.
-		out, err = k.Begin(ctx, "s", "fp2", Fingerprint([]byte("a")))
+		out, err = k.Begin(ctx, "s", "fp2", WithFingerprint([]byte("a")))
 		require.NoError(t, err)
 		require.NoError(t, out.Claim.Release(ctx))
-		out, err = k.Begin(ctx, "s", "fp2", Fingerprint([]byte("b")))
+		out, err = k.Begin(ctx, "s", "fp2", WithFingerprint([]byte("b")))
 		require.NoError(t, err)
 		assert.NotNil(t, out.Claim)
 	})
 }
 
 func TestScriptFlushFallsBackToEval(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(time.Minute))
 		ctx := context.Background()
-		flush := func() { require.NoError(t, b.client.ScriptFlush(ctx).Err()) }
+		flush := func() { require.NoError(t, b.Client.ScriptFlush(ctx).Err()) }
 		flush()
 		out, err := k.Begin(ctx, "s", "flush")
 		require.NoError(t, err)
@@ -303,34 +304,34 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 }
 
 func TestRoundTrips(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		var cnt counter
-		b.client.AddHook(&cnt)
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		var cnt redistest.Counter
+		b.Client.AddHook(&cnt)
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
-		fp := Fingerprint([]byte("body"))
+		fp := WithFingerprint([]byte("body"))
 		ok := func(ctx context.Context) (string, error) { return "ok", nil }
 
-		assert.EqualValues(t, 2, cnt.roundTrips(func() {
+		assert.EqualValues(t, 2, cnt.Count(func() {
 			_, err := Do(ctx, k, "s", "rt", ok, fp)
 			require.NoError(t, err)
 		}), "first execution: claim and complete")
-		assert.EqualValues(t, 1, cnt.roundTrips(func() {
+		assert.EqualValues(t, 1, cnt.Count(func() {
 			_, err := Do(ctx, k, "s", "rt", ok, fp)
 			require.NoError(t, err)
 		}), "replay")
-		assert.EqualValues(t, 1, cnt.roundTrips(func() {
-			_, err := Do(ctx, k, "s", "rt", ok, Fingerprint([]byte("other")))
+		assert.EqualValues(t, 1, cnt.Count(func() {
+			_, err := Do(ctx, k, "s", "rt", ok, WithFingerprint([]byte("other")))
 			require.ErrorIs(t, err, ErrMismatch)
 		}), "mismatch")
 		held, err := k.Begin(ctx, "s", "busy")
 		require.NoError(t, err)
-		assert.EqualValues(t, 1, cnt.roundTrips(func() {
+		assert.EqualValues(t, 1, cnt.Count(func() {
 			_, err := Do(ctx, k, "s", "busy", ok)
 			require.ErrorIs(t, err, ErrInProgress)
 		}), "in progress")
-		assert.EqualValues(t, 0, cnt.roundTrips(func() {
+		assert.EqualValues(t, 0, cnt.Count(func() {
 			_, err := Do(ctx, k, "s", "", ok)
 			require.ErrorIs(t, err, ErrInvalidKey)
 		}), "invalid key")
@@ -339,8 +340,8 @@ func TestRoundTrips(t *testing.T) {
 }
 
 func TestStoredKeyLayout(t *testing.T) {
-	b := newMiniredis(t)
-	s, err := NewRedisStore(b.client, WithPrefix("app1:"))
+	b := redistest.Miniredis(t)
+	s, err := NewRedisStore(b.Client, WithPrefix("app1:"))
 	require.NoError(t, err)
 	k, err := New(s)
 	require.NoError(t, err)
@@ -350,7 +351,7 @@ func TestStoredKeyLayout(t *testing.T) {
 		_, err := Do(ctx, k, "tenant", key, func(ctx context.Context) (int, error) { return 1, nil })
 		require.NoError(t, err)
 	}
-	stored, err := b.client.Keys(ctx, "*").Result()
+	stored, err := b.Client.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	require.Len(t, stored, len(keys))
 	for _, sk := range stored {
@@ -373,12 +374,12 @@ func TestInvalidKeys(t *testing.T) {
 }
 
 func TestConstructorsRefuseMisuse(t *testing.T) {
-	b := newMiniredis(t)
-	s, err := NewRedisStore(b.client)
+	b := redistest.Miniredis(t)
+	s, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
 	cases := map[string]func() error{
 		"nil client":   func() error { _, err := NewRedisStore(nil); return err },
-		"brace prefix": func() error { _, err := NewRedisStore(b.client, WithPrefix("a{b")); return err },
+		"brace prefix": func() error { _, err := NewRedisStore(b.Client, WithPrefix("a{b")); return err },
 		"nil store":    func() error { _, err := New(nil); return err },
 		"zero lease":   func() error { _, err := New(s, WithLease(0)); return err },
 		"neg lease":    func() error { _, err := New(s, WithLease(-time.Second)); return err },
@@ -400,7 +401,7 @@ func TestConstructorsRefuseMisuse(t *testing.T) {
 }
 
 func TestErrorsReleaseFinalErrorsReplay(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		var runs atomic.Int32
@@ -437,7 +438,7 @@ func TestErrorsReleaseFinalErrorsReplay(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
-	b := newMiniredis(t)
+	b := redistest.Miniredis(t)
 	k := newKeeper(t, b)
 	ctx := context.Background()
 	func() {
@@ -453,7 +454,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 }
 
 func TestLeaseLostCancelsTheOperation(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const lease = 300 * time.Millisecond
 		k := newKeeper(t, b, WithLease(lease), WithRetention(time.Minute))
 		ctx := context.Background()
@@ -478,25 +479,25 @@ func TestLeaseLostCancelsTheOperation(t *testing.T) {
 		<-started
 		// Simulate a pause: the lease runs out and another process takes over.
 		var next Outcome
-		if b.real {
+		if b.Real {
 			// Redis's clock cannot be moved, and the background renewals keep
 			// the lease alive: end the lease in Redis's view by rewriting the
 			// record's lease end to the past, then take over. A renewal may
 			// land in between; then try again.
 			key := k.store.(*RedisStore).key(recordID("s", "lost"))
 			for i := 0; next.Claim == nil && i < 50; i++ {
-				rec, err := b.client.Get(ctx, key).Result()
+				rec, err := b.Client.Get(ctx, key).Result()
 				require.NoError(t, err)
 				parts := strings.SplitN(rec, ":", 5)
 				parts[3] = "1"
-				require.NoError(t, b.client.Set(ctx, key, strings.Join(parts, ":"), time.Minute).Err())
+				require.NoError(t, b.Client.Set(ctx, key, strings.Join(parts, ":"), time.Minute).Err())
 				next, err = k.Begin(ctx, "s", "lost")
 				if !errors.Is(err, ErrInProgress) {
 					require.NoError(t, err)
 				}
 			}
 		} else {
-			b.advance(2 * lease)
+			b.Advance(2 * lease)
 			var err error
 			next, err = k.Begin(ctx, "s", "lost")
 			require.NoError(t, err)
@@ -516,7 +517,7 @@ func TestLeaseLostCancelsTheOperation(t *testing.T) {
 }
 
 func TestWaitGetsTheResult(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		out, err := k.Begin(ctx, "s", "wait")
@@ -525,21 +526,21 @@ func TestWaitGetsTheResult(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			assert.NoError(t, out.Claim.Complete(ctx, seal(kindValue, []byte{0x2a})[2:], 0))
 		}()
-		got, err := k.Begin(ctx, "s", "wait", Wait(10*time.Second))
+		got, err := k.Begin(ctx, "s", "wait", WithWait(10*time.Second))
 		require.NoError(t, err)
 		assert.True(t, got.Replayed)
 
 		// A bounded wait ends with the in-progress error.
 		held, err := k.Begin(ctx, "s", "wait-bounded")
 		require.NoError(t, err)
-		_, err = k.Begin(ctx, "s", "wait-bounded", Wait(30*time.Millisecond))
+		_, err = k.Begin(ctx, "s", "wait-bounded", WithWait(30*time.Millisecond))
 		require.ErrorIs(t, err, ErrInProgress)
 		// A context that ends first ends the wait with the caller's own
 		// error, whether it ended during the wait or during a claim (a
 		// loaded machine may take 30ms to answer).
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 		defer cancel()
-		_, err = k.Begin(cctx, "s", "wait-bounded", Wait(time.Minute))
+		_, err = k.Begin(cctx, "s", "wait-bounded", WithWait(time.Minute))
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.NotErrorIs(t, err, ErrUnavailable)
 		require.NoError(t, held.Claim.Release(ctx))
@@ -551,14 +552,14 @@ func TestWaitGetsTheResult(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			assert.NoError(t, held.Claim.Release(ctx))
 		}()
-		v, err := Do(ctx, k, "s", "wait-release", func(ctx context.Context) (int, error) { return 9, nil }, Wait(10*time.Second))
+		v, err := Do(ctx, k, "s", "wait-release", func(ctx context.Context) (int, error) { return 9, nil }, WithWait(10*time.Second))
 		require.NoError(t, err)
 		assert.Equal(t, 9, v)
 	})
 }
 
 func TestCorruptRecords(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		key := func(name string) string { return k.store.(*RedisStore).key(recordID("s", name)) }
@@ -571,44 +572,44 @@ func TestCorruptRecords(t *testing.T) {
 			name string
 			put  func(k string) error
 		}{
-			{"plain string", func(k string) error { return b.client.Set(ctx, k, "hello", 0).Err() }},
-			{"hash", func(k string) error { return b.client.HSet(ctx, k, "s", "C", "t", "zz").Err() }},
-			{"list", func(k string) error { return b.client.RPush(ctx, k, "a").Err() }},
-			{"garbage header", func(k string) error { return b.client.Set(ctx, k, "i1C12:x:0:0:::", 0).Err() }},
+			{"plain string", func(k string) error { return b.Client.Set(ctx, k, "hello", 0).Err() }},
+			{"hash", func(k string) error { return b.Client.HSet(ctx, k, "s", "C", "t", "zz").Err() }},
+			{"list", func(k string) error { return b.Client.RPush(ctx, k, "a").Err() }},
+			{"garbage header", func(k string) error { return b.Client.Set(ctx, k, "i1C12:x:0:0:::", 0).Err() }},
 			{"unknown envelope", func(k string) error {
-				return b.client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x09v\x01", 0).Err()
+				return b.Client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x09v\x01", 0).Err()
 			}},
 			{"truncated msgpack", func(k string) error {
-				return b.client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x01v\x83\xa2ID", 0).Err()
+				return b.Client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x01v\x83\xa2ID", 0).Err()
 			}},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				rk := key(c.name)
 				require.NoError(t, c.put(rk))
-				before := snapshot(t, b.client, rk)
+				before := snapshot(t, b.Client, rk)
 				_, err := Do(ctx, k, "s", c.name, fn)
 				require.ErrorIs(t, err, ErrCorrupt)
-				assert.Equal(t, before, snapshot(t, b.client, rk), "nothing is overwritten")
+				assert.Equal(t, before, snapshot(t, b.Client, rk), "nothing is overwritten")
 			})
 		}
 		// Complete, Release and Extend on a record that turned corrupt.
 		out, err := k.Begin(ctx, "s", "turned")
 		require.NoError(t, err)
-		require.NoError(t, b.client.Set(ctx, key("turned"), "not ours", 0).Err())
+		require.NoError(t, b.Client.Set(ctx, key("turned"), "not ours", 0).Err())
 		require.ErrorIs(t, out.Claim.Complete(ctx, []byte("x"), 0), ErrCorrupt)
 		require.ErrorIs(t, out.Claim.Release(ctx), ErrCorrupt)
 		require.ErrorIs(t, out.Claim.Extend(ctx), ErrCorrupt)
-		v, err := b.client.Get(ctx, key("turned")).Result()
+		v, err := b.Client.Get(ctx, key("turned")).Result()
 		require.NoError(t, err)
 		assert.Equal(t, "not ours", v)
 	})
 }
 
 func TestUnavailableIsTyped(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		b.stop()
+		b.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := Do(ctx, k, "s", "down", func(ctx context.Context) (int, error) {
@@ -622,11 +623,11 @@ func TestUnavailableIsTyped(t *testing.T) {
 }
 
 func TestReadOnlyReplicaIsUnavailable(t *testing.T) {
-	master := newRealRedis(t)
-	replica := newRealRedis(t)
+	master := redistest.Real(t)
+	replica := redistest.Real(t)
 	ctx := context.Background()
-	addr := strings.Split(master.client.Options().Addr, ":")
-	require.NoError(t, replica.client.SlaveOf(ctx, addr[0], addr[1]).Err())
+	addr := strings.Split(master.Client.Options().Addr, ":")
+	require.NoError(t, replica.Client.SlaveOf(ctx, addr[0], addr[1]).Err())
 	k := newKeeper(t, replica)
 	_, err := Do(ctx, k, "s", "ro", func(ctx context.Context) (int, error) {
 		t.Error("must not run on a read-only replica")
@@ -639,7 +640,7 @@ func TestReadOnlyReplicaIsUnavailable(t *testing.T) {
 }
 
 func TestEncodingFailureIsStoredAsFinal(t *testing.T) {
-	b := newMiniredis(t)
+	b := redistest.Miniredis(t)
 	k := newKeeper(t, b)
 	ctx := context.Background()
 	var runs int

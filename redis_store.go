@@ -53,14 +53,11 @@ type RedisStore struct {
 	durable *durability
 }
 
-// RedisOption configures a RedisStore.
-type RedisOption func(*RedisStore)
-
 // WithPrefix sets the start of every Redis key the store writes, so that
 // several applications can share one Redis. It may not contain '{' or '}'.
-// Default: "idem:" (DefaultPrefix).
-func WithPrefix(prefix string) RedisOption {
-	return func(s *RedisStore) { s.prefix = prefix }
+// Default: "idem:" (DefaultPrefix). Applies to a RedisStore.
+func WithPrefix(prefix string) Option {
+	return Option{name: "WithPrefix", to: toStore, set: func(s *settings) { s.prefix = prefix }}
 }
 
 // NewRedisStore returns a Store on client, which may be any go-redis client
@@ -90,32 +87,49 @@ func WithPrefix(prefix string) RedisOption {
 // is safe to run twice). And WithReplicas cannot be used with it. Call
 // LoadScripts when the process starts, so that the first batches do not all
 // fall back to EVAL.
-func NewRedisStore(client redis.Scripter, opts ...RedisOption) (*RedisStore, error) {
+func NewRedisStore(client redis.Scripter, opts ...Option) (*RedisStore, error) {
+	s := defaultSettings()
+	if err := s.apply(toStore, "NewRedisStore", opts); err != nil {
+		return nil, err
+	}
+	return newRedisStore(client, &s)
+}
+
+// newRedisStore returns a RedisStore with the store's part of s.
+func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidConfig)
-	}
-	s := &RedisStore{client: client, prefix: DefaultPrefix}
-	for _, o := range opts {
-		o(s)
 	}
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("%w: prefix %q holds '{' or '}', which would break the hash tag", ErrInvalidConfig, s.prefix)
 	}
-	if s.durable != nil {
-		if err := s.durable.check(client); err != nil {
+	if s.replicas != nil {
+		if err := s.replicas.check(client); err != nil {
 			return nil, err
 		}
 	}
-	return s, nil
+	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas}, nil
 }
 
-// NewRedis is a shortcut for NewRedisStore then New.
+// NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
+// New, each with the options that apply to it. Options that apply to
+// neither are refused with ErrInvalidConfig.
 func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
-	s, err := NewRedisStore(client)
+	s := defaultSettings()
+	if err := s.apply(toKeeper|toStore, "NewRedis", opts); err != nil {
+		return nil, err
+	}
+	store, err := newRedisStore(client, &s)
 	if err != nil {
 		return nil, err
 	}
-	return New(s, opts...)
+	return buildKeeper(store, &s)
+}
+
+// RecordKey returns the Redis key under which the store keeps the record of
+// (scope, key), for an operator or a test that looks at Redis directly.
+func (s *RedisStore) RecordKey(scope, key string) string {
+	return s.key(recordID(scope, key))
 }
 
 // key returns the Redis key of the record id.

@@ -9,15 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -31,7 +29,7 @@ import (
 // Real Redis only: the lease must pass in real time, for the process's
 // renewals and Redis's clock alike.
 func TestCancelledCallerKeepsTheLease(t *testing.T) {
-	func(t *testing.T, b *backend) {
+	func(t *testing.T, b *redistest.Backend) {
 		const lease = time.Second
 		k := newKeeper(t, b, WithLease(lease), WithRetention(time.Minute))
 		var runs atomic.Int32
@@ -66,76 +64,7 @@ func TestCancelledCallerKeepsTheLease(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "charged", v)
 		assert.EqualValues(t, 1, runs.Load())
-	}(t, newRealRedis(t))
-}
-
-// The same through the middleware: the client times out, the handler goes on
-// 1.5 leases after it left; the retry gets 409 while it runs, then the
-// stored response, and the handler runs once.
-func TestClientTimeoutHandlerOutlivesIt(t *testing.T) {
-	b := newRealRedis(t)
-	const lease = time.Second
-	k := newKeeper(t, b, WithLease(lease), WithRetention(time.Minute))
-	var charges atomic.Int32
-	started, resume, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var events sync.Map
-	mw, err := NewMiddleware(k, WithHook(func(ev Event) {
-		if ev.Kind == EventStored {
-			close(done)
-		}
-		events.Store(ev.Kind, true)
-	}))
-	require.NoError(t, err)
-	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		charges.Add(1)
-		close(started)
-		<-r.Context().Done() // the client left...
-		<-resume             // ...and the payment goes on
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "charged")
-	})))
-	defer srv.Close()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	go mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a").WithContext(ctx))
-	<-started
-	cancel() // the client times out
-	time.Sleep(lease * 3 / 2)
-	res := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
-	require.NoError(t, res.err)
-	assert.Equal(t, http.StatusConflict, res.status, "the retry while the handler runs: %s", res.body)
-	close(resume)
-	<-done
-	res = mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
-	require.NoError(t, res.err)
-	assert.Equal(t, http.StatusCreated, res.status)
-	assert.Equal(t, "charged", string(res.body))
-	assert.Equal(t, "true", res.header.Get(ReplayedHeader))
-	assert.EqualValues(t, 1, charges.Load())
-	_, lost := events.Load(EventLeaseLost)
-	assert.False(t, lost)
-}
-
-// WithBodyLimit(math.MaxInt64), no limit, works like any other: the handler
-// gets the body and the body is fingerprinted.
-func TestBodyLimitMaxInt64(t *testing.T) {
-	k := newKeeper(t, newMiniredis(t))
-	var got []string
-	mw, err := NewMiddleware(k, WithBodyLimit(math.MaxInt64))
-	require.NoError(t, err)
-	a := &mwApp{h: mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		got = append(got, string(body))
-		w.WriteHeader(http.StatusCreated)
-		w.Write(body)
-	}))}
-	rec1 := a.do(mwPost("k1", `{"amount":100}`))
-	rec2 := a.do(mwPost("k1", `{"amount":999}`))
-	assert.Equal(t, []string{`{"amount":100}`}, got)
-	assert.Equal(t, http.StatusCreated, rec1.Code)
-	assert.Equal(t, http.StatusUnprocessableEntity, rec2.Code, "same key, other body")
-	assert.Equal(t, int64(math.MaxInt64), saturatingAdd(math.MaxInt64, 1))
-	assert.Equal(t, int64(11), saturatingAdd(10, 1))
+	}(t, redistest.Real(t))
 }
 
 // With coalescing, a leader that changes the Value it was given does not
@@ -182,13 +111,13 @@ func TestCoalescedCallersOwnTheirValue(t *testing.T) {
 // eviction) ends its in-process hold: the next caller claims through the
 // store instead of being told the key is in progress.
 func TestCoalescedLostLeaseEndsTheHold(t *testing.T) {
-	b := newMiniredis(t)
+	b := redistest.Miniredis(t)
 	const lease = 900 * time.Millisecond
 	k := newKeeper(t, b, WithCoalescing(true), WithLease(lease), WithRetention(time.Minute))
 	ctx := context.Background()
 	key := DefaultPrefix + "{" + recordID("s", "k") + "}"
 	_, err := Do(ctx, k, "s", "k", func(ctx context.Context) (int, error) {
-		assert.NoError(t, b.client.Del(context.Background(), key).Err()) // the record is lost
+		assert.NoError(t, b.Client.Del(context.Background(), key).Err()) // the record is lost
 		<-ctx.Done()                                                     // the renewal (lease/3) finds it gone
 		return 0, context.Cause(ctx)
 	})
@@ -204,12 +133,12 @@ func TestCoalescedHoldEndsOnEveryExit(t *testing.T) {
 	ctx := context.Background()
 	for _, exit := range []string{"extend lost", "complete lost", "release lost", "complete unavailable"} {
 		t.Run(exit, func(t *testing.T) {
-			b := newMiniredis(t)
+			b := redistest.Miniredis(t)
 			k := newKeeper(t, b, WithCoalescing(true), WithLease(time.Minute))
 			out, err := k.Begin(ctx, "s", "k")
 			require.NoError(t, err)
 			key := DefaultPrefix + "{" + recordID("s", "k") + "}"
-			require.NoError(t, b.client.Del(ctx, key).Err())
+			require.NoError(t, b.Client.Del(ctx, key).Err())
 			switch exit {
 			case "extend lost":
 				require.ErrorIs(t, out.Claim.Extend(ctx), ErrLeaseLost)
@@ -218,7 +147,7 @@ func TestCoalescedHoldEndsOnEveryExit(t *testing.T) {
 			case "release lost":
 				require.ErrorIs(t, out.Claim.Release(ctx), ErrLeaseLost)
 			case "complete unavailable":
-				b.stop()
+				b.Stop()
 				require.ErrorIs(t, out.Claim.Complete(ctx, []byte("v"), 0), ErrUnavailable)
 			}
 			assert.Equal(t, -1, joined(k, "s", "k"), "no flight is left for the key")
@@ -227,10 +156,9 @@ func TestCoalescedHoldEndsOnEveryExit(t *testing.T) {
 }
 
 // The caller's own cancellation is not the store's failure: the error says
-// context.Canceled, not ErrUnavailable, and the middleware neither answers
-// 503 nor, with WithFailOpen, runs the handler unguarded.
+// context.Canceled (or DeadlineExceeded, with the cause), not ErrUnavailable.
 func TestCallerCancellationIsNotUnavailable(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -253,20 +181,6 @@ func TestCallerCancellationIsNotUnavailable(t *testing.T) {
 		_, err = k.Begin(cctx, "s", "k")
 		require.ErrorIs(t, err, context.Canceled)
 		require.ErrorIs(t, err, cause)
-
-		var runs atomic.Int32
-		var events []EventKind
-		mw, err := NewMiddleware(k, WithFailOpen(true), WithHook(func(ev Event) { events = append(events, ev.Kind) }))
-		require.NoError(t, err)
-		a := &mwApp{h: mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			w.WriteHeader(http.StatusCreated)
-		}))}
-		rec := a.do(mwPost("k1", "a").WithContext(ctx)) // the client is gone
-		assert.Equal(t, StatusClientClosedRequest, rec.Code)
-		a.do(mwPost("k1", "a")) // its retry
-		assert.EqualValues(t, 1, runs.Load())
-		assert.Equal(t, []EventKind{EventCanceled, EventClaimed, EventStored}, events)
 	})
 }
 
@@ -275,14 +189,14 @@ func TestCallerCancellationIsNotUnavailable(t *testing.T) {
 func TestCancelledWhileWaiting(t *testing.T) {
 	for _, coalesce := range []bool{false, true} {
 		t.Run(fmt.Sprint("coalescing ", coalesce), func(t *testing.T) {
-			b := newMiniredis(t)
+			b := redistest.Miniredis(t)
 			k := newKeeper(t, b, WithCoalescing(coalesce))
 			ctx := context.Background()
 			_, err := k.Begin(ctx, "s", "k")
 			require.NoError(t, err)
 			wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 			defer cancel()
-			_, err = k.Begin(wctx, "s", "k", Wait(time.Hour))
+			_, err = k.Begin(wctx, "s", "k", WithWait(time.Hour))
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			require.NotErrorIs(t, err, ErrUnavailable)
 		})
@@ -298,11 +212,11 @@ func TestDurationLimits(t *testing.T) {
 		"error retention": WithErrorRetention(math.MaxInt64),
 		"lease past max":  WithLease(MaxDuration + time.Millisecond),
 	} {
-		_, err := New(&mwMemStore{}, WithRetention(MaxDuration), opt)
+		_, err := New(&RedisStore{}, WithRetention(MaxDuration), opt)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
 	assert.Equal(t, int64(math.MaxInt64/int64(time.Millisecond)), millis(math.MaxInt64))
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(MaxDuration), WithRetention(MaxDuration), WithErrorRetention(MaxDuration))
 		out, err := k.Begin(ctx, "s", "k")
@@ -326,14 +240,14 @@ func TestDurationLimits(t *testing.T) {
 // A takeover of an abandoned claim reports Recovered and the attempt count
 // for every accepted setting, retention equal to the lease included.
 func TestRecoveredWhenRetentionEqualsLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const lease = 200 * time.Millisecond
 		k := newKeeper(t, b, WithLease(lease), WithRetention(lease))
 		ctx := context.Background()
 		out, err := k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
 		first := out.Claim.Token()
-		b.advance(lease + 50*time.Millisecond) // the holder crashed
+		b.Advance(lease + 50*time.Millisecond) // the holder crashed
 		out, err = k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -343,37 +257,10 @@ func TestRecoveredWhenRetentionEqualsLease(t *testing.T) {
 	})
 }
 
-// A stored response is never replayed to a request for another resource,
-// whatever the fingerprint function reads: here, the body only.
-func TestNoCrossResourceReplay(t *testing.T) {
-	k := newKeeper(t, newMiniredis(t))
-	mw, err := NewMiddleware(k, WithFingerprint(func(r *http.Request, body []byte) []byte { return body }))
-	require.NoError(t, err)
-	var ran []string
-	mux := http.NewServeMux()
-	mux.Handle("POST /accounts/{id}/charges", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ran = append(ran, r.PathValue("id"))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "charged account %s", r.PathValue("id"))
-	})))
-	do := func(path string) *httptest.ResponseRecorder {
-		rec := httptest.NewRecorder()
-		mux.ServeHTTP(rec, mwReq(http.MethodPost, path, `{"amount":100}`, DefaultKeyHeader, "k1"))
-		return rec
-	}
-	assert.Equal(t, http.StatusCreated, do("/accounts/A/charges").Code)
-	rec := do("/accounts/B/charges")
-	assert.Equal(t, http.StatusUnprocessableEntity, rec.Code, "B's charge: %s", rec.Body)
-	assert.Equal(t, []string{"A"}, ran)
-	rec = do("/accounts/A/charges")
-	assert.Equal(t, "charged account A", rec.Body.String())
-	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
-}
-
 // A key completed by Claim.Complete can be read by Do, and one completed by
 // Do can be read by Begin.
 func TestCompleteAndDoShareKeys(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b)
 		never := func(context.Context) ([]byte, error) { t.Error("ran again"); return nil, nil }

@@ -44,24 +44,26 @@ func defaultPolicy() policy {
 // runs, so the lease bounds how long a crashed process blocks its key, not how
 // long an operation may take. Default: 30s (DefaultLease). It must be at least
 // one millisecond, no longer than the retention, and at most MaxDuration.
+// Applies to a Keeper.
 func WithLease(d time.Duration) Option {
-	return func(c *config) { c.policy.lease = d }
+	return Option{name: "WithLease", to: toKeeper, set: func(s *settings) { s.policy.lease = d }}
 }
 
 // WithRetention sets how long a completed result is kept and replayed.
 // An abandoned claim (its holder crashed) is remembered for as long after its
 // lease ran out, so that the attempt that takes it over is told so
 // (Claim.Recovered). Default: 24h (DefaultRetention). It must be at least the
-// lease and at most MaxDuration.
+// lease and at most MaxDuration. Applies to a Keeper.
 func WithRetention(d time.Duration) Option {
-	return func(c *config) { c.policy.retention = d }
+	return Option{name: "WithRetention", to: toKeeper, set: func(s *settings) { s.policy.retention = d }}
 }
 
 // WithErrorRetention sets how long a stored error is kept: a FinalError from
 // Do, or what a caller of Claim.Complete classes as an error. Default: the
 // retention. It must be at least one millisecond and at most MaxDuration.
+// Applies to a Keeper.
 func WithErrorRetention(d time.Duration) Option {
-	return func(c *config) { c.policy.errorRetention = d }
+	return Option{name: "WithErrorRetention", to: toKeeper, set: func(s *settings) { s.policy.errorRetention = d }}
 }
 
 func (p *policy) validate() error {

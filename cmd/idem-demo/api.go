@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 )
 
 // paymentRequest is the body of POST /payments.
@@ -75,8 +76,8 @@ func (l *ledger) snapshot() map[string][]charge {
 
 // newAPI is the payments API: POST /payments guarded by the middleware, GET
 // /payments listing the ledger.
-func newAPI(k *idem.Keeper, l *ledger, work time.Duration, hook func(idem.Event)) (http.Handler, error) {
-	guard, err := idem.NewMiddleware(k, idem.WithHook(hook))
+func newAPI(k *idem.Keeper, l *ledger, work time.Duration, hook func(idemhttp.Event)) (http.Handler, error) {
+	guard, err := idemhttp.New(k, idemhttp.WithHook(hook))
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func pay(l *ledger, work time.Duration) http.Handler {
 			t.Stop()
 			return
 		}
-		key := r.Header.Get(idem.DefaultKeyHeader)
+		key := r.Header.Get(idemhttp.DefaultKeyHeader)
 		rc := receipt{Charge: l.charge(key, req.Amount), Payment: req.Payment, Amount: req.Amount, Currency: req.Currency}
 		if claim != nil {
 			rc.Token = claim.Token()
@@ -144,10 +145,10 @@ type eventCounts struct {
 	n [32]atomic.Int64
 }
 
-func (c *eventCounts) add(ev idem.Event) {
+func (c *eventCounts) add(ev idemhttp.Event) {
 	if int(ev.Kind) < len(c.n) {
 		c.n[ev.Kind].Add(1)
 	}
 }
 
-func (c *eventCounts) get(k idem.EventKind) int64 { return c.n[k].Load() }
+func (c *eventCounts) get(k idemhttp.EventKind) int64 { return c.n[k].Load() }

@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.Seed == 0 {
 		cfg.Seed = randomSeed()
 	}
-	guard := "guarded by idem.NewMiddleware"
+	guard := "guarded by idemhttp.New"
 	if *unguarded {
 		guard = "NOT guarded (-unguarded)"
 	}

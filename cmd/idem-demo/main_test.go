@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -58,7 +58,7 @@ func TestStormChargesEachPaymentOnce(t *testing.T) {
 	assert.Equal(t, cfg.Payments, rep.MissingKey, "each request without a key: 400")
 	assert.GreaterOrEqual(t, rep.Replays, cfg.Payments, "each resend is a replay")
 	assert.Equal(t, rep.Fresh+rep.Replays, v.Answers)
-	assert.EqualValues(t, cfg.Payments, events.get(idem.EventStored))
+	assert.EqualValues(t, cfg.Payments, events.get(idemhttp.EventStored))
 
 	var out bytes.Buffer
 	printTable(&out, cfg, rep, v, events, time.Second)
@@ -94,7 +94,7 @@ func TestStormCatchesReplaysThatDiffer(t *testing.T) {
 		rec := httptest.NewRecorder()
 		api.ServeHTTP(rec, r)
 		body := rec.Body.Bytes()
-		if rec.Header().Get(idem.ReplayedHeader) == "true" {
+		if rec.Header().Get(idemhttp.ReplayedHeader) == "true" {
 			body = bytes.Replace(body, []byte("ch_"), []byte("ch_9"), 1)
 		}
 		for k, vs := range rec.Header() {
@@ -197,7 +197,7 @@ func TestServeMode(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, post(body).StatusCode)
 	again := post(body)
 	assert.Equal(t, http.StatusCreated, again.StatusCode)
-	assert.Equal(t, "true", again.Header.Get(idem.ReplayedHeader))
+	assert.Equal(t, "true", again.Header.Get(idemhttp.ReplayedHeader))
 	assert.Equal(t, http.StatusUnprocessableEntity, post(strings.Replace(body, "1000", "2000", 1)).StatusCode)
 
 	resp, err := http.Get(base + "/payments")

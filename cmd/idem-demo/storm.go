@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 )
 
 // stormConfig sizes a retry storm.
@@ -194,7 +194,7 @@ func (s *stormer) send(ctx context.Context, key string, body []byte, cut time.Du
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(idem.DefaultKeyHeader, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	}
 	started := time.Now()
 	resp, err := s.hc.Do(req)
@@ -223,7 +223,7 @@ func (s *stormer) send(ctx context.Context, key string, body []byte, cut time.Du
 	r.Latencies = append(r.Latencies, took)
 	switch resp.StatusCode {
 	case http.StatusCreated:
-		a := answer{Body: b, Location: resp.Header.Get("Location"), Replayed: resp.Header.Get(idem.ReplayedHeader) == "true"}
+		a := answer{Body: b, Location: resp.Header.Get("Location"), Replayed: resp.Header.Get(idemhttp.ReplayedHeader) == "true"}
 		if a.Replayed {
 			r.Replays++
 		} else {

@@ -1,4 +1,4 @@
-package idem_test
+package idemhttp_test
 
 import (
 	"fmt"
@@ -6,20 +6,28 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/redis/go-redis/v9"
 )
 
 // A payments endpoint guarded by the middleware: the retried request is
 // answered with the first response, and the card is charged once.
-func ExampleNewMiddleware() {
-	client, done := newClient() // any Redis; miniredis keeps the example self-contained
-	defer done()
+func ExampleNew() {
+	m := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
 
 	keeper, err := idem.NewRedis(client)
 	if err != nil {
 		panic(err)
 	}
-	guard, err := idem.NewMiddleware(keeper)
+	guard, err := idemhttp.New(keeper)
 	if err != nil {
 		panic(err)
 	}
@@ -58,15 +66,20 @@ func ExampleNewMiddleware() {
 
 // Count outcomes for metrics with a hook.
 func ExampleWithHook() {
-	client, done := newClient() // any Redis; miniredis keeps the example self-contained
-	defer done()
+	m := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
 	keeper, err := idem.NewRedis(client)
 	if err != nil {
 		panic(err)
 	}
 
-	counts := map[idem.EventKind]int{} // a real hook must be safe for concurrent use
-	guard, err := idem.NewMiddleware(keeper, idem.WithHook(func(ev idem.Event) { counts[ev.Kind]++ }))
+	counts := map[idemhttp.EventKind]int{} // a real hook must be safe for concurrent use
+	guard, err := idemhttp.New(keeper, idemhttp.WithHook(func(ev idemhttp.Event) { counts[ev.Kind]++ }))
 	if err != nil {
 		panic(err)
 	}
@@ -80,7 +93,7 @@ func ExampleWithHook() {
 		}
 		h.ServeHTTP(httptest.NewRecorder(), req)
 	}
-	for _, k := range []idem.EventKind{idem.EventClaimed, idem.EventStored, idem.EventReplayed, idem.EventInvalid} {
+	for _, k := range []idemhttp.EventKind{idemhttp.EventClaimed, idemhttp.EventStored, idemhttp.EventReplayed, idemhttp.EventInvalid} {
 		fmt.Printf("%s: %d\n", k, counts[k])
 	}
 	// Output:

@@ -1,4 +1,4 @@
-package idem
+package idemhttp
 
 import (
 	"bytes"
@@ -16,55 +16,50 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// mwEnv is a Redis the middleware suite runs against.
-type mwEnv = backend
-
-// mwMiniredis is an embedded miniredis whose clock stands still until
-// advance moves it.
-func mwMiniredis(t *testing.T) *mwEnv { return newMiniredis(t) }
-
 // TestMiddleware runs the middleware suite on miniredis;
 // TestMiddlewareRedis runs it on redis-server.
-func TestMiddleware(t *testing.T) { mwSuite(t, mwMiniredis) }
+func TestMiddleware(t *testing.T) { suite(t, redistest.Miniredis) }
 
 // mwSuite is every middleware test that needs a Redis.
-func mwSuite(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func suite(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	for _, tc := range []struct {
 		name string
-		test func(*testing.T, func(*testing.T) *mwEnv)
+		test func(*testing.T, func(testing.TB) *redistest.Backend)
 	}{
-		{"StatusTable", mwTestStatusTable},
-		{"InProgressAnswers409", mwTestInProgress},
-		{"ConcurrentDuplicatesRunOnce", mwTestConcurrent},
-		{"ConcurrentDuplicatesWaitForTheReplay", mwTestConcurrentWait},
-		{"TenantsNeverShareRecords", mwTestTenants},
-		{"HeaderPolicy", mwTestHeaderPolicy},
-		{"RoutePattern", mwTestRoutePattern},
-		{"ErrorsKeptForErrorRetention", mwTestErrorRetention},
-		{"OversizedResponse", mwTestOversized},
-		{"FlushedResponse", mwTestFlushed},
-		{"ReadFromAndResponseController", mwTestReadFrom},
-		{"PanicReleasesAndRepanics", mwTestPanic},
-		{"ClientGoneBeforeAnswer", mwTestClientGoneReleases},
-		{"ClientGoneAfterSuccess", mwTestClientGoneStores},
-		{"RecoveredClaimAndLostLease", mwTestLeaseLost},
-		{"StoreLostAfterHandler", mwTestStoreLostAfterHandler},
+		{"StatusTable", testStatusTable},
+		{"InProgressAnswers409", testInProgress},
+		{"ConcurrentDuplicatesRunOnce", testConcurrent},
+		{"ConcurrentDuplicatesWaitForTheReplay", testConcurrentWait},
+		{"TenantsNeverShareRecords", testTenants},
+		{"HeaderPolicy", testHeaderPolicy},
+		{"RoutePattern", testRoutePattern},
+		{"ErrorsKeptForErrorRetention", testErrorRetention},
+		{"OversizedResponse", testOversized},
+		{"FlushedResponse", testFlushed},
+		{"ReadFromAndResponseController", testReadFrom},
+		{"PanicReleasesAndRepanics", testPanic},
+		{"ClientGoneBeforeAnswer", testClientGoneReleases},
+		{"ClientGoneAfterSuccess", testClientGoneStores},
+		{"RecoveredClaimAndLostLease", testLeaseLost},
+		{"StoreLostAfterHandler", testStoreLostAfterHandler},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newEnv) })
 	}
 }
 
 // mwHandler is a test handler; run counts its calls from 1.
-type mwHandler func(run int64, w http.ResponseWriter, r *http.Request)
+type handler func(run int64, w http.ResponseWriter, r *http.Request)
 
 // mwAnswer answers statuses[run-1] (the last one once they run out) with
 // {"run":N} as JSON and an X-Run header.
-func mwAnswer(statuses ...int) mwHandler {
+func answer(statuses ...int) handler {
 	if len(statuses) == 0 {
 		statuses = []int{http.StatusCreated}
 	}
@@ -80,7 +75,7 @@ func mwAnswer(statuses ...int) mwHandler {
 }
 
 // mwEcho answers 201 with the request body.
-func mwEcho(run int64, w http.ResponseWriter, r *http.Request) {
+func echo(run int64, w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	w.WriteHeader(http.StatusCreated)
 	w.Write(b)
@@ -88,34 +83,34 @@ func mwEcho(run int64, w http.ResponseWriter, r *http.Request) {
 
 // mwApp is a handler guarded by the middleware, counting its runs and
 // recording the middleware's events.
-type mwApp struct {
-	env    *mwEnv
-	keeper *Keeper
+type app struct {
+	env    *redistest.Backend
+	keeper *idem.Keeper
 	runs   atomic.Int64
 	h      http.Handler
 	events chan Event
 }
 
-func mwKeeper(t *testing.T, env *mwEnv, opts ...Option) *Keeper {
+func newKeeper(t testing.TB, env *redistest.Backend, opts ...idem.Option) *idem.Keeper {
 	t.Helper()
-	k, err := NewRedis(env.client, opts...)
+	k, err := idem.NewRedis(env.Client, opts...)
 	require.NoError(t, err)
 	return k
 }
 
 // newMWApp guards handler (mwAnswer() if nil) with the options, on k (a new
 // Keeper on env if nil).
-func newMWApp(t *testing.T, env *mwEnv, k *Keeper, handler mwHandler, opts ...MiddlewareOption) *mwApp {
+func newApp(t *testing.T, env *redistest.Backend, k *idem.Keeper, handler handler, opts ...Option) *app {
 	t.Helper()
 	if k == nil {
-		k = mwKeeper(t, env)
+		k = newKeeper(t, env)
 	}
 	if handler == nil {
-		handler = mwAnswer()
+		handler = answer()
 	}
-	a := &mwApp{env: env, keeper: k, events: make(chan Event, 1024)}
-	opts = append([]MiddlewareOption{WithHook(func(ev Event) { a.events <- ev })}, opts...)
-	mw, err := NewMiddleware(k, opts...)
+	a := &app{env: env, keeper: k, events: make(chan Event, 1024)}
+	opts = append([]Option{WithHook(func(ev Event) { a.events <- ev })}, opts...)
+	mw, err := New(k, opts...)
 	require.NoError(t, err)
 	a.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler(a.runs.Add(1), w, r)
@@ -123,14 +118,14 @@ func newMWApp(t *testing.T, env *mwEnv, k *Keeper, handler mwHandler, opts ...Mi
 	return a
 }
 
-func (a *mwApp) do(r *http.Request) *httptest.ResponseRecorder {
+func (a *app) do(r *http.Request) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	a.h.ServeHTTP(rec, r)
 	return rec
 }
 
 // lastEvent returns the kind of the newest event so far, or 0.
-func (a *mwApp) lastEvent() EventKind {
+func (a *app) lastEvent() EventKind {
 	var k EventKind
 	for {
 		select {
@@ -144,7 +139,7 @@ func (a *mwApp) lastEvent() EventKind {
 
 // await returns the next event of kind, skipping others; it fails the test
 // after ten seconds.
-func (a *mwApp) await(t *testing.T, kind EventKind) Event {
+func (a *app) await(t *testing.T, kind EventKind) Event {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
@@ -160,7 +155,7 @@ func (a *mwApp) await(t *testing.T, kind EventKind) Event {
 }
 
 // mwReq is a request with header name, value pairs.
-func mwReq(method, target, body string, hdr ...string) *http.Request {
+func request(method, target, body string, hdr ...string) *http.Request {
 	r := httptest.NewRequest(method, target, strings.NewReader(body))
 	for i := 0; i+1 < len(hdr); i += 2 {
 		r.Header.Add(hdr[i], hdr[i+1])
@@ -169,12 +164,12 @@ func mwReq(method, target, body string, hdr ...string) *http.Request {
 }
 
 // mwPost is POST /x with the key and body.
-func mwPost(key, body string) *http.Request {
-	return mwReq(http.MethodPost, "/x", body, DefaultKeyHeader, key)
+func postKey(key, body string) *http.Request {
+	return request(http.MethodPost, "/x", body, DefaultKeyHeader, key)
 }
 
 // mwCheckProblem asserts an RFC 9457 answer of the middleware.
-func mwCheckProblem(t *testing.T, status int, h http.Header, body []byte, wantStatus int, wantType string) problem {
+func checkProblem(t *testing.T, status int, h http.Header, body []byte, wantStatus int, wantType string) problem {
 	t.Helper()
 	require.Equal(t, wantStatus, status, "body: %s", body)
 	assert.Equal(t, "application/problem+json", h.Get("Content-Type"))
@@ -187,17 +182,17 @@ func mwCheckProblem(t *testing.T, status int, h http.Header, body []byte, wantSt
 	return p
 }
 
-func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	post := func(key, body string) func() *http.Request {
-		return func() *http.Request { return mwPost(key, body) }
+		return func() *http.Request { return postKey(key, body) }
 	}
 	run1 := "{\"run\":1}\n"
 	run2 := "{\"run\":2}\n"
 	type row struct {
 		name    string
-		opts    []MiddlewareOption
-		handler mwHandler
-		before  func(t *testing.T, a *mwApp)
+		opts    []Option
+		handler handler
+		before  func(t *testing.T, a *app)
 		req     func() *http.Request
 		status  int
 		header  map[string]string // "" means absent
@@ -206,33 +201,33 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		runs    int64
 		event   EventKind // the last event; 0 for none
 	}
-	first := func(req func() *http.Request) func(*testing.T, *mwApp) {
-		return func(t *testing.T, a *mwApp) { a.do(req()) }
+	first := func(req func() *http.Request) func(*testing.T, *app) {
+		return func(t *testing.T, a *app) { a.do(req()) }
 	}
-	corruptAll := func(t *testing.T, a *mwApp, value string) {
+	corruptAll := func(t *testing.T, a *app, value string) {
 		ctx := context.Background()
-		a.do(mwPost("k1", "a"))
-		keys, err := a.env.client.Keys(ctx, DefaultPrefix+"*").Result()
+		a.do(postKey("k1", "a"))
+		keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"*").Result()
 		require.NoError(t, err)
 		require.Len(t, keys, 1)
-		require.NoError(t, a.env.client.Set(ctx, keys[0], value, 0).Err())
+		require.NoError(t, a.env.Client.Set(ctx, keys[0], value, 0).Err())
 	}
 	fresh := map[string]string{ReplayedHeader: "", "Content-Type": "application/json"}
 	replayed := map[string]string{ReplayedHeader: "true", "Content-Type": "application/json", "X-Run": "1"}
 	rows := []row{
-		{name: "unguarded method passes through", req: func() *http.Request { return mwReq(http.MethodGet, "/x", "") },
+		{name: "unguarded method passes through", req: func() *http.Request { return request(http.MethodGet, "/x", "") },
 			status: 201, header: fresh, body: run1, runs: 1},
 		{name: "first request runs the handler", req: post("k1", "a"),
 			status: 201, header: map[string]string{ReplayedHeader: "", "X-Run": "1"}, body: run1, runs: 1, event: EventStored},
 		{name: "repeat replays", before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
-		{name: "missing key", req: func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+		{name: "missing key", req: func() *http.Request { return request(http.MethodPost, "/x", "a") },
 			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
-		{name: "optional key missing passes through", opts: []MiddlewareOption{WithKeyRequired(false)},
-			before: func(t *testing.T, a *mwApp) { a.do(mwReq(http.MethodPost, "/x", "a")) },
-			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+		{name: "optional key missing passes through", opts: []Option{WithKeyRequired(false)},
+			before: func(t *testing.T, a *app) { a.do(request(http.MethodPost, "/x", "a")) },
+			req:    func() *http.Request { return request(http.MethodPost, "/x", "a") },
 			status: 201, header: fresh, body: run2, runs: 2},
-		{name: "optional key present is guarded", opts: []MiddlewareOption{WithKeyRequired(false)},
+		{name: "optional key present is guarded", opts: []Option{WithKeyRequired(false)},
 			before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
 		{name: "empty key", req: post("", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
@@ -241,115 +236,115 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		{name: "control character in key", req: post("a\tb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "DEL in key", req: post("a\x7fb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "two key headers", req: func() *http.Request {
-			return mwReq(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1", DefaultKeyHeader, "k2")
+			return request(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1", DefaultKeyHeader, "k2")
 		}, status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "unterminated quoted key", req: post(`"k1`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "quoted key with a bad escape", req: post(`"k\1"`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "empty quoted key", req: post(`""`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
 		{name: "quoted key is its content", before: first(post("k\"1", "a")), req: post(`"k\"1"`, "a"),
 			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
-		{name: "body above the limit", opts: []MiddlewareOption{WithBodyLimit(8)}, req: post("k1", "123456789"),
+		{name: "body above the limit", opts: []Option{WithBodyLimit(8)}, req: post("k1", "123456789"),
 			status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
-		{name: "body above the limit, no Content-Length", opts: []MiddlewareOption{WithBodyLimit(8)},
+		{name: "body above the limit, no Content-Length", opts: []Option{WithBodyLimit(8)},
 			req: func() *http.Request {
-				r := mwPost("k1", "")
+				r := postKey("k1", "")
 				r.Body, r.ContentLength = io.NopCloser(strings.NewReader("123456789")), -1
 				return r
 			}, status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
-		{name: "body at the limit", opts: []MiddlewareOption{WithBodyLimit(8)}, req: post("k1", "12345678"),
+		{name: "body at the limit", opts: []Option{WithBodyLimit(8)}, req: post("k1", "12345678"),
 			status: 201, body: run1, runs: 1, event: EventStored},
 		{name: "same key, other body", before: first(post("k1", "a")), req: post("k1", "b"),
 			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
 		{name: "same key, other query", before: first(post("k1", "a")),
-			req:    func() *http.Request { return mwReq(http.MethodPost, "/x?dry=1", "a", DefaultKeyHeader, "k1") },
+			req:    func() *http.Request { return request(http.MethodPost, "/x?dry=1", "a", DefaultKeyHeader, "k1") },
 			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
 		{name: "same key, other method is refused", before: first(post("k1", "a")),
-			req:    func() *http.Request { return mwReq(http.MethodPatch, "/x", "a", DefaultKeyHeader, "k1") },
+			req:    func() *http.Request { return request(http.MethodPatch, "/x", "a", DefaultKeyHeader, "k1") },
 			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
 		{name: "same key, other path is refused", before: first(post("k1", "a")),
-			req:    func() *http.Request { return mwReq(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
+			req:    func() *http.Request { return request(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
 			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
-		{name: "same key, other tenant is another record", opts: []MiddlewareOption{WithScope(func(r *http.Request) string { return r.Header.Get("Tenant") })},
+		{name: "same key, other tenant is another record", opts: []Option{WithScope(func(r *http.Request) string { return r.Header.Get("Tenant") })},
 			before: first(post("k1", "a")),
 			req: func() *http.Request {
-				r := mwReq(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1")
+				r := request(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1")
 				r.Header.Set("Tenant", "t2")
 				return r
 			},
 			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
-		{name: "handler reads the whole body", handler: mwEcho, req: post("k1", "the body"),
+		{name: "handler reads the whole body", handler: echo, req: post("k1", "the body"),
 			status: 201, body: "the body", runs: 1, event: EventStored},
 		{name: "fingerprint reading r.Body leaves it whole",
-			opts: []MiddlewareOption{WithFingerprint(func(r *http.Request, body []byte) []byte {
+			opts: []Option{WithFingerprint(func(r *http.Request, body []byte) []byte {
 				b, _ := io.ReadAll(r.Body)
 				return b
 			})},
-			handler: mwEcho, req: post("k1", "the body"), status: 201, body: "the body", runs: 1, event: EventStored},
+			handler: echo, req: post("k1", "the body"), status: 201, body: "the body", runs: 1, event: EventStored},
 		{name: "custom fingerprint may ignore the body",
-			opts:   []MiddlewareOption{WithFingerprint(func(r *http.Request, body []byte) []byte { return []byte(r.Method) })},
+			opts:   []Option{WithFingerprint(func(r *http.Request, body []byte) []byte { return []byte(r.Method) })},
 			before: first(post("k1", "a")), req: post("k1", "b"),
 			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
-		{name: "custom key header", opts: []MiddlewareOption{WithKeyHeader("x-request-id")},
-			before: func(t *testing.T, a *mwApp) { a.do(mwReq(http.MethodPost, "/x", "a", "X-Request-Id", "k1")) },
-			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a", "X-Request-Id", "k1") },
+		{name: "custom key header", opts: []Option{WithKeyHeader("x-request-id")},
+			before: func(t *testing.T, a *app) { a.do(request(http.MethodPost, "/x", "a", "X-Request-Id", "k1")) },
+			req:    func() *http.Request { return request(http.MethodPost, "/x", "a", "X-Request-Id", "k1") },
 			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
-		{name: "custom key header, default one ignored", opts: []MiddlewareOption{WithKeyHeader("X-Request-Id")},
+		{name: "custom key header, default one ignored", opts: []Option{WithKeyHeader("X-Request-Id")},
 			req: post("k1", "a"), status: 400, problem: ProblemKeyMissing, event: EventInvalid},
-		{name: "custom methods: POST passes", opts: []MiddlewareOption{WithMethods(http.MethodPut)},
-			before: first(func() *http.Request { return mwReq(http.MethodPost, "/x", "a") }),
-			req:    func() *http.Request { return mwReq(http.MethodPost, "/x", "a") },
+		{name: "custom methods: POST passes", opts: []Option{WithMethods(http.MethodPut)},
+			before: first(func() *http.Request { return request(http.MethodPost, "/x", "a") }),
+			req:    func() *http.Request { return request(http.MethodPost, "/x", "a") },
 			status: 201, header: fresh, body: run2, runs: 2},
-		{name: "custom methods: PUT guarded", opts: []MiddlewareOption{WithMethods(http.MethodPut)},
-			req:    func() *http.Request { return mwReq(http.MethodPut, "/x", "a") },
+		{name: "custom methods: PUT guarded", opts: []Option{WithMethods(http.MethodPut)},
+			req:    func() *http.Request { return request(http.MethodPut, "/x", "a") },
 			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
-		{name: "204 replays without a body", handler: mwAnswer(204), before: first(post("k1", "a")), req: post("k1", "a"),
+		{name: "204 replays without a body", handler: answer(204), before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 204, header: map[string]string{ReplayedHeader: "true", "Content-Length": ""}, runs: 1, event: EventReplayed},
 		{name: "custom store policy releases 404",
-			opts:    []MiddlewareOption{WithStorePolicy(func(s int) bool { return s < 300 })},
-			handler: mwAnswer(404, 201), before: first(post("k1", "a")), req: post("k1", "a"),
+			opts:    []Option{WithStorePolicy(func(s int) bool { return s < 300 })},
+			handler: answer(404, 201), before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
-		{name: "store unavailable", before: func(t *testing.T, a *mwApp) { a.env.stop() }, req: post("k1", "a"),
+		{name: "store unavailable", before: func(t *testing.T, a *app) { a.env.Stop() }, req: post("k1", "a"),
 			status: 503, header: map[string]string{"Retry-After": "1"}, problem: ProblemUnavailable, event: EventUnavailable},
-		{name: "store unavailable, fail open", opts: []MiddlewareOption{WithFailOpen(true)},
-			before: func(t *testing.T, a *mwApp) { a.env.stop() }, req: post("k1", "a"),
+		{name: "store unavailable, fail open", opts: []Option{WithFailOpen(true)},
+			before: func(t *testing.T, a *app) { a.env.Stop() }, req: post("k1", "a"),
 			status: 201, header: fresh, body: run1, runs: 1, event: EventFailOpen},
-		{name: "record not ours", before: func(t *testing.T, a *mwApp) { corruptAll(t, a, "garbage") }, req: post("k1", "a"),
+		{name: "record not ours", before: func(t *testing.T, a *app) { corruptAll(t, a, "garbage") }, req: post("k1", "a"),
 			status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
-		{name: "record of another type", before: func(t *testing.T, a *mwApp) {
+		{name: "record of another type", before: func(t *testing.T, a *app) {
 			ctx := context.Background()
-			a.do(mwPost("k1", "a"))
-			keys, err := a.env.client.Keys(ctx, DefaultPrefix+"*").Result()
+			a.do(postKey("k1", "a"))
+			keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"*").Result()
 			require.NoError(t, err)
-			require.NoError(t, a.env.client.Del(ctx, keys...).Err())
-			require.NoError(t, a.env.client.HSet(ctx, keys[0], "f", "v").Err())
+			require.NoError(t, a.env.Client.Del(ctx, keys...).Err())
+			require.NoError(t, a.env.Client.HSet(ctx, keys[0], "f", "v").Err())
 		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
-		{name: "stored response unreadable", before: func(t *testing.T, a *mwApp) {
-			r := mwPost("k1", "a")
+		{name: "stored response unreadable", before: func(t *testing.T, a *app) {
+			r := postKey("k1", "a")
 			out, err := a.keeper.Begin(context.Background(), "", "k1",
-				Fingerprint(requestFingerprint(r, defaultFingerprint(r, []byte("a")))))
+				idem.WithFingerprint(requestFingerprint(r, defaultFingerprint(r, []byte("a")))))
 			require.NoError(t, err)
 			require.NoError(t, out.Claim.Complete(context.Background(), []byte{0x93, 1, 2}, 0))
 		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: EventCorrupt},
 	}
 	for _, status := range []int{500, 502, 503, 408, 409, 425, 429} {
-		rows = append(rows, row{name: fmt.Sprintf("%d is released", status), handler: mwAnswer(status, 201),
+		rows = append(rows, row{name: fmt.Sprintf("%d is released", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 201, header: fresh, body: run2, runs: 2, event: EventStored})
 	}
 	for _, status := range []int{200, 202, 301, 303, 400, 403, 404, 410, 422} {
-		rows = append(rows, row{name: fmt.Sprintf("%d is stored", status), handler: mwAnswer(status, 201),
+		rows = append(rows, row{name: fmt.Sprintf("%d is stored", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
 			status: status, header: replayed, body: run1, runs: 1, event: EventReplayed})
 	}
 	for _, tc := range rows {
 		t.Run(tc.name, func(t *testing.T) {
-			a := newMWApp(t, newEnv(t), nil, tc.handler, tc.opts...)
+			a := newApp(t, newEnv(t), nil, tc.handler, tc.opts...)
 			if tc.before != nil {
 				tc.before(t, a)
 			}
 			rec := a.do(tc.req())
 			if tc.problem != "" {
-				mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), tc.status, tc.problem)
+				checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), tc.status, tc.problem)
 			} else {
 				require.Equal(t, tc.status, rec.Code, "body: %s", rec.Body)
 				assert.Equal(t, tc.body, rec.Body.String())
@@ -371,30 +366,30 @@ func mwTestStatusTable(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	}
 }
 
-func mwTestInProgress(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testInProgress(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	gate := make(chan struct{})
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		<-gate
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	})
 	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- a.do(mwPost("k1", "a")) }()
+	go func() { done <- a.do(postKey("k1", "a")) }()
 	claimed := a.await(t, EventClaimed)
 	assert.Equal(t, 1, claimed.Attempt)
 
-	rec := a.do(mwPost("k1", "a"))
-	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusConflict, ProblemInProgress)
+	rec := a.do(postKey("k1", "a"))
+	checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusConflict, ProblemInProgress)
 	secs, err := strconv.Atoi(rec.Header().Get("Retry-After"))
 	require.NoError(t, err, "Retry-After is whole seconds")
 	assert.True(t, secs >= 1 && secs <= 30, "Retry-After %d is the lease left, rounded up", secs)
 	conflict := a.await(t, EventConflict)
 	assert.Equal(t, http.StatusConflict, conflict.Status)
-	assert.True(t, conflict.RetryAfter > 0 && conflict.RetryAfter <= DefaultLease)
+	assert.True(t, conflict.RetryAfter > 0 && conflict.RetryAfter <= idem.DefaultLease)
 
 	close(gate)
 	first := <-done
 	assert.Equal(t, http.StatusCreated, first.Code)
-	rec = a.do(mwPost("k1", "a"))
+	rec = a.do(postKey("k1", "a"))
 	assert.Equal(t, http.StatusCreated, rec.Code)
 	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 	assert.Equal(t, first.Body.String(), rec.Body.String())
@@ -402,49 +397,49 @@ func mwTestInProgress(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 }
 
 // mwResult is a response read by a net/http client.
-type mwResult struct {
+type result struct {
 	status int
 	header http.Header
 	body   []byte
 	err    error
 }
 
-func mwSend(c *http.Client, r *http.Request) mwResult {
+func send(c *http.Client, r *http.Request) result {
 	resp, err := c.Do(r)
 	if err != nil {
-		return mwResult{err: err}
+		return result{err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return mwResult{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	return result{status: resp.StatusCode, header: resp.Header, body: b, err: err}
 }
 
-func mwClientPost(t *testing.T, url, key, body string) *http.Request {
+func clientPost(t *testing.T, url, key, body string) *http.Request {
 	r, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
 	r.Header.Set(DefaultKeyHeader, key)
 	return r
 }
 
-func mwTestConcurrent(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testConcurrent(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	const n = 12
 	gate := make(chan struct{})
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		<-gate
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	})
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	results := make(chan mwResult, n)
+	results := make(chan result, n)
 	for range n {
-		go func() { results <- mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a")) }()
+		go func() { results <- send(srv.Client(), clientPost(t, srv.URL, "k1", "a")) }()
 	}
 	// The claim holder waits at the gate, so every other request is answered
 	// 409 before it.
 	for range n - 1 {
 		res := <-results
 		require.NoError(t, res.err)
-		mwCheckProblem(t, res.status, res.header, res.body, http.StatusConflict, ProblemInProgress)
+		checkProblem(t, res.status, res.header, res.body, http.StatusConflict, ProblemInProgress)
 		assert.NotEmpty(t, res.header.Get("Retry-After"))
 	}
 	close(gate)
@@ -453,7 +448,7 @@ func mwTestConcurrent(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.Equal(t, http.StatusCreated, res.status)
 	assert.Empty(t, res.header.Get(ReplayedHeader))
 
-	again := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	again := send(srv.Client(), clientPost(t, srv.URL, "k1", "a"))
 	require.NoError(t, again.err)
 	assert.Equal(t, http.StatusCreated, again.status)
 	assert.Equal(t, "true", again.header.Get(ReplayedHeader))
@@ -461,17 +456,17 @@ func mwTestConcurrent(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.EqualValues(t, 1, a.runs.Load())
 }
 
-func mwTestConcurrentWait(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testConcurrentWait(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	const n = 12
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		time.Sleep(20 * time.Millisecond) // long enough for duplicates to find it in progress
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	}, WithWait(20*time.Second))
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	results := make(chan mwResult, n)
+	results := make(chan result, n)
 	for range n {
-		go func() { results <- mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a")) }()
+		go func() { results <- send(srv.Client(), clientPost(t, srv.URL, "k1", "a")) }()
 	}
 	replays := 0
 	var bodies [][]byte
@@ -491,12 +486,12 @@ func mwTestConcurrentWait(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.EqualValues(t, 1, a.runs.Load())
 }
 
-func mwTestTenants(t *testing.T, newEnv func(*testing.T) *mwEnv) {
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+func testTenants(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "secret of %s, run %d", r.Header.Get("X-Tenant"), run)
 	}, WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") }))
 	send := func(tenant string) *httptest.ResponseRecorder {
-		return a.do(mwReq(http.MethodPost, "/x", "same body", DefaultKeyHeader, "k1", "X-Tenant", tenant))
+		return a.do(request(http.MethodPost, "/x", "same body", DefaultKeyHeader, "k1", "X-Tenant", tenant))
 	}
 	assert.Equal(t, "secret of alice, run 1", send("alice").Body.String())
 	bob := send("bob")
@@ -514,9 +509,9 @@ func mwTestTenants(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.EqualValues(t, 3, a.runs.Load())
 }
 
-func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testHeaderPolicy(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	const oldDate = "Mon, 01 Jan 2001 00:00:00 GMT"
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Add("Set-Cookie", "session=1")
 		h.Add("Set-Cookie", "theme=dark")
@@ -540,12 +535,12 @@ func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		h.Set("X-Checksum", "after the body: a trailer") // not a header of the response
 		h.Set("X-Late", "set after WriteHeader")
 	})
-	first := a.do(mwPost("k1", "a"))
+	first := a.do(postKey("k1", "a"))
 	require.Equal(t, http.StatusCreated, first.Code)
 	assert.Equal(t, []string{"session=1", "theme=dark"}, first.Header().Values("Set-Cookie"), "the first answer is the handler's")
 
 	for range 2 {
-		rec := a.do(mwPost("k1", "a"))
+		rec := a.do(postKey("k1", "a"))
 		require.Equal(t, http.StatusCreated, rec.Code)
 		h := rec.Header()
 		assert.Equal(t, "true", h.Get(ReplayedHeader))
@@ -577,7 +572,7 @@ func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	})
 	for _, want := range []string{"1", "2"} {
 		rec := httptest.NewRecorder()
-		outer.ServeHTTP(rec, mwPost("k2", "a"))
+		outer.ServeHTTP(rec, postKey("k2", "a"))
 		assert.Equal(t, want, rec.Header().Get("X-Request-Id"))
 		assert.Equal(t, "text/plain", rec.Header().Get("Content-Type"))
 		assert.Equal(t, want == "2", rec.Header().Get(ReplayedHeader) == "true")
@@ -586,15 +581,15 @@ func mwTestHeaderPolicy(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	// Through a real server and client, multi-value headers arrive intact.
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	res := send(srv.Client(), clientPost(t, srv.URL+"/x", "k1", "a"))
 	require.NoError(t, res.err)
 	assert.Equal(t, []string{"one", "two", "three"}, res.header.Values("X-Multi"))
 	assert.Empty(t, res.header.Values("Set-Cookie"))
 	assert.Equal(t, "body", string(res.body))
 }
 
-func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+func testRoutePattern(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "item %s, run %d", r.PathValue("id"), run)
 	})
 	inside := http.NewServeMux()
@@ -602,47 +597,47 @@ func mwTestRoutePattern(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	// One key names one request of the tenant: another item with it is
 	// another request.
 	rec := httptest.NewRecorder()
-	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k1"))
+	inside.ServeHTTP(rec, request(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k1"))
 	assert.Equal(t, "item 1, run 1", rec.Body.String())
 	rec = httptest.NewRecorder()
-	inside.ServeHTTP(rec, mwReq(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k1"))
-	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
+	inside.ServeHTTP(rec, request(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k1"))
+	checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
 
 	// Around the mux the answers are the same: the router does not matter.
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /items/{id}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "item %s", r.PathValue("id"))
 	})
-	mw, err := NewMiddleware(a.keeper)
+	mw, err := New(a.keeper)
 	require.NoError(t, err)
 	around := mw(mux)
 	rec = httptest.NewRecorder()
-	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
+	around.ServeHTTP(rec, request(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
 	assert.Equal(t, "item 1", rec.Body.String())
 	rec = httptest.NewRecorder()
-	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k2"))
-	mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
+	around.ServeHTTP(rec, request(http.MethodPost, "/items/2", "a", DefaultKeyHeader, "k2"))
+	checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusUnprocessableEntity, ProblemMismatch)
 	rec = httptest.NewRecorder()
-	around.ServeHTTP(rec, mwReq(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
+	around.ServeHTTP(rec, request(http.MethodPost, "/items/1", "a", DefaultKeyHeader, "k2"))
 	assert.Equal(t, "item 1", rec.Body.String())
 	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 }
 
-func mwTestErrorRetention(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testErrorRetention(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	env := newEnv(t)
-	k := mwKeeper(t, env, WithErrorRetention(time.Minute))
-	a := newMWApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
+	k := newKeeper(t, env, idem.WithErrorRetention(time.Minute))
+	a := newApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
 		status, _ := strconv.Atoi(r.URL.Query().Get("status"))
 		w.WriteHeader(status)
 	})
 	ttl := func(status int) time.Duration {
 		target := "/x?status=" + strconv.Itoa(status)
-		rec := a.do(mwReq(http.MethodPost, target, "", DefaultKeyHeader, "k1"))
+		rec := a.do(request(http.MethodPost, target, "", DefaultKeyHeader, "k1"))
 		require.Equal(t, status, rec.Code)
-		key := DefaultPrefix + "{" + recordID("", "k1") + "}"
-		d, err := env.client.PTTL(context.Background(), key).Result()
+		key := recordKey(t, env, "", "k1")
+		d, err := env.Client.PTTL(context.Background(), key).Result()
 		require.NoError(t, err)
-		require.NoError(t, env.client.Del(context.Background(), key).Err())
+		require.NoError(t, env.Client.Del(context.Background(), key).Err())
 		return d
 	}
 	for _, status := range []int{400, 404, 422} {
@@ -651,12 +646,12 @@ func mwTestErrorRetention(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	}
 	for _, status := range []int{200, 201, 303} {
 		d := ttl(status)
-		assert.True(t, d > time.Minute && d <= DefaultRetention, "%d kept for %s, the retention", status, d)
+		assert.True(t, d > time.Minute && d <= idem.DefaultRetention, "%d kept for %s, the retention", status, d)
 	}
 }
 
-func mwTestOversized(t *testing.T, newEnv func(*testing.T) *mwEnv) {
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+func testOversized(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("Etag", `"v1"`)
@@ -667,7 +662,7 @@ func mwTestOversized(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		w.Write([]byte(strings.Repeat("b", n-len(half))))
 	}, WithResponseLimit(64))
 	send := func(n int) *httptest.ResponseRecorder {
-		return a.do(mwReq(http.MethodPost, "/x?n="+strconv.Itoa(n), "", DefaultKeyHeader, "k"+strconv.Itoa(n)))
+		return a.do(request(http.MethodPost, "/x?n="+strconv.Itoa(n), "", DefaultKeyHeader, "k"+strconv.Itoa(n)))
 	}
 
 	// At the limit: kept.
@@ -686,7 +681,7 @@ func mwTestOversized(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.Equal(t, EventStored, a.lastEvent())
 	for range 2 {
 		rec = send(65)
-		p := mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusCreated, ProblemBodyNotKept)
+		p := checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusCreated, ProblemBodyNotKept)
 		assert.Contains(t, p.Detail, "65 bytes")
 		assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 		assert.Equal(t, "yes", rec.Header().Get("X-Kept"))
@@ -695,8 +690,8 @@ func mwTestOversized(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	assert.EqualValues(t, 2, a.runs.Load())
 }
 
-func mwTestFlushed(t *testing.T, newEnv func(*testing.T) *mwEnv) {
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+func testFlushed(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: 1\n\n")
 		if r.URL.Query().Get("via") == "controller" {
@@ -708,24 +703,24 @@ func mwTestFlushed(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	})
 	for _, via := range []string{"controller", "flusher"} {
 		send := func() *httptest.ResponseRecorder {
-			return a.do(mwReq(http.MethodPost, "/x?via="+via, "", DefaultKeyHeader, via))
+			return a.do(request(http.MethodPost, "/x?via="+via, "", DefaultKeyHeader, via))
 		}
 		first := send()
 		assert.True(t, first.Flushed)
 		assert.Equal(t, "data: 1\n\ndata: 2\n\n", first.Body.String())
 		assert.Equal(t, EventStored, a.lastEvent(), "a streamed response is stored, not released")
 		rec := send()
-		p := mwCheckProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusOK, ProblemBodyNotKept)
+		p := checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusOK, ProblemBodyNotKept)
 		assert.Contains(t, p.Detail, "streamed")
 		assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 	}
 	assert.EqualValues(t, 2, a.runs.Load())
 }
 
-func mwTestReadFrom(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testReadFrom(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	big := strings.Repeat("0123456789", 10_000)
 	var rcErr atomic.Value
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
 			rcErr.Store(err)
@@ -744,8 +739,8 @@ func mwTestReadFrom(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	}, WithResponseLimit(1024))
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	send := func(src string) mwResult {
-		res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x?src="+src, "k-"+src, ""))
+	send := func(src string) result {
+		res := send(srv.Client(), clientPost(t, srv.URL+"/x?src="+src, "k-"+src, ""))
 		require.NoError(t, res.err)
 		require.Equal(t, http.StatusCreated, res.status)
 		return res
@@ -769,26 +764,26 @@ func mwTestReadFrom(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 }
 
 // mwQuietServer is an httptest.Server that does not log handler panics.
-func mwQuietServer(h http.Handler) *httptest.Server {
+func quietServer(h http.Handler) *httptest.Server {
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.Start()
 	return srv
 }
 
-func mwTestPanic(t *testing.T, newEnv func(*testing.T) *mwEnv) {
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+func testPanic(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		if run <= 2 {
 			w.Header().Set("X-Partial", "yes")
 			panic(fmt.Sprintf("boom %d", run))
 		}
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	})
 	// Direct: the panic goes on after the release.
 	var got any
 	func() {
 		defer func() { got = recover() }()
-		a.do(mwPost("k1", "a"))
+		a.do(postKey("k1", "a"))
 	}()
 	assert.Equal(t, "boom 1", got)
 	ev := a.await(t, EventReleased)
@@ -796,12 +791,12 @@ func mwTestPanic(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 
 	// Through a server: net/http recovers it, the client sees the
 	// connection end, and the retry runs the handler again.
-	srv := mwQuietServer(a.h)
+	srv := quietServer(a.h)
 	defer srv.Close()
-	res := mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	res := send(srv.Client(), clientPost(t, srv.URL+"/x", "k1", "a"))
 	assert.Error(t, res.err)
 	a.await(t, EventReleased)
-	res = mwSend(srv.Client(), mwClientPost(t, srv.URL+"/x", "k1", "a"))
+	res = send(srv.Client(), clientPost(t, srv.URL+"/x", "k1", "a"))
 	require.NoError(t, res.err)
 	assert.Equal(t, http.StatusCreated, res.status)
 	assert.Equal(t, "{\"run\":3}\n", string(res.body))
@@ -813,55 +808,55 @@ func mwTestPanic(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 
 // mwDisconnect sends a request through srv and cuts it off once the handler
 // has started.
-func mwDisconnect(t *testing.T, srv *httptest.Server, started <-chan struct{}) {
+func disconnect(t *testing.T, srv *httptest.Server, started <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := mwClientPost(t, srv.URL, "k1", "a").WithContext(ctx)
-	done := make(chan mwResult)
-	go func() { done <- mwSend(srv.Client(), r) }()
+	r := clientPost(t, srv.URL, "k1", "a").WithContext(ctx)
+	done := make(chan result)
+	go func() { done <- send(srv.Client(), r) }()
 	<-started
 	cancel()
 	res := <-done
 	require.ErrorIs(t, res.err, context.Canceled)
 }
 
-func mwTestClientGoneReleases(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testClientGoneReleases(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	started := make(chan struct{}, 1)
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		if run == 1 {
 			started <- struct{}{}
 			<-r.Context().Done() // gives up without answering
 			return
 		}
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	})
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	mwDisconnect(t, srv, started)
+	disconnect(t, srv, started)
 	ev := a.await(t, EventReleased)
 	assert.Equal(t, http.StatusOK, ev.Status)
 
-	res := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	res := send(srv.Client(), clientPost(t, srv.URL, "k1", "a"))
 	require.NoError(t, res.err)
 	assert.Equal(t, http.StatusCreated, res.status)
 	assert.Equal(t, "{\"run\":2}\n", string(res.body))
 	assert.EqualValues(t, 2, a.runs.Load())
 }
 
-func mwTestClientGoneStores(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testClientGoneStores(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	started := make(chan struct{}, 1)
-	a := newMWApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+	a := newApp(t, newEnv(t), nil, func(run int64, w http.ResponseWriter, r *http.Request) {
 		started <- struct{}{}
 		<-r.Context().Done()
 		// The side effect happened anyway; the handler says so.
-		mwAnswer()(run, w, r)
+		answer()(run, w, r)
 	})
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
-	mwDisconnect(t, srv, started)
+	disconnect(t, srv, started)
 	ev := a.await(t, EventStored)
 	assert.Equal(t, http.StatusCreated, ev.Status)
 
-	res := mwSend(srv.Client(), mwClientPost(t, srv.URL, "k1", "a"))
+	res := send(srv.Client(), clientPost(t, srv.URL, "k1", "a"))
 	require.NoError(t, res.err)
 	assert.Equal(t, http.StatusCreated, res.status)
 	assert.Equal(t, "true", res.header.Get(ReplayedHeader))
@@ -871,26 +866,26 @@ func mwTestClientGoneStores(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 
 // mwStallStore drops lease renewals while stalled, as a process paused past
 // its lease would.
-type mwStallStore struct {
-	Store
+type stallStore struct {
+	idem.Store
 	stalled atomic.Bool
 }
 
-func (s *mwStallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+func (s *stallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
 	if s.stalled.Load() {
 		return nil
 	}
 	return s.Store.Extend(ctx, id, token, lease, keep)
 }
 
-func mwTestLeaseLost(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	env := newEnv(t)
-	rs, err := NewRedisStore(env.client)
+	rs, err := idem.NewRedisStore(env.Client)
 	require.NoError(t, err)
-	store := &mwStallStore{Store: rs}
+	store := &stallStore{Store: rs}
 	store.stalled.Store(true)
 	const lease = 300 * time.Millisecond
-	k, err := New(store, WithLease(lease))
+	k, err := idem.New(store, idem.WithLease(lease))
 	require.NoError(t, err)
 
 	type seen struct {
@@ -900,8 +895,8 @@ func mwTestLeaseLost(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 		cause     error
 	}
 	seenBy := make(chan seen, 2)
-	a := newMWApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
-		c, ok := ClaimFromContext(r.Context())
+	a := newApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
+		c, ok := idem.ClaimFromContext(r.Context())
 		require.True(t, ok)
 		s := seen{token: c.Token(), attempt: c.Attempt(), recovered: c.Recovered()}
 		if run == 1 {
@@ -913,11 +908,11 @@ func mwTestLeaseLost(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	})
 
 	firstDone := make(chan *httptest.ResponseRecorder)
-	go func() { firstDone <- a.do(mwPost("k1", "a")) }()
+	go func() { firstDone <- a.do(postKey("k1", "a")) }()
 	a.await(t, EventClaimed)
-	env.advance(lease + 100*time.Millisecond) // the first holder's lease runs out unrenewed
+	env.Advance(lease + 100*time.Millisecond) // the first holder's lease runs out unrenewed
 
-	second := a.do(mwPost("k1", "a"))
+	second := a.do(postKey("k1", "a"))
 	assert.Equal(t, "run 2", second.Body.String())
 	s2 := <-seenBy
 	assert.True(t, s2.recovered, "the takeover is marked recovered")
@@ -927,37 +922,37 @@ func mwTestLeaseLost(t *testing.T, newEnv func(*testing.T) *mwEnv) {
 	store.stalled.Store(false) // the first holder's next renewal finds it lost
 	first := <-firstDone
 	s1 := <-seenBy
-	assert.ErrorIs(t, s1.cause, ErrLeaseLost, "the handler's context says why it ended")
+	assert.ErrorIs(t, s1.cause, idem.ErrLeaseLost, "the handler's context says why it ended")
 	assert.Equal(t, 1, s1.attempt)
 	assert.Greater(t, s2.token, s1.token, "fencing tokens increase")
 	assert.Equal(t, "run 1", first.Body.String(), "the first client got its own answer")
 	ev := a.await(t, EventLeaseLost)
-	assert.ErrorIs(t, ev.Err, ErrLeaseLost)
+	assert.ErrorIs(t, ev.Err, idem.ErrLeaseLost)
 
-	rec := a.do(mwPost("k1", "a"))
+	rec := a.do(postKey("k1", "a"))
 	assert.Equal(t, "run 2", rec.Body.String(), "the stale holder overwrote nothing")
 	assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
 }
 
-func mwTestStoreLostAfterHandler(t *testing.T, newEnv func(*testing.T) *mwEnv) {
+func testStoreLostAfterHandler(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	env := newEnv(t)
-	a := newMWApp(t, env, nil, func(run int64, w http.ResponseWriter, r *http.Request) {
-		env.stop()
-		mwAnswer()(run, w, r)
+	a := newApp(t, env, nil, func(run int64, w http.ResponseWriter, r *http.Request) {
+		env.Stop()
+		answer()(run, w, r)
 	})
-	rec := a.do(mwPost("k1", "a"))
+	rec := a.do(postKey("k1", "a"))
 	assert.Equal(t, http.StatusCreated, rec.Code, "the client gets the handler's answer")
 	ev := a.await(t, EventUnavailable)
 	assert.Equal(t, http.StatusCreated, ev.Status)
-	assert.ErrorIs(t, ev.Err, ErrUnavailable)
+	assert.ErrorIs(t, ev.Err, idem.ErrUnavailable)
 }
 
 func TestMiddlewareRefusesMisuse(t *testing.T) {
-	k, err := New(&RedisStore{})
+	k, err := idem.New(&idem.RedisStore{})
 	require.NoError(t, err)
-	_, err = NewMiddleware(nil)
-	assert.ErrorIs(t, err, ErrInvalidConfig)
-	for name, opt := range map[string]MiddlewareOption{
+	_, err = New(nil)
+	assert.ErrorIs(t, err, idem.ErrInvalidConfig)
+	for name, opt := range map[string]Option{
 		"no methods":          WithMethods(),
 		"bad method":          WithMethods("PO ST"),
 		"bad header":          WithKeyHeader("Idempotency Key"),
@@ -969,10 +964,10 @@ func TestMiddlewareRefusesMisuse(t *testing.T) {
 		"zero response limit": WithResponseLimit(0),
 		"negative wait":       WithWait(-time.Second),
 	} {
-		_, err := NewMiddleware(k, opt)
-		assert.ErrorIs(t, err, ErrInvalidConfig, name)
+		_, err := New(k, opt)
+		assert.ErrorIs(t, err, idem.ErrInvalidConfig, name)
 	}
-	_, err = NewMiddleware(k, WithMethods("PUT", "DELETE"), WithKeyHeader("X-Key"), WithWait(time.Second))
+	_, err = New(k, WithMethods("PUT", "DELETE"), WithKeyHeader("X-Key"), WithWait(time.Second))
 	assert.NoError(t, err)
 }
 
@@ -1035,10 +1030,10 @@ func TestStoredResponseEncoding(t *testing.T) {
 		buf.Reset()
 		require.NoError(t, e.EncodeArrayLen(len(bad)))
 		require.NoError(t, e.EncodeMulti(bad...))
-		assert.ErrorIs(t, out.unmarshal(buf.Bytes()), ErrCorrupt, name)
+		assert.ErrorIs(t, out.unmarshal(buf.Bytes()), idem.ErrCorrupt, name)
 	}
-	assert.ErrorIs(t, out.unmarshal(b[:len(b)-1]), ErrCorrupt, "truncated")
-	assert.ErrorIs(t, out.unmarshal(nil), ErrCorrupt, "empty")
+	assert.ErrorIs(t, out.unmarshal(b[:len(b)-1]), idem.ErrCorrupt, "truncated")
+	assert.ErrorIs(t, out.unmarshal(nil), idem.ErrCorrupt, "empty")
 }
 
 func TestRequestFingerprintsAreDistinct(t *testing.T) {
@@ -1076,45 +1071,45 @@ func TestEventKindNames(t *testing.T) {
 }
 
 // mwDiscard is a ResponseWriter that throws the response away.
-type mwDiscard struct{ h http.Header }
+type discard struct{ h http.Header }
 
-func (d *mwDiscard) Header() http.Header         { return d.h }
-func (d *mwDiscard) Write(p []byte) (int, error) { return len(p), nil }
-func (d *mwDiscard) WriteHeader(int)             {}
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discard) WriteHeader(int)             {}
 
 // mwMemStore is an in-memory Store for benchmarks of the middleware's own
 // cost: every Claim is granted until a value is kept, then every Claim
 // replays it.
-type mwMemStore struct {
+type memStore struct {
 	keep  bool
 	value []byte
 }
 
-func (s *mwMemStore) Claim(context.Context, string, ClaimRequest) (ClaimReply, error) {
+func (s *memStore) Claim(context.Context, string, idem.ClaimRequest) (idem.ClaimReply, error) {
 	if s.value != nil {
-		return ClaimReply{Status: StatusCompleted, Token: 1, Attempt: 1, Value: s.value}, nil
+		return idem.ClaimReply{Status: idem.StatusCompleted, Token: 1, Attempt: 1, Value: s.value}, nil
 	}
-	return ClaimReply{Status: StatusClaimed, Token: 1, Attempt: 1}, nil
+	return idem.ClaimReply{Status: idem.StatusClaimed, Token: 1, Attempt: 1}, nil
 }
 
-func (s *mwMemStore) Complete(_ context.Context, _ string, _ int64, value []byte, _ time.Duration) error {
+func (s *memStore) Complete(_ context.Context, _ string, _ int64, value []byte, _ time.Duration) error {
 	if s.keep {
 		s.value = value
 	}
 	return nil
 }
 
-func (s *mwMemStore) Release(context.Context, string, int64, time.Duration) error { return nil }
+func (s *memStore) Release(context.Context, string, int64, time.Duration) error { return nil }
 
-func (s *mwMemStore) Extend(context.Context, string, int64, time.Duration, time.Duration) error {
+func (s *memStore) Extend(context.Context, string, int64, time.Duration, time.Duration) error {
 	return nil
 }
 
 // mwBench runs the request through a middleware on store, b.N times.
-func mwBench(b *testing.B, store Store, wantReplay bool) {
-	k, err := New(store)
+func bench(b *testing.B, store idem.Store, wantReplay bool) {
+	k, err := idem.New(store)
 	require.NoError(b, err)
-	mw, err := NewMiddleware(k)
+	mw, err := New(k)
 	require.NoError(b, err)
 	payload := bytes.Repeat([]byte("x"), 512)
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -1123,11 +1118,11 @@ func mwBench(b *testing.B, store Store, wantReplay bool) {
 		w.Write(payload)
 	}))
 	body := `{"amount":1000,"currency":"EUR"}`
-	h.ServeHTTP(&mwDiscard{h: http.Header{}}, mwPost("bench", body))
+	h.ServeHTTP(&discard{h: http.Header{}}, postKey("bench", body))
 	b.ReportAllocs()
 	for b.Loop() {
-		w := &mwDiscard{h: http.Header{}}
-		h.ServeHTTP(w, mwPost("bench", body))
+		w := &discard{h: http.Header{}}
+		h.ServeHTTP(w, postKey("bench", body))
 		if (w.h.Get(ReplayedHeader) == "true") != wantReplay {
 			b.Fatal("unexpected replay header")
 		}
@@ -1137,11 +1132,11 @@ func mwBench(b *testing.B, store Store, wantReplay bool) {
 // BenchmarkMiddlewareFirstRequest measures the middleware's own cost on a
 // first request (fingerprint, claim, capture, keep-alive, encoding the
 // response), on an in-memory store.
-func BenchmarkMiddlewareFirstRequest(b *testing.B) { mwBench(b, &mwMemStore{}, false) }
+func BenchmarkMiddlewareFirstRequest(b *testing.B) { bench(b, &memStore{}, false) }
 
 // BenchmarkMiddlewareReplayOverhead measures the middleware's own cost on a
 // replay, on an in-memory store.
-func BenchmarkMiddlewareReplayOverhead(b *testing.B) { mwBench(b, &mwMemStore{keep: true}, true) }
+func BenchmarkMiddlewareReplayOverhead(b *testing.B) { bench(b, &memStore{keep: true}, true) }
 
 // BenchmarkStoredResponseDecode measures decoding a stored response.
 func BenchmarkStoredResponseDecode(b *testing.B) {
@@ -1157,4 +1152,12 @@ func BenchmarkStoredResponseDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// recordKey is the Redis key of the record of (scope, key) on env, with the
+// default prefix.
+func recordKey(t testing.TB, env *redistest.Backend, scope, key string) string {
+	s, err := idem.NewRedisStore(env.Client)
+	require.NoError(t, err)
+	return s.RecordKey(scope, key)
 }

@@ -1,4 +1,4 @@
-package idem
+package idemhttp
 
 import (
 	"encoding/json"

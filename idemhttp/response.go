@@ -1,4 +1,4 @@
-package idem
+package idemhttp
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/idemkit/idem"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -175,7 +177,7 @@ func (s *storedResponse) unmarshal(b []byte) error {
 	defer msgpack.PutDecoder(d)
 	d.Reset(r)
 	if err := s.DecodeMsgpack(d); err != nil {
-		return fmt.Errorf("%w: decoding the stored response: %w", ErrCorrupt, err)
+		return fmt.Errorf("%w: decoding the stored response: %w", idem.ErrCorrupt, err)
 	}
 	return nil
 }

@@ -1,0 +1,16 @@
+// Package idemhttp makes unsafe HTTP requests idempotent with the
+// Idempotency-Key header, on an idem.Keeper:
+//
+//	keeper, err := idem.NewRedis(client)
+//	...
+//	guard, err := idemhttp.New(keeper,
+//		idemhttp.WithScope(func(r *http.Request) string { return accountID(r) }),
+//	)
+//	...
+//	mux.Handle("POST /payments", guard(payments))
+//
+// The first request with a key runs the handler and stores its response;
+// every retry with the key gets the stored response back, with
+// Idempotent-Replayed: true; a retry while the first runs gets 409; the same
+// key on another request gets 422. New documents every answer.
+package idemhttp

@@ -1,0 +1,375 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of the HTTP middleware.
+const (
+	// DefaultKeyHeader is the request header that carries the key.
+	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultBodyLimit is how many bytes of a request body are read to
+	// fingerprint it; a larger body is refused with 413.
+	DefaultBodyLimit = 1 << 20
+	// DefaultResponseLimit is how many bytes of a response body are kept for
+	// replays; the body of a larger response is not kept.
+	DefaultResponseLimit = 1 << 20
+	// ReplayedHeader is set to "true" on every replayed response.
+	ReplayedHeader = "Idempotent-Replayed"
+)
+
+// cleanupTimeout bounds how long the middleware spends storing or releasing
+// a claim after the handler returned: the client may be gone, but the
+// handler's outcome is still recorded.
+const cleanupTimeout = 5 * time.Second
+
+// StatusClientClosedRequest is the status the middleware answers (and reports
+// in its Event) for a request whose client went away before its key could be
+// checked: 499, as nginx logs it. No standard status says "the client left".
+const StatusClientClosedRequest = 499
+
+// unavailableRetryAfter is the Retry-After of a 503, in seconds.
+const unavailableRetryAfter = "1"
+
+// New returns net/http middleware that makes unsafe requests
+// idempotent with the Idempotency-Key header, as Stripe's API and the IETF
+// draft draft-ietf-httpapi-idempotency-key-header describe it. It returns an
+// error wrapping ErrInvalidConfig for a nil Keeper or an option that cannot
+// work; the middleware itself never panics on its own account.
+//
+// Requests whose method is not guarded (WithMethods; default POST and PATCH)
+// pass straight through. For a guarded request:
+//
+//   - The key is the header's value (WithKeyHeader); a quoted string
+//     (`"abc"`, the draft's Structured Field form) means its content. No
+//     header while the key is required (WithKeyRequired; default) answers
+//     400; with an optional key, the request passes through unguarded. A key
+//     that is empty, longer than MaxKeyLen bytes, holds control characters,
+//     or comes in more than one header answers 400.
+//   - The body is read, up to a limit (WithBodyLimit; default 1 MiB, above it
+//     413), and given back to the handler unchanged.
+//   - A record is named by the tenant (WithScope; default none) and the
+//     key, as Stripe names them: the same key under two tenants is two
+//     records, and one key names one request of a tenant, whatever endpoint
+//     or router it reaches.
+//   - The request is fingerprinted: the method and the concrete path, always,
+//     then the fingerprint function's digest (WithFingerprint; default
+//     SHA-256 over the method, the path and query, and the body). The same
+//     key with another fingerprint answers 422, never a replay; so a key
+//     reused on another endpoint or resource answers 422, identically under
+//     ServeMux, chi, gorilla or any router. For a key space per endpoint,
+//     put the route in the scope (see WithScope).
+//
+// Then one round trip to Redis decides:
+//
+//   - First request with the key: the handler runs. Its context carries the
+//     Claim (ClaimFromContext: fencing token, attempt, recovered flag) and is
+//     cancelled, with a cause wrapping ErrLeaseLost, if the lease is lost;
+//     the lease is renewed while the handler runs. The response goes to the
+//     client as it is written; a copy is kept.
+//   - The handler finished: a stored status (WithStorePolicy; default
+//     DefaultStorePolicy: 2xx, 3xx, and 4xx except 408, 409, 425, 429) is
+//     stored with its headers and body, for the Keeper's retention, or its
+//     ErrorRetention for 4xx. Any other status releases the key, so a retry
+//     runs the handler again. So does a panic (the key is released, then the
+//     panic goes on) and a handler that returns after the client went away
+//     (its request context is done) without having written a 2xx or 3xx
+//     status: a success written after the client left is stored, because its
+//     side effect happened.
+//   - A response body larger than WithResponseLimit (default 1 MiB), or one
+//     the handler flushed while writing it: the status and headers are
+//     stored, the body is not; the key is not released for that reason.
+//     Replays answer the stored status and headers with an
+//     application/problem+json body of type ProblemBodyNotKept in place of
+//     the body.
+//   - The request repeats a finished one: the stored response is replayed:
+//     status, every header value in order, body, plus "Idempotent-Replayed:
+//     true" and a fresh Date. Set-Cookie, Authorization, WWW-Authenticate,
+//     Proxy-Authenticate, hop-by-hop headers and trailers are never stored
+//     nor replayed; nor are headers that middleware outside this one set
+//     before the handler ran and the handler left as they were (a request
+//     id): that middleware sets them afresh on the replay.
+//   - Another request with the key is in progress: 409 with Retry-After, the
+//     seconds left on its lease rounded up; or, with WithWait, the request
+//     waits up to that long for the result and replays it.
+//   - The store is unreachable: 503 with "Retry-After: 1", and the handler
+//     does not run; with WithFailOpen, the handler runs unguarded instead.
+//   - The record cannot be read (ErrCorrupt): 500; nothing is overwritten.
+//
+// Every answer of the middleware's own is an RFC 9457 application/problem+json
+// body with type (the Problem constants), title, status and detail. WithHook
+// reports each outcome.
+//
+// The capture given to the handler supports http.ResponseController through
+// Unwrap, http.Flusher and io.ReaderFrom. A hijacked connection bypasses it:
+// do not guard endpoints that hijack.
+func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if k == nil {
+		return nil, fmt.Errorf("%w: nil Keeper", idem.ErrInvalidConfig)
+	}
+	m := &middleware{
+		k:             k,
+		methods:       []string{http.MethodPost, http.MethodPatch},
+		header:        DefaultKeyHeader,
+		required:      true,
+		scope:         func(*http.Request) string { return "" },
+		fingerprint:   defaultFingerprint,
+		bodyLimit:     DefaultBodyLimit,
+		responseLimit: DefaultResponseLimit,
+		store:         DefaultStorePolicy,
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(next, w, r)
+		})
+	}, nil
+}
+
+// serve handles one request.
+func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if !slices.Contains(m.methods, r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	ev := Event{Request: r}
+	key, present, err := m.requestKey(r)
+	ev.Key = key
+	switch {
+	case !present && !m.required:
+		next.ServeHTTP(w, r)
+		return
+	case !present:
+		m.refuse(w, ev, EventInvalid, nil, problem{
+			Type: ProblemKeyMissing, Title: "Idempotency key missing", Status: http.StatusBadRequest,
+			Detail: "This request must carry an " + m.header + " header: a unique value, such as a UUID, that the client sends again when it retries the request.",
+		})
+		return
+	case err != nil:
+		m.refuse(w, ev, EventInvalid, err, problem{
+			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
+			Detail: "The " + m.header + " header must appear once and hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
+				" bytes without control characters: " + strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + ".",
+		})
+		return
+	}
+
+	body, err := m.readBody(r)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
+			m.refuse(w, ev, EventTooLarge, err, problem{
+				Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+				Detail: "A request with an " + m.header + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
+			})
+			return
+		}
+		m.refuse(w, ev, EventInvalid, err, problem{
+			Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
+			Detail: "The request body could not be read: " + err.Error() + ".",
+		})
+		return
+	}
+
+	fp := requestFingerprint(r, m.fingerprint(r, body))
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = io.NopCloser(bytes.NewReader(body)) // for the handler, whole again
+	}
+	out, err := m.k.Begin(r.Context(), m.scope(r), key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+	switch {
+	case err != nil:
+		m.fail(next, w, r, ev, err)
+	case out.Replayed:
+		m.replay(w, ev, out)
+	default:
+		m.run(next, w, r, ev, out.Claim)
+	}
+}
+
+// fail answers an error of Begin.
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, ev Event, err error) {
+	var busy *idem.InProgressError
+	switch {
+	case errors.Is(err, idem.ErrMismatch):
+		m.refuse(w, ev, EventMismatch, err, problem{
+			Type: ProblemMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
+			Detail: "This " + m.header + " was first used with another request (another method, path or body). Send a new key for a new request.",
+		})
+	case errors.As(err, &busy):
+		ev.RetryAfter = busy.RetryAfter
+		secs := max(1, int64((busy.RetryAfter+time.Second-1)/time.Second))
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		m.refuse(w, ev, EventConflict, err, problem{
+			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
+			Detail: "A request with this " + m.header + " is still being handled. Retry later to get its response.",
+		})
+	case errors.Is(err, idem.ErrInvalidKey):
+		m.refuse(w, ev, EventInvalid, err, problem{
+			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
+			Detail: err.Error(),
+		})
+	case errors.Is(err, idem.ErrCorrupt):
+		m.corrupt(w, ev, err)
+	case r.Context().Err() != nil:
+		// The client is gone: whether the request ran before cannot matter
+		// to it, and running it unguarded (fail-open) would let its retry
+		// run it again.
+		m.refuse(w, ev, EventCanceled, err, problem{
+			Type: ProblemCanceled, Title: "Request cancelled", Status: StatusClientClosedRequest,
+			Detail: "The request was cancelled before its " + m.header + " could be checked, so it was not run. Retry it with the same " + m.header + ".",
+		})
+	case m.failOpen:
+		ev.Kind, ev.Err = EventFailOpen, err
+		m.emit(ev)
+		next.ServeHTTP(w, r)
+	default:
+		w.Header().Set("Retry-After", unavailableRetryAfter)
+		m.refuse(w, ev, EventUnavailable, err, problem{
+			Type: ProblemUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.header + ".",
+		})
+	}
+}
+
+// corrupt answers a record that cannot be read.
+func (m *middleware) corrupt(w http.ResponseWriter, ev Event, err error) {
+	m.refuse(w, ev, EventCorrupt, err, problem{
+		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
+		Detail: "The stored record of this " + m.header + " cannot be read, so the request was not run.",
+	})
+}
+
+// refuse answers p and reports it.
+func (m *middleware) refuse(w http.ResponseWriter, ev Event, kind EventKind, err error, p problem) {
+	ev.Kind, ev.Status, ev.Err = kind, p.Status, err
+	writeProblem(w, p)
+	m.emit(ev)
+}
+
+// bodyHeaders describe a body; a replay whose body was not kept drops them.
+var bodyHeaders = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Content-Range",
+	"Content-Disposition", "Content-Md5", "Content-Digest", "Repr-Digest", "Digest", "Etag", "Last-Modified",
+}
+
+// replay answers the stored response.
+func (m *middleware) replay(w http.ResponseWriter, ev Event, out idem.Outcome) {
+	ev.Token = out.Token
+	var s storedResponse
+	if err := s.unmarshal(out.Value); err != nil {
+		m.corrupt(w, ev, err)
+		return
+	}
+	h := w.Header()
+	for name, vs := range s.Header {
+		h[name] = slices.Clone(vs)
+	}
+	h.Set(ReplayedHeader, "true")
+	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	ev.Kind, ev.Status = EventReplayed, s.Status
+	switch s.Fate {
+	case bodyKept:
+		if bodyAllowed(s.Status) {
+			h.Set("Content-Length", strconv.Itoa(len(s.Body)))
+		}
+		w.WriteHeader(s.Status)
+		_, _ = w.Write(s.Body)
+	default:
+		for _, name := range bodyHeaders {
+			h.Del(name)
+		}
+		detail := "The first response to this " + m.header + " had a body of " + strconv.FormatInt(s.Size, 10) +
+			" bytes, more than is kept for replays. Its status and headers are replayed; its body is not."
+		if s.Fate == bodyStreamed {
+			detail = "The first response to this " + m.header + " was streamed, so its body was not kept for replays. Its status and headers are replayed; its body is not."
+		}
+		writeProblem(w, problem{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail})
+	}
+	m.emit(ev)
+}
+
+// run runs the handler under the claim, then stores its response or
+// releases the key.
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, ev Event, cl *idem.Claim) {
+	ev.Token, ev.Attempt, ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
+	ev.Kind = EventClaimed
+	m.emit(ev)
+
+	ctx, stop := cl.KeepAlive(idem.ContextWithClaim(r.Context(), cl))
+	c := &capture{w: w, limit: m.responseLimit, outer: w.Header().Clone()}
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The handler panicked: give the key up, and let the panic go on.
+		stop()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
+		defer cancel()
+		m.settled(ev, EventReleased, errPanicked, cl.Release(cctx))
+	}()
+	next.ServeHTTP(c, r.WithContext(ctx))
+	finished = true
+
+	lost := stop()
+	resp := c.response()
+	ev.Status = resp.Status
+	if lost != nil {
+		ev.Kind, ev.Err = EventLeaseLost, lost
+		m.emit(ev)
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
+	defer cancel()
+	// A handler that returns after its client went away without a success
+	// most likely gave up: let the retry run it again.
+	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
+	if gaveUp || !m.store(resp.Status) {
+		m.settled(ev, EventReleased, nil, cl.Release(cctx))
+		return
+	}
+	value, err := resp.marshal()
+	if err != nil {
+		m.settled(ev, EventReleased, err, cl.Release(cctx))
+		return
+	}
+	var retention time.Duration // the idem.Keeper's
+	if resp.Status >= 400 && resp.Status < 500 {
+		retention = m.k.ErrorRetention()
+	}
+	m.settled(ev, EventStored, nil, cl.Complete(cctx, value, retention))
+}
+
+// settled reports kind, or the lease loss or store failure that prevented it.
+func (m *middleware) settled(ev Event, kind EventKind, note, err error) {
+	ev.Kind, ev.Err = kind, note
+	switch {
+	case errors.Is(err, idem.ErrLeaseLost):
+		ev.Kind, ev.Err = EventLeaseLost, err
+	case err != nil:
+		ev.Kind, ev.Err = EventUnavailable, err
+	}
+	m.emit(ev)
+}
+
+func (m *middleware) emit(ev Event) {
+	if m.hook != nil {
+		m.hook(ev)
+	}
+}

@@ -1,0 +1,89 @@
+package idem
+
+import (
+	"fmt"
+	"time"
+)
+
+// Option configures a Keeper (New), a RedisStore (NewRedisStore), both
+// (NewRedis), or one call (Begin, Do). Each option says in its documentation
+// what it applies to; given where it does not apply, it is refused with
+// ErrInvalidConfig (by a call, before the store is touched).
+type Option struct {
+	name string
+	to   target
+	set  func(*settings)
+}
+
+// target is the set of things an Option applies to.
+type target uint8
+
+const (
+	toKeeper target = 1 << iota
+	toStore
+	toCall
+)
+
+// settings gathers what options set; each constructor or call reads its own
+// part.
+type settings struct {
+	// Keeper.
+	policy   policy
+	codec    Codec
+	coalesce bool
+	now      func() time.Time
+	// RedisStore.
+	prefix   string
+	replicas *durability
+	// A call; wait is also a Keeper's default for its calls.
+	fingerprint []byte
+	wait        time.Duration
+}
+
+func defaultSettings() settings {
+	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix}
+}
+
+// apply sets opts on s, refusing an option that does not apply to what
+// (the constructor or call named by who).
+func (s *settings) apply(what target, who string, opts []Option) error {
+	for _, o := range opts {
+		if o.set == nil {
+			continue // the zero Option
+		}
+		if o.to&what == 0 {
+			return fmt.Errorf("%w: %s does not apply to %s", ErrInvalidConfig, o.name, who)
+		}
+		o.set(s)
+	}
+	return nil
+}
+
+// WithFingerprint binds one call of Begin or Do to a digest of its request
+// (for example a hash of the body). A later call with the same key and
+// another fingerprint gets ErrMismatch instead of a replay. Default: none,
+// and every call with the key matches every other call without one.
+// Applies to a call.
+func WithFingerprint(fp []byte) Option {
+	return Option{name: "WithFingerprint", to: toCall, set: func(s *settings) { s.fingerprint = fp }}
+}
+
+// WithWait makes a call that finds the operation in progress wait for its
+// result, up to d and within the context, instead of returning
+// ErrInProgress at once. If the other attempt releases its claim or loses its
+// lease meanwhile, the waiting call claims the key and runs the operation
+// itself. Given to New or NewRedis it is the default of every call, which a
+// call's own WithWait replaces (WithWait(0): no waiting). Default: 0, no
+// waiting. It must not be negative. Applies to a Keeper and to a call.
+func WithWait(d time.Duration) Option {
+	return Option{name: "WithWait", to: toKeeper | toCall, set: func(s *settings) { s.wait = d }}
+}
+
+// WithClock sets the clock the Keeper reads: when a claim's lease runs out by
+// this process's view (KeepAlive, WithCoalescing) and how long a call waits.
+// Redis's own clock still decides leases and expiry in Redis. Tests use it
+// with a clock they move together with Redis's (see package idemtest).
+// Default: time.Now. Applies to a Keeper.
+func WithClock(now func() time.Time) Option {
+	return Option{name: "WithClock", to: toKeeper, set: func(s *settings) { s.now = now }}
+}
