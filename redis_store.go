@@ -232,6 +232,17 @@ func (s *RedisStore) transition(ctx context.Context, sc *redis.Script, id string
 	return unexpected(res)
 }
 
+// runScript runs sc as Script.Run does (EVALSHA, then EVAL on NOSCRIPT), and
+// with WithReplicas, for the steps that need it, pipelines WAIT after it.
+func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.durable != nil {
+		if op := waitsAfter(sc); op != "" {
+			return s.durable.run(ctx, s.client, op, sc, keys, args...)
+		}
+	}
+	return sc.Run(ctx, s.client, keys, args...)
+}
+
 // LoadScripts loads every script into the script cache of the server the
 // client reaches; a ClusterClient loads them on every node it knows. Calling
 // it when the process starts is optional but spares the first calls a

@@ -158,17 +158,6 @@ func waitsAfter(sc *redis.Script) string {
 	return ""
 }
 
-// runScript runs sc as Script.Run does (EVALSHA, then EVAL on NOSCRIPT), and
-// with WithReplicas, for the steps that need it, pipelines WAIT after it.
-func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if s.durable != nil {
-		if op := waitsAfter(sc); op != "" {
-			return s.durable.run(ctx, s.client, op, sc, keys, args...)
-		}
-	}
-	return sc.Run(ctx, s.client, keys, args...)
-}
-
 // maxClusterRedirects bounds how often a Cluster call is sent again after a
 // redirect or a refusal (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did not
 // run where it was sent).
