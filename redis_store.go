@@ -65,28 +65,16 @@ func WithPrefix(prefix string) Option {
 // failover client, or an AutoPipeliner. A nil client or a prefix holding '{'
 // or '}' is refused with ErrInvalidConfig.
 //
-// An AutoPipeliner (client.AutoPipeline or AutoPipelineWithOptions) sends the
-// scripts of concurrent calls to Redis together, in pipelines, which costs
-// Redis and the client much less per call than a round trip each. Use one
-// when a process makes many calls at once (a busy HTTP server, a consumer with
-// many workers); a lone caller gains nothing, and waits for the flush delay if
-// one is set. idem's calls do not depend on
-// each other's order, so the batches may be unordered: on a 2-core machine
-// shared by client and server, 256 callers ran about a third faster with two
-// batches in flight and a 200µs flush delay than with go-redis's defaults:
+// Options that apply to a RedisStore: WithPrefix ("idem:") and WithReplicas
+// (no waiting); others are refused with ErrInvalidConfig.
 //
-//	ap, err := client.AutoPipelineWithOptions(&redis.AutoPipelineOptions{
-//		MaxBatchSize: 300, MaxConcurrentBatches: 2, Unordered: true,
-//		MaxFlushDelay: 200 * time.Microsecond,
-//	})
-//
-// Know three things about it. It runs every command on its own context, so a
-// call's deadline is not honoured once its command is queued: bound calls
-// with the client's ReadTimeout and WriteTimeout. A batch that fails on a
-// network error is sent again as a whole, which idem's scripts tolerate (each
-// is safe to run twice). And WithReplicas cannot be used with it. Call
-// LoadScripts when the process starts, so that the first batches do not all
-// fall back to EVAL.
+// With an AutoPipeliner (client.AutoPipelineWithOptions; the README has a
+// setting that suits idem), concurrent calls share pipelines. Three things
+// hold then: a call's deadline is not honoured once its command is queued,
+// so bound calls with the client's ReadTimeout and WriteTimeout; a batch that
+// fails on a network error is sent again whole, which every script
+// tolerates; and WithReplicas cannot be used. Call LoadScripts at start, so
+// that the first batches do not all fall back to EVAL.
 func NewRedisStore(client redis.Scripter, opts ...Option) (*RedisStore, error) {
 	s := defaultSettings()
 	if err := s.apply(toStore, "NewRedisStore", opts); err != nil {
