@@ -15,18 +15,8 @@ import (
 // A payments endpoint guarded by the middleware: the retried request is
 // answered with the first response, and the card is charged once.
 func ExampleNew() {
-	m := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
-	if err := m.Start(); err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer client.Close()
-
-	keeper, err := idem.NewRedis(client)
-	if err != nil {
-		panic(err)
-	}
+	keeper, done := newKeeper() // any Redis; miniredis keeps the example self-contained
+	defer done()
 	guard, err := idemhttp.New(keeper)
 	if err != nil {
 		panic(err)
@@ -66,17 +56,8 @@ func ExampleNew() {
 
 // Count outcomes for metrics with a hook.
 func ExampleWithHook() {
-	m := miniredis.NewMiniRedis() // any Redis; miniredis keeps the example self-contained
-	if err := m.Start(); err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer client.Close()
-	keeper, err := idem.NewRedis(client)
-	if err != nil {
-		panic(err)
-	}
+	keeper, done := newKeeper()
+	defer done()
 
 	counts := map[idemhttp.EventKind]int{} // a real hook must be safe for concurrent use
 	guard, err := idemhttp.New(keeper, idemhttp.WithHook(func(ev idemhttp.Event) { counts[ev.Kind]++ }))
@@ -101,4 +82,19 @@ func ExampleWithHook() {
 	// stored: 2
 	// replayed: 1
 	// invalid: 1
+}
+
+// newKeeper returns a Keeper on an embedded miniredis, and a function that
+// stops both.
+func newKeeper() (*idem.Keeper, func()) {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	keeper, err := idem.NewRedis(client)
+	if err != nil {
+		panic(err)
+	}
+	return keeper, func() { client.Close(); m.Close() }
 }

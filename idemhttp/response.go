@@ -293,28 +293,32 @@ func (c *capture) WriteString(s string) (int, error) {
 	return n, err
 }
 
+// keep copies p into the kept body, while it fits.
 func (c *capture) keep(p []byte) {
-	c.size += int64(len(p))
-	if c.fate != bodyKept {
-		return
+	if c.room(len(p)) {
+		c.body = append(c.body, p...)
 	}
-	if c.size > c.limit {
-		c.fate, c.body = bodyTooLarge, nil
-		return
-	}
-	c.body = append(c.body, p...)
 }
 
+// keepString copies s into the kept body, while it fits.
 func (c *capture) keepString(s string) {
-	c.size += int64(len(s))
+	if c.room(len(s)) {
+		c.body = append(c.body, s...)
+	}
+}
+
+// room counts n more bytes written and reports whether they are to be kept:
+// no longer once the body is over the limit (or was flushed).
+func (c *capture) room(n int) bool {
+	c.size += int64(n)
 	if c.fate != bodyKept {
-		return
+		return false
 	}
 	if c.size > c.limit {
 		c.fate, c.body = bodyTooLarge, nil
-		return
+		return false
 	}
-	c.body = append(c.body, s...)
+	return true
 }
 
 // FlushError sends what was written to the client at once; it is what
