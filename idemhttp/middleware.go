@@ -142,7 +142,9 @@ func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error
 	}, nil
 }
 
-// serve handles one request.
+// serve handles one request: it passes through what it does not guard,
+// refuses a request it cannot guard, then claims the key and answers what
+// the claim says (fail, replay, or run).
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(m.methods, r.Method) {
 		next.ServeHTTP(w, r)
@@ -151,47 +153,21 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	ev := Event{Request: r}
 	key, present, err := m.requestKey(r)
 	ev.Key = key
-	switch {
-	case !present && !m.required:
+	if !present && !m.required {
 		next.ServeHTTP(w, r)
 		return
-	case !present:
-		m.refuse(w, ev, EventInvalid, nil, problem{
-			Type: ProblemKeyMissing, Title: "Idempotency key missing", Status: http.StatusBadRequest,
-			Detail: "This request must carry an " + m.header + " header: a unique value, such as a UUID, that the client sends again when it retries the request.",
-		})
-		return
-	case err != nil:
-		m.refuse(w, ev, EventInvalid, err, problem{
-			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
-			Detail: "The " + m.header + " header must appear once and hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
-				" bytes without control characters: " + strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + ".",
-		})
+	}
+	if !present || err != nil {
+		m.refuse(w, ev, EventInvalid, err, m.keyProblem(present, err))
 		return
 	}
-
 	body, err := m.readBody(r)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
-			m.refuse(w, ev, EventTooLarge, err, problem{
-				Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
-				Detail: "A request with an " + m.header + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
-			})
-			return
-		}
-		m.refuse(w, ev, EventInvalid, err, problem{
-			Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
-			Detail: "The request body could not be read: " + err.Error() + ".",
-		})
+		kind, p := m.bodyProblem(err)
+		m.refuse(w, ev, kind, err, p)
 		return
 	}
-
-	fp := requestFingerprint(r, m.fingerprint(r, body))
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = io.NopCloser(bytes.NewReader(body)) // for the handler, whole again
-	}
-	out, err := m.k.Begin(r.Context(), m.scope(r), key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+	out, err := m.begin(r, key, body)
 	switch {
 	case err != nil:
 		m.fail(next, w, r, ev, err)
@@ -199,6 +175,47 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.replay(w, ev, out)
 	default:
 		m.run(next, w, r, ev, out.Claim)
+	}
+}
+
+// begin claims the request's key, fingerprinted with its body, and gives
+// the handler the whole body again.
+func (m *middleware) begin(r *http.Request, key string, body []byte) (idem.Outcome, error) {
+	fp := requestFingerprint(r, m.fingerprint(r, body))
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return m.k.Begin(r.Context(), m.scope(r), key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+}
+
+// keyProblem is the answer to a request whose key is missing (present
+// false) or unusable (err).
+func (m *middleware) keyProblem(present bool, err error) problem {
+	if !present {
+		return problem{
+			Type: ProblemKeyMissing, Title: "Idempotency key missing", Status: http.StatusBadRequest,
+			Detail: "This request must carry an " + m.header + " header: a unique value, such as a UUID, that the client sends again when it retries the request.",
+		}
+	}
+	return problem{
+		Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
+		Detail: "The " + m.header + " header must appear once and hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
+			" bytes without control characters: " + strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + ".",
+	}
+}
+
+// bodyProblem is the answer to a request whose body could not be read.
+func (m *middleware) bodyProblem(err error) (EventKind, problem) {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
+		return EventTooLarge, problem{
+			Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: "A request with an " + m.header + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
+		}
+	}
+	return EventInvalid, problem{
+		Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
+		Detail: "The request body could not be read: " + err.Error() + ".",
 	}
 }
 
@@ -335,25 +352,32 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		m.emit(ev)
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
-	defer cancel()
 	// A handler that returns after its client went away without a success
 	// most likely gave up: let the retry run it again.
 	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
+	m.settle(r, ev, cl, resp, gaveUp)
+}
+
+// settle stores the handler's response under the claim, or releases the key
+// when the store policy says so, the handler gave up, or the response cannot
+// be encoded; then it reports what happened.
+func (m *middleware) settle(r *http.Request, ev Event, cl *idem.Claim, resp *storedResponse, gaveUp bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
+	defer cancel()
 	if gaveUp || !m.store(resp.Status) {
-		m.settled(ev, EventReleased, nil, cl.Release(cctx))
+		m.settled(ev, EventReleased, nil, cl.Release(ctx))
 		return
 	}
 	value, err := resp.marshal()
 	if err != nil {
-		m.settled(ev, EventReleased, err, cl.Release(cctx))
+		m.settled(ev, EventReleased, err, cl.Release(ctx))
 		return
 	}
-	var retention time.Duration // the idem.Keeper's
+	var retention time.Duration // the Keeper's
 	if resp.Status >= 400 && resp.Status < 500 {
 		retention = m.k.ErrorRetention()
 	}
-	m.settled(ev, EventStored, nil, cl.Complete(cctx, value, retention))
+	m.settled(ev, EventStored, nil, cl.Complete(ctx, value, retention))
 }
 
 // settled reports kind, or the lease loss or store failure that prevented it.
