@@ -17,6 +17,10 @@ type Claim struct {
 	token     int64
 	attempt   int
 	recovered bool
+	// scope is the scope Begin was called with; claimedAt is when the claim
+	// was asked for, by the Keeper's clock. Both are for the Observer.
+	scope     string
+	claimedAt time.Time
 
 	// onEnd, when set, is told once the claim is settled or known lost: the
 	// coalescing layer that made the claim ends its in-process hold. It is
@@ -59,8 +63,10 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 	if retention > MaxDuration {
 		return fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, retention)
 	}
+	started := c.k.startStep()
 	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
 	c.endHold(kind, body, err)
+	c.report(ctx, StepComplete, started, err)
 	return err
 }
 
@@ -68,8 +74,10 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 // operation again, with a higher token. It returns ErrLeaseLost if the claim
 // is no longer the holder.
 func (c *Claim) Release(ctx context.Context) error {
+	started := c.k.startStep()
 	err := storeError(ctx, "release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
 	c.endHold(0, nil, err)
+	c.report(ctx, StepRelease, started, err)
 	return err
 }
 
@@ -78,6 +86,9 @@ func (c *Claim) Release(ctx context.Context) error {
 func (c *Claim) Extend(ctx context.Context) error {
 	started := c.k.now()
 	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+	if c.k.observer != nil {
+		c.report(ctx, StepExtend, started, storeError(ctx, "extend", err))
+	}
 	if err != nil {
 		err = storeError(ctx, "extend", err)
 		if errors.Is(err, ErrLeaseLost) {

@@ -20,6 +20,8 @@ type Keeper struct {
 	now    func() time.Time
 	// wait is the default of WithWait for every call.
 	wait time.Duration
+	// observer is told of every step; nil: nothing is reported.
+	observer Observer
 	// claims makes the claims of Begin: the store, or the coalescing layer
 	// in front of it (WithCoalescing).
 	claims claimer
@@ -54,7 +56,7 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 	case s.wait < 0:
 		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
 	}
-	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait}
+	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer}
 	k.claims = storeClaimer{k}
 	if s.coalesce {
 		k.claims = newFlights(k.claims, func() time.Time { return k.now() })
@@ -105,26 +107,91 @@ type Outcome struct {
 // does not: the caller's own cancellation is never reported as the store's
 // failure.
 func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...Option) (Outcome, error) {
-	if err := ValidateKey(key); err != nil {
-		return Outcome{}, err
-	}
-	if ctx.Err() != nil {
-		return Outcome{}, canceled(ctx, "claim")
-	}
 	c := call{wait: k.wait}
+	var err error
 	if len(opts) > 0 {
-		var err error
-		if c, err = k.callOptions(opts); err != nil { // apart, so that only options put c on the heap
-			return Outcome{}, err
+		c, err = k.callOptions(opts) // apart, so that only options put c on the heap
+	}
+	var started time.Time
+	if k.observer != nil {
+		started = k.now()
+	}
+	if err == nil {
+		err = ValidateKey(key)
+	}
+	if err == nil && ctx.Err() != nil {
+		err = canceled(ctx, "claim")
+	}
+	var id string
+	var out Outcome
+	if err == nil {
+		id = recordID(scope, key)
+		out, err = k.begin(ctx, id, &c)
+		if out.Claim != nil {
+			out.Claim.scope = scope
 		}
 	}
-	return k.begin(ctx, recordID(scope, key), &c)
+	if k.observer != nil || c.info != nil {
+		k.reportClaim(ctx, scope, id, started, c.info, out, err)
+	}
+	return out, err
+}
+
+// reportClaim tells the Observer, and info if the caller asked for it, how
+// a claim went.
+func (k *Keeper) reportClaim(ctx context.Context, scope, id string, started time.Time, info *CallInfo, out Outcome, err error) {
+	ev := Event{Step: StepClaim, Result: claimResult(out, err), Scope: scope, ID: id, Token: out.Token, Err: err}
+	if c := out.Claim; c != nil {
+		ev.Attempt, ev.Recovered = c.attempt, c.recovered
+	}
+	if info != nil {
+		*info = CallInfo{Replayed: out.Replayed, Token: ev.Token, Attempt: ev.Attempt, Recovered: ev.Recovered}
+	}
+	if k.observer != nil {
+		ev.Took = k.now().Sub(started)
+		k.observer.Observe(ctx, ev)
+	}
+}
+
+// claimResult classes the answer of Begin.
+func claimResult(out Outcome, err error) Result {
+	switch {
+	case err == nil && out.Replayed:
+		return ResultReplayed
+	case err == nil && out.Claim.recovered:
+		return ResultRecovered
+	case err == nil:
+		return ResultClaimed
+	}
+	return errorResult(err)
+}
+
+// errorResult classes an error of a step.
+func errorResult(err error) Result {
+	switch {
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig):
+		return ResultInvalid
+	case errors.Is(err, ErrInProgress):
+		return ResultInProgress
+	case errors.Is(err, ErrMismatch):
+		return ResultMismatch
+	case errors.Is(err, ErrCorrupt):
+		return ResultCorrupt
+	case errors.Is(err, ErrLeaseLost):
+		return ResultLeaseLost
+	case errors.Is(err, ErrUnavailable):
+		return ResultUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ResultCanceled
+	}
+	return ResultUnavailable
 }
 
 // call is what the options of one call set.
 type call struct {
 	fingerprint []byte
 	wait        time.Duration
+	info        *CallInfo
 }
 
 func (k *Keeper) callOptions(opts []Option) (call, error) {
@@ -135,7 +202,7 @@ func (k *Keeper) callOptions(opts []Option) (call, error) {
 	if s.wait < 0 {
 		return call{}, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
 	}
-	return call{fingerprint: s.fingerprint, wait: s.wait}, nil
+	return call{fingerprint: s.fingerprint, wait: s.wait, info: s.info}, nil
 }
 
 func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error) {
@@ -190,7 +257,7 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 	case StatusClaimed:
 		cl := &Claim{
 			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered,
-			leaseEnd: started.Add(k.policy.lease),
+			claimedAt: started, leaseEnd: started.Add(k.policy.lease),
 		}
 		return Outcome{Claim: cl, Token: r.Token}, nil
 	case StatusCompleted:

@@ -73,7 +73,11 @@ func (ka *keepAlive) renew() {
 	ka.mu.Unlock()
 	defer ka.running.Done()
 
+	started := ka.c.k.startStep()
 	lost := ka.c.renewal(ka.ctx)
+	if lost != nil {
+		ka.c.report(ka.ctx, StepLease, started, lost)
+	}
 	ka.mu.Lock()
 	defer ka.mu.Unlock()
 	switch {

@@ -32,12 +32,14 @@ type settings struct {
 	codec    Codec
 	coalesce bool
 	now      func() time.Time
+	observer Observer
 	// RedisStore.
 	prefix   string
 	replicas *durability
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
+	info        *CallInfo
 }
 
 func defaultSettings() settings {

@@ -1,0 +1,188 @@
+package idem
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Observer is told of every step a Keeper takes: each claim (Begin, Do),
+// completion, release, lease extension and lease loss, once per call. It
+// runs on the caller's goroutine, so it must be quick and safe for
+// concurrent use. Set it with WithObserver; without one, nothing is
+// measured or reported.
+type Observer interface {
+	Observe(ctx context.Context, ev Event)
+}
+
+// ObserverFunc is a function that is an Observer.
+type ObserverFunc func(ctx context.Context, ev Event)
+
+// Observe implements Observer.
+func (f ObserverFunc) Observe(ctx context.Context, ev Event) { f(ctx, ev) }
+
+// WithObserver sets the Observer of a Keeper's steps; see Observers to set
+// several. Default: none. Applies to a Keeper.
+func WithObserver(o Observer) Option {
+	return Option{name: "WithObserver", to: toKeeper, set: func(s *settings) { s.observer = o }}
+}
+
+// Observers returns an Observer that tells each of obs in turn; nil ones
+// are skipped.
+func Observers(obs ...Observer) Observer {
+	return ObserverFunc(func(ctx context.Context, ev Event) {
+		for _, o := range obs {
+			if o != nil {
+				o.Observe(ctx, ev)
+			}
+		}
+	})
+}
+
+// Step names what a Keeper did.
+type Step uint8
+
+// The steps an Event reports.
+const (
+	// StepClaim: Begin (or Do) asked for a key.
+	StepClaim Step = iota + 1
+	// StepComplete: a claim stored its result.
+	StepComplete
+	// StepRelease: a claim gave the key up.
+	StepRelease
+	// StepExtend: a claim renewed its lease (Claim.Extend, KeepAlive).
+	StepExtend
+	// StepLease: KeepAlive found the lease lost (Result is ResultLeaseLost).
+	StepLease
+)
+
+var stepNames = [...]string{
+	StepClaim: "claim", StepComplete: "complete", StepRelease: "release",
+	StepExtend: "extend", StepLease: "lease",
+}
+
+// String returns the step's name, such as "claim".
+func (s Step) String() string { return name(stepNames[:], int(s), "Step") }
+
+// Result is what a step came to.
+type Result uint8
+
+// The results of the steps.
+const (
+	// ResultClaimed: the caller holds the key, attempt 1 or after a release.
+	ResultClaimed Result = iota + 1
+	// ResultRecovered: the caller holds the key, taken over from an attempt
+	// whose lease ran out (Claim.Recovered).
+	ResultRecovered
+	// ResultReplayed: the operation had completed; its result was answered.
+	ResultReplayed
+	// ResultInProgress: another attempt holds a live lease.
+	ResultInProgress
+	// ResultMismatch: the key was used with another fingerprint.
+	ResultMismatch
+	// ResultInvalid: the key or an argument was refused; the store was not
+	// asked.
+	ResultInvalid
+	// ResultCorrupt: the record could not be read; nothing was written.
+	ResultCorrupt
+	// ResultUnavailable: the store could not answer.
+	ResultUnavailable
+	// ResultCanceled: the caller's context ended first.
+	ResultCanceled
+	// ResultDone: a completion, release or extension went through.
+	ResultDone
+	// ResultLeaseLost: the claim is no longer the holder.
+	ResultLeaseLost
+)
+
+var resultNames = [...]string{
+	ResultClaimed: "claimed", ResultRecovered: "recovered", ResultReplayed: "replayed",
+	ResultInProgress: "in_progress", ResultMismatch: "mismatch", ResultInvalid: "invalid",
+	ResultCorrupt: "corrupt", ResultUnavailable: "unavailable", ResultCanceled: "canceled",
+	ResultDone: "done", ResultLeaseLost: "lease_lost",
+}
+
+// String returns the result's name, such as "replayed".
+func (r Result) String() string { return name(resultNames[:], int(r), "Result") }
+
+func name(names []string, i int, typ string) string {
+	if i > 0 && i < len(names) && names[i] != "" {
+		return names[i]
+	}
+	return typ + "(" + strconv.Itoa(i) + ")"
+}
+
+// Event is one step of a Keeper, as an Observer is told of it.
+type Event struct {
+	Step   Step
+	Result Result
+	// Scope is the call's scope. ID is the record's id, a digest of (scope,
+	// key): the client's key itself is never reported.
+	Scope, ID string
+	// Token, Attempt and Recovered describe the claim (see Claim); for a
+	// replay, Token is the completing claim's. Zero when there is none.
+	Token     int64
+	Attempt   int
+	Recovered bool
+	// Took is how long the step took: for a claim, the whole of Begin
+	// (waits included; a caller coalesced in the process waits for the
+	// leader's answer instead of a round trip); for the other steps, the
+	// store's round trip.
+	Took time.Duration
+	// Held is how long the claim had been held, for a completion, a
+	// release and a lease loss: the time the operation was in progress.
+	Held time.Duration
+	// Err is the error behind the result, if any.
+	Err error
+}
+
+// CallInfo tells the caller of Do or Begin how its call went: set it with
+// WithCallInfo.
+type CallInfo struct {
+	// Replayed is true when the result was a stored one: the operation did
+	// not run in this call.
+	Replayed bool
+	// Token, Attempt and Recovered describe the claim this call held, or,
+	// for a replay, the token of the claim that completed the record.
+	Token     int64
+	Attempt   int
+	Recovered bool
+}
+
+// WithCallInfo makes a call of Do or Begin fill in *info once it has its
+// answer, so that a caller that cares can tell a replay from a run without
+// another signature. Applies to a call.
+func WithCallInfo(info *CallInfo) Option {
+	return Option{name: "WithCallInfo", to: toCall, set: func(s *settings) { s.info = info }}
+}
+
+// startStep returns the time a step starts when there is an Observer to
+// tell how long it took, else the zero time: without one, nothing is
+// measured.
+func (k *Keeper) startStep() time.Time {
+	if k.observer == nil {
+		return time.Time{}
+	}
+	return k.now()
+}
+
+// report tells the Observer, if any, how a step of c went.
+func (c *Claim) report(ctx context.Context, step Step, started time.Time, err error) {
+	k := c.k
+	if k.observer == nil {
+		return
+	}
+	now := k.now()
+	ev := Event{
+		Step: step, Result: ResultDone, Scope: c.scope, ID: c.id,
+		Token: c.token, Attempt: c.attempt, Recovered: c.recovered,
+		Took: now.Sub(started), Err: err,
+	}
+	if err != nil {
+		ev.Result = errorResult(err)
+	}
+	if step != StepExtend {
+		ev.Held = now.Sub(c.claimedAt)
+	}
+	k.observer.Observe(ctx, ev)
+}

@@ -1,0 +1,161 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recorder is an Observer that keeps what it is told.
+type recorder struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (r *recorder) Observe(_ context.Context, ev Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, ev)
+}
+
+// take returns the events told since the last take.
+func (r *recorder) take() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.evs
+	r.evs = nil
+	return evs
+}
+
+// steps returns the step and result of each event.
+func steps(evs []Event) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Step.String()+":"+ev.Result.String())
+	}
+	return out
+}
+
+// Every outcome of every path reaches the Observer exactly once per call.
+func TestObserverSeesEveryOutcomeOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rec := &recorder{}
+		const lease = 200 * time.Millisecond
+		k := newKeeper(t, b, WithObserver(rec), WithLease(lease), WithRetention(time.Minute))
+
+		for _, row := range []struct {
+			name string
+			call func()
+			want []string
+		}{
+			{"claimed, then stored", func() {
+				out, err := k.Begin(ctx, "s", "a", WithFingerprint([]byte("1")))
+				require.NoError(t, err)
+				require.NoError(t, out.Claim.Complete(ctx, []byte("v"), 0))
+			}, []string{"claim:claimed", "complete:done"}},
+			{"replayed", func() {
+				_, err := k.Begin(ctx, "s", "a", WithFingerprint([]byte("1")))
+				require.NoError(t, err)
+			}, []string{"claim:replayed"}},
+			{"mismatch", func() {
+				_, err := k.Begin(ctx, "s", "a", WithFingerprint([]byte("2")))
+				require.ErrorIs(t, err, ErrMismatch)
+			}, []string{"claim:mismatch"}},
+			{"invalid key", func() {
+				_, err := k.Begin(ctx, "s", "")
+				require.ErrorIs(t, err, ErrInvalidKey)
+			}, []string{"claim:invalid"}},
+			{"in progress, extended, released", func() {
+				out, err := k.Begin(ctx, "s", "b")
+				require.NoError(t, err)
+				_, err = k.Begin(ctx, "s", "b")
+				require.ErrorIs(t, err, ErrInProgress)
+				require.NoError(t, out.Claim.Extend(ctx))
+				require.NoError(t, out.Claim.Release(ctx))
+			}, []string{"claim:claimed", "claim:in_progress", "extend:done", "release:done"}},
+			{"recovered, and the old holder's completion refused", func() {
+				old, err := k.Begin(ctx, "s", "c")
+				require.NoError(t, err)
+				b.Advance(lease + 50*time.Millisecond)
+				_, err = k.Begin(ctx, "s", "c")
+				require.NoError(t, err)
+				require.ErrorIs(t, old.Claim.Complete(ctx, []byte("stale"), 0), ErrLeaseLost)
+			}, []string{"claim:claimed", "claim:recovered", "complete:lease_lost"}},
+			{"canceled", func() {
+				cctx, cancel := context.WithCancel(ctx)
+				cancel()
+				_, err := k.Begin(cctx, "s", "d")
+				require.ErrorIs(t, err, context.Canceled)
+			}, []string{"claim:canceled"}},
+			{"corrupt", func() {
+				require.NoError(t, b.Client.Set(ctx, DefaultPrefix+"{"+recordID("s", "e")+"}", "garbage", 0).Err())
+				_, err := k.Begin(ctx, "s", "e")
+				require.ErrorIs(t, err, ErrCorrupt)
+			}, []string{"claim:corrupt"}},
+		} {
+			row.call()
+			assert.Equal(t, row.want, steps(rec.take()), row.name)
+		}
+
+		// Do reports the steps under it, and tells a replay to a caller that
+		// asks.
+		var info CallInfo
+		_, err := Do(ctx, k, "s", "do", func(context.Context) (int, error) { return 1, nil }, WithCallInfo(&info))
+		require.NoError(t, err)
+		assert.False(t, info.Replayed)
+		assert.Equal(t, 1, info.Attempt)
+		_, err = Do(ctx, k, "s", "do", func(context.Context) (int, error) { return 2, nil }, WithCallInfo(&info))
+		require.NoError(t, err)
+		assert.True(t, info.Replayed)
+		evs := rec.take()
+		assert.Equal(t, []string{"claim:claimed", "complete:done", "claim:replayed"}, steps(evs))
+		for _, ev := range evs {
+			assert.Equal(t, "s", ev.Scope)
+			assert.Equal(t, recordID("s", "do"), ev.ID)
+			assert.NotZero(t, ev.Token)
+		}
+		assert.GreaterOrEqual(t, evs[1].Held, time.Duration(0))
+
+		b.Stop()
+		_, err = k.Begin(ctx, "s", "f")
+		require.ErrorIs(t, err, ErrUnavailable)
+		assert.Equal(t, []string{"claim:unavailable"}, steps(rec.take()))
+	})
+}
+
+// KeepAlive reports a lease it finds lost, once.
+func TestObserverSeesALostLease(t *testing.T) {
+	b := redistest.Miniredis(t)
+	rec := &recorder{}
+	k := newKeeper(t, b, WithObserver(rec), WithLease(30*time.Millisecond), WithRetention(time.Minute))
+	ctx := context.Background()
+	out, err := k.Begin(ctx, "s", "k")
+	require.NoError(t, err)
+	require.NoError(t, b.Client.Del(ctx, DefaultPrefix+"{"+recordID("s", "k")+"}").Err())
+	opCtx, stop := out.Claim.KeepAlive(ctx)
+	<-opCtx.Done()
+	require.ErrorIs(t, stop(), ErrLeaseLost)
+	got := steps(rec.take())
+	assert.Equal(t, []string{"claim:claimed", "extend:lease_lost", "lease:lease_lost"}, got)
+}
+
+// Without an Observer nothing is measured: the clock is read only for the
+// claim's own lease end.
+func TestNoObserverReadsNoClock(t *testing.T) {
+	b := redistest.Miniredis(t)
+	var reads int
+	k := newKeeper(t, b, WithClock(func() time.Time { reads++; return time.Now() }))
+	ctx := context.Background()
+	out, err := k.Begin(ctx, "s", "k")
+	require.NoError(t, err)
+	require.NoError(t, out.Claim.Complete(ctx, []byte("v"), 0))
+	_, err = k.Begin(ctx, "s", "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, reads, "one read per store claim")
+}

@@ -1,0 +1,66 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+)
+
+// SlogObserver returns an Observer that logs every step through logger,
+// with the attributes idem.step, idem.result, idem.scope, idem.id (the
+// record's digest: client keys are never logged), idem.token, idem.attempt,
+// idem.recovered, idem.took, idem.held and the error.
+//
+// Levels: replays, claims, in-progress answers, cancellations and steps
+// that went through at Debug; mismatches and invalid keys (client errors)
+// at Info; a recovered claim (an earlier attempt may have partly run), a
+// lost lease and an unavailable store at Warn; a corrupt record at Error.
+//
+// The call's context is handed to the logger (Logger.LogAttrs), so a handler
+// that reads trace ids from the context (an OpenTelemetry bridge) correlates
+// the lines with the trace. contextAttrs, when not nil, adds attributes of
+// its own from the context, such as a trace id (idemotel.TraceAttrs) or a
+// request id. A nil logger means slog.Default().
+func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog.Attr) Observer {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return ObserverFunc(func(ctx context.Context, ev Event) {
+		level := slogLevel(ev)
+		if !logger.Enabled(ctx, level) {
+			return
+		}
+		attrs := []slog.Attr{
+			slog.String("idem.step", ev.Step.String()),
+			slog.String("idem.result", ev.Result.String()),
+			slog.String("idem.scope", ev.Scope),
+			slog.String("idem.id", ev.ID),
+			slog.Int64("idem.token", ev.Token),
+			slog.Int("idem.attempt", ev.Attempt),
+			slog.Bool("idem.recovered", ev.Recovered),
+			slog.Duration("idem.took", ev.Took),
+		}
+		if ev.Held > 0 {
+			attrs = append(attrs, slog.Duration("idem.held", ev.Held))
+		}
+		if ev.Err != nil {
+			attrs = append(attrs, slog.String("error", ev.Err.Error()))
+		}
+		if contextAttrs != nil {
+			attrs = append(attrs, contextAttrs(ctx)...)
+		}
+		logger.LogAttrs(ctx, level, "idem "+ev.Step.String()+": "+ev.Result.String(), attrs...)
+	})
+}
+
+// slogLevel is the level SlogObserver logs ev at.
+func slogLevel(ev Event) slog.Level {
+	switch ev.Result {
+	case ResultCorrupt:
+		return slog.LevelError
+	case ResultRecovered, ResultLeaseLost, ResultUnavailable:
+		return slog.LevelWarn
+	case ResultMismatch, ResultInvalid:
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
