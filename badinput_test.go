@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // badInputBackends returns a client of a fresh miniredis, and of a fresh
@@ -47,24 +48,18 @@ func TestBadKeys(t *testing.T) {
 	for name, c := range badInputBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			k, err := NewRedis(c)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			ctx := context.Background()
 			for _, row := range table {
 				_, err := k.Begin(ctx, "scope", row.key)
-				if !errors.Is(err, ErrInvalidKey) || err.Error() != "idem: invalid key: "+row.answer {
-					t.Errorf("Begin(%q) = %v, want ErrInvalidKey: %s", row.key, err, row.answer)
-				}
+				assert.ErrorIs(t, err, ErrInvalidKey, "Begin(%q)", row.key)
+				assert.EqualError(t, err, "idem: invalid key: "+row.answer, "Begin(%q)", row.key)
 				ran := false
 				_, err = Do(ctx, k, "scope", row.key, func(context.Context) (int, error) { ran = true; return 1, nil })
-				if !errors.Is(err, ErrInvalidKey) || ran {
-					t.Errorf("Do(%q) = %v, ran %v", row.key, err, ran)
-				}
+				assert.ErrorIs(t, err, ErrInvalidKey, "Do(%q)", row.key)
+				assert.False(t, ran, "Do(%q) ran the operation", row.key)
 			}
-			if n := c.DBSize(ctx).Val(); n != 0 {
-				t.Fatalf("Redis holds %d keys after refused keys, want 0", n)
-			}
+			assert.Zero(t, c.DBSize(ctx).Val(), "keys Redis holds after refused keys")
 		})
 	}
 }
@@ -80,9 +75,7 @@ func TestBadOptions(t *testing.T) {
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": m.Addr()}})
 	defer ring.Close()
 	store, err := NewRedisStore(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	table := []struct {
 		name   string
 		try    func() error
@@ -117,17 +110,14 @@ func TestBadOptions(t *testing.T) {
 	}
 	for _, row := range table {
 		err := row.try()
-		if !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("%s: %v, want ErrInvalidConfig", row.name, err)
+		if !assert.ErrorIs(t, err, ErrInvalidConfig, row.name) {
 			continue
 		}
-		if row.answer != "" && err.Error() != "idem: invalid configuration: "+row.answer {
-			t.Errorf("%s: %q, want %q", row.name, err, "idem: invalid configuration: "+row.answer)
+		if row.answer != "" {
+			assert.EqualError(t, err, "idem: invalid configuration: "+row.answer, row.name)
 		}
 	}
-	if n := c.DBSize(context.Background()).Val(); n != 0 {
-		t.Fatalf("Redis holds %d keys after refused settings, want 0", n)
-	}
+	assert.Zero(t, c.DBSize(context.Background()).Val(), "keys Redis holds after refused settings")
 }
 
 // TestBadStoredValues puts values that are not idem records (or are damaged
@@ -169,29 +159,21 @@ func TestBadStoredValues(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			s, err := NewRedisStore(c)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			k, err := New(s)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			for _, row := range table {
 				key := "bad/" + row.name
 				rkey := s.key(recordID("bad", key))
-				if err := row.put(ctx, c, rkey); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, row.put(ctx, c, rkey), row.name)
 				dump := badInputSnapshot(ctx, c, rkey)
 				_, err := k.Begin(ctx, "bad", key)
-				if !errors.Is(err, ErrCorrupt) || err.Error() != "idem: corrupt record: "+row.begin {
-					t.Errorf("%s: Begin = %v, want ErrCorrupt: %s", row.name, err, row.begin)
-				}
+				assert.ErrorIs(t, err, ErrCorrupt, "%s: Begin", row.name)
+				assert.EqualError(t, err, "idem: corrupt record: "+row.begin, "%s: Begin", row.name)
 				ran := false
 				_, err = Do(ctx, k, "bad", key, func(context.Context) (int, error) { ran = true; return 1, nil })
-				if !errors.Is(err, ErrCorrupt) || ran {
-					t.Errorf("%s: Do = %v, ran %v; want ErrCorrupt without running", row.name, err, ran)
-				}
+				assert.ErrorIs(t, err, ErrCorrupt, "%s: Do; want ErrCorrupt without running", row.name)
+				assert.False(t, ran, "%s: Do ran the operation; want ErrCorrupt without running", row.name)
 				id := recordID("bad", key)
 				for step, err := range map[string]error{
 					"Complete": s.Complete(ctx, id, 1, []byte("x"), time.Hour),
@@ -202,13 +184,9 @@ func TestBadStoredValues(t *testing.T) {
 					if row.steps == "lease lost" {
 						want = ErrLeaseLost
 					}
-					if !errors.Is(err, want) {
-						t.Errorf("%s: %s = %v, want %v", row.name, step, err, want)
-					}
+					assert.ErrorIs(t, err, want, "%s: %s", row.name, step)
 				}
-				if got := badInputSnapshot(ctx, c, rkey); got != dump {
-					t.Errorf("%s: the value was overwritten: %s, was %s", row.name, got, dump)
-				}
+				assert.Equal(t, dump, badInputSnapshot(ctx, c, rkey), "%s: the value was overwritten", row.name)
 			}
 		})
 	}

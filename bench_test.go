@@ -75,9 +75,7 @@ func benchBackends(b *testing.B, autopipeline bool) []*benchBackend {
 	out = append(out, &benchBackend{name: "redis", client: c, cnt: cnt})
 	if autopipeline {
 		ap, err := c.AutoPipelineWithOptions(unorderedAutoPipeline())
-		if err != nil {
-			b.Fatalf("AutoPipeline: %v", err)
-		}
+		require.NoError(b, err, "AutoPipeline")
 		b.Cleanup(func() { ap.Close() })
 		out = append(out, &benchBackend{name: "redis-autopipeline", client: ap, cnt: cnt})
 	}
@@ -95,16 +93,10 @@ func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keep
 				b.Skip("redis-server not on PATH")
 			}
 			s, err := NewRedisStore(be.client)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := s.LoadScripts(context.Background()); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
+			require.NoError(b, s.LoadScripts(context.Background()))
 			k, err := New(s, opts...)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			op := setup(b, k)
 			b.ReportAllocs()
 			before := be.cnt.RoundTrips()
@@ -116,6 +108,11 @@ func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keep
 	}
 }
 
+// In the timed loops, testify is called only once a check has failed:
+// require.NoError and its kin call b.Helper every time, a lock and a stack
+// walk (about 100ns, and a lock all parallel callers contend for), which the
+// timer would count.
+
 // parallel runs op b.N times over GOMAXPROCS*128 goroutines (256 on two
 // cores): as many callers as a busy server has requests in flight, enough for
 // the AutoPipeliner to batch.
@@ -124,7 +121,7 @@ func parallel(b *testing.B, op func() error) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if err := op(); err != nil {
-				b.Error(err)
+				assert.NoError(b, err) // not the benchmark's goroutine: no FailNow
 				return
 			}
 		}
@@ -134,7 +131,7 @@ func parallel(b *testing.B, op func() error) {
 func sequential(b *testing.B, op func() error) {
 	for i := 0; i < b.N; i++ {
 		if err := op(); err != nil {
-			b.Fatal(err)
+			require.NoError(b, err)
 		}
 	}
 }
@@ -187,9 +184,8 @@ func benchCompleted(b *testing.B, k *Keeper, n int, opts ...Option) []string {
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = nextBenchKey()
-		if _, err := Do(ctx, k, "bench", keys[i], func(ctx context.Context) ([]byte, error) { return benchResult, nil }, opts...); err != nil {
-			b.Fatal(err)
-		}
+		_, err := Do(ctx, k, "bench", keys[i], func(ctx context.Context) ([]byte, error) { return benchResult, nil }, opts...)
+		require.NoError(b, err)
 	}
 	return keys
 }
@@ -219,9 +215,8 @@ func BenchmarkReplayStruct(b *testing.B) {
 	want := receipt{ID: "ch_3MmlLrLkdIwHu7ix0snN0B15", Amount: 4200, Tags: []string{"card", "eur"}}
 	benchModes(b, func(b *testing.B, k *Keeper) func() error {
 		key := nextBenchKey()
-		if _, err := Do(ctx, k, "bench", key, func(ctx context.Context) (receipt, error) { return want, nil }); err != nil {
-			b.Fatal(err)
-		}
+		_, err := Do(ctx, k, "bench", key, func(ctx context.Context) (receipt, error) { return want, nil })
+		require.NoError(b, err)
 		return func() error {
 			v, err := Do(ctx, k, "bench", key, func(ctx context.Context) (receipt, error) { return receipt{}, errors.New("ran again") })
 			if err == nil && v.Amount != want.Amount {
@@ -239,9 +234,8 @@ func BenchmarkInProgress(b *testing.B) {
 	fn := func(ctx context.Context) ([]byte, error) { return nil, errors.New("ran") }
 	benchModes(b, func(b *testing.B, k *Keeper) func() error {
 		key := nextBenchKey()
-		if _, err := k.Begin(ctx, "bench", key); err != nil {
-			b.Fatal(err)
-		}
+		_, err := k.Begin(ctx, "bench", key)
+		require.NoError(b, err)
 		return func() error {
 			if _, err := Do(ctx, k, "bench", key, fn); !errors.Is(err, ErrInProgress) {
 				return errors.New("not in progress: " + errString(err))
@@ -277,9 +271,7 @@ func BenchmarkCoalescedStorm(b *testing.B) {
 	benchEach(b, false, func(b *testing.B, k *Keeper) func() error {
 		key := nextBenchKey()
 		held, err := k.Begin(ctx, "bench", key)
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		b.Cleanup(func() { _ = held.Claim.Release(ctx) })
 		return func() error {
 			if _, err := Do(ctx, k, "bench", key, fn); !errors.Is(err, ErrInProgress) {
@@ -300,15 +292,16 @@ func BenchmarkCodec(b *testing.B) {
 		for b.Loop() {
 			body, err := c.Marshal(v)
 			if err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			kind, got, err := open(seal(kindValue, body))
 			if err != nil || kind != kindValue {
-				b.Fatal(err)
+				require.NoError(b, err)
+				require.Equal(b, kindValue, kind)
 			}
 			var back receipt
 			if err := c.Unmarshal(got, &back); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 		}
 	})
@@ -317,15 +310,15 @@ func BenchmarkCodec(b *testing.B) {
 		for b.Loop() {
 			body, err := c.Marshal(benchResult)
 			if err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			_, got, err := open(seal(kindValue, body))
 			if err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 			var back []byte
 			if err := c.Unmarshal(got, &back); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 		}
 	})
@@ -333,7 +326,7 @@ func BenchmarkCodec(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, _, err := open(seal(kindBytes, benchResult)); err != nil {
-				b.Fatal(err)
+				require.NoError(b, err)
 			}
 		}
 	})
@@ -475,16 +468,14 @@ func BenchmarkInProcess(b *testing.B) {
 			name = "coalescing"
 		}
 		k, err := New(&memStore{m: map[string][]byte{}}, WithCoalescing(coalesce))
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		b.Run("first/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			keys := benchKeysFor(b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := Do(ctx, k, "bench", keys[i], fn); err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 			}
 		})
@@ -495,23 +486,22 @@ func BenchmarkInProcess(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				out, err := k.Begin(ctx, "bench", keys[i])
 				if err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 				if err := out.Claim.Complete(ctx, benchResult, 0); err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 			}
 		})
 		b.Run("replay/"+name, func(b *testing.B) {
 			key := nextBenchKey()
-			if _, err := Do(ctx, k, "bench", key, fn); err != nil {
-				b.Fatal(err)
-			}
+			_, err := Do(ctx, k, "bench", key, fn)
+			require.NoError(b, err)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := Do(ctx, k, "bench", key, fn); err != nil {
-					b.Fatal(err)
+					require.NoError(b, err)
 				}
 			}
 		})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestCluster runs the core behaviour, the HTTP middleware, the durability
@@ -23,11 +25,10 @@ func TestCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	cc := cl.Client(t, nil)
 	ctx := context.Background()
-	if err := cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+	err := cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
 		return c.Ping(ctx).Err()
-	}); err != nil {
-		t.Fatalf("cluster not reachable: %v", err)
-	}
+	})
+	require.NoError(t, err, "cluster not reachable")
 
 	t.Run("core", func(t *testing.T) { clusterCore(t, cc) })
 	t.Run("keys spread over every master", func(t *testing.T) { clusterSpread(t, cc) })
@@ -39,13 +40,9 @@ func TestCluster(t *testing.T) {
 func clusterKeeper(t *testing.T, c redis.Scripter, ropts []Option, opts ...Option) *Keeper {
 	t.Helper()
 	s, err := NewRedisStore(c, ropts...)
-	if err != nil {
-		t.Fatalf("NewRedisStore: %v", err)
-	}
+	require.NoError(t, err, "NewRedisStore")
 	k, err := New(s, opts...)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	return k
 }
 
@@ -62,63 +59,47 @@ func clusterCore(t *testing.T, cc *redis.ClusterClient) {
 			fn := func(context.Context) (string, error) { runs++; return "v" + key, nil }
 			for j := 0; j < 3; j++ {
 				v, err := Do(ctx, k, "core", key, fn)
-				if err != nil || v != "v"+key {
-					t.Fatalf("Do %s #%d = %q, %v", key, j, v, err)
-				}
+				require.NoError(t, err, "Do %s #%d", key, j)
+				require.Equal(t, "v"+key, v, "Do %s #%d", key, j)
 			}
-			if runs != 1 {
-				t.Fatalf("%s ran %d times, want 1", key, runs)
-			}
+			require.Equal(t, 1, runs, "times %s ran", key)
 		}
 	})
 
 	t.Run("in progress and mismatch", func(t *testing.T) {
 		k := clusterKeeper(t, cc, nil, WithLease(time.Minute), WithRetention(time.Minute))
 		out, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
-		if err != nil || out.Claim == nil {
-			t.Fatalf("Begin = %+v, %v", out, err)
-		}
+		require.NoError(t, err, "Begin")
+		require.NotNil(t, out.Claim, "Begin = %+v", out)
 		_, err = k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
 		var ip *InProgressError
-		if !errors.As(err, &ip) || ip.RetryAfter <= 0 {
-			t.Fatalf("second Begin: %v, want an *InProgressError", err)
-		}
-		if _, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
-			t.Fatalf("Begin with another fingerprint: %v, want ErrMismatch", err)
-		}
-		if err := out.Claim.Complete(ctx, []byte("done"), 0); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b"))); !errors.Is(err, ErrMismatch) {
-			t.Fatalf("Begin on the completed record with another fingerprint: %v, want ErrMismatch", err)
-		}
+		require.ErrorAs(t, err, &ip, "second Begin")
+		require.Greater(t, ip.RetryAfter, time.Duration(0), "second Begin: RetryAfter of %v", err)
+		_, err = k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b")))
+		require.ErrorIs(t, err, ErrMismatch, "Begin with another fingerprint")
+		require.NoError(t, out.Claim.Complete(ctx, []byte("done"), 0))
+		_, err = k.Begin(ctx, "core", "busy", WithFingerprint([]byte("b")))
+		require.ErrorIs(t, err, ErrMismatch, "Begin on the completed record with another fingerprint")
 		rep, err := k.Begin(ctx, "core", "busy", WithFingerprint([]byte("a")))
-		if err != nil || !rep.Replayed || string(rep.Value) != "done" || rep.Token != out.Token {
-			t.Fatalf("replay = %+v, %v", rep, err)
-		}
+		require.NoError(t, err, "replay")
+		assert.True(t, rep.Replayed, "replay = %+v", rep)
+		assert.Equal(t, "done", string(rep.Value), "replayed value")
+		assert.Equal(t, out.Token, rep.Token, "replayed token")
 	})
 
 	t.Run("release, extend, takeover, tokens", func(t *testing.T) {
 		first, err := k.Begin(ctx, "core", "lease")
-		if err != nil || first.Claim == nil {
-			t.Fatalf("Begin = %+v, %v", first, err)
-		}
-		if err := first.Claim.Extend(ctx); err != nil {
-			t.Fatalf("Extend: %v", err)
-		}
-		if err := first.Claim.Release(ctx); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
+		require.NoError(t, err, "Begin")
+		require.NotNil(t, first.Claim, "Begin = %+v", first)
+		require.NoError(t, first.Claim.Extend(ctx), "Extend")
+		require.NoError(t, first.Claim.Release(ctx), "Release")
 		second, err := k.Begin(ctx, "core", "lease")
-		if err != nil || second.Claim == nil {
-			t.Fatalf("Begin after release = %+v, %v", second, err)
-		}
-		if second.Token <= first.Token || second.Claim.Attempt() != 2 || second.Claim.Recovered() {
-			t.Fatalf("after release: token %d (was %d), attempt %d, recovered %v", second.Token, first.Token, second.Claim.Attempt(), second.Claim.Recovered())
-		}
-		if err := first.Claim.Complete(ctx, []byte("stale"), 0); !errors.Is(err, ErrLeaseLost) {
-			t.Fatalf("Complete by the released claim: %v, want ErrLeaseLost", err)
-		}
+		require.NoError(t, err, "Begin after release")
+		require.NotNil(t, second.Claim, "Begin after release = %+v", second)
+		assert.Greater(t, second.Token, first.Token, "after release: token")
+		assert.Equal(t, 2, second.Claim.Attempt(), "after release: attempt")
+		assert.False(t, second.Claim.Recovered(), "after release: recovered")
+		require.ErrorIs(t, first.Claim.Complete(ctx, []byte("stale"), 0), ErrLeaseLost, "Complete by the released claim")
 		// Let the second claim's lease run out, then take it over.
 		var third Outcome
 		for deadline := time.Now().Add(10 * time.Second); ; {
@@ -128,27 +109,21 @@ func clusterCore(t *testing.T, cc *redis.ClusterClient) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if err != nil || third.Claim == nil {
-			t.Fatalf("Begin after the lease = %+v, %v", third, err)
-		}
-		if !third.Claim.Recovered() || third.Token <= second.Token || third.Claim.Attempt() != 3 {
-			t.Fatalf("takeover: recovered %v, token %d (was %d), attempt %d", third.Claim.Recovered(), third.Token, second.Token, third.Claim.Attempt())
-		}
+		require.NoError(t, err, "Begin after the lease")
+		require.NotNil(t, third.Claim, "Begin after the lease = %+v", third)
+		assert.True(t, third.Claim.Recovered(), "takeover: recovered")
+		assert.Greater(t, third.Token, second.Token, "takeover: token")
+		assert.Equal(t, 3, third.Claim.Attempt(), "takeover: attempt")
 		for _, stale := range []*Claim{first.Claim, second.Claim} {
-			if err := stale.Complete(ctx, []byte("stale"), 0); !errors.Is(err, ErrLeaseLost) {
-				t.Fatalf("Complete by token %d: %v, want ErrLeaseLost", stale.Token(), err)
-			}
-			if err := stale.Extend(ctx); !errors.Is(err, ErrLeaseLost) {
-				t.Fatalf("Extend by token %d: %v, want ErrLeaseLost", stale.Token(), err)
-			}
+			require.ErrorIs(t, stale.Complete(ctx, []byte("stale"), 0), ErrLeaseLost, "Complete by token %d", stale.Token())
+			require.ErrorIs(t, stale.Extend(ctx), ErrLeaseLost, "Extend by token %d", stale.Token())
 		}
-		if err := third.Claim.Complete(ctx, []byte("third"), 0); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, third.Claim.Complete(ctx, []byte("third"), 0))
 		rep, err := k.Begin(ctx, "core", "lease")
-		if err != nil || !rep.Replayed || string(rep.Value) != "third" || rep.Token != third.Token {
-			t.Fatalf("replay = %+v, %v; want the third holder's result", rep, err)
-		}
+		require.NoError(t, err, "replay; want the third holder's result")
+		assert.True(t, rep.Replayed, "replay = %+v; want the third holder's result", rep)
+		assert.Equal(t, "third", string(rep.Value), "replay: want the third holder's result")
+		assert.Equal(t, third.Token, rep.Token, "replay: want the third holder's token")
 	})
 }
 
@@ -169,9 +144,7 @@ func clusterMasterKeys(t *testing.T, cc *redis.ClusterClient, prefix string) map
 		mu.Unlock()
 		return iter.Err()
 	})
-	if err != nil {
-		t.Fatalf("scanning the masters: %v", err)
-	}
+	require.NoError(t, err, "scanning the masters")
 	return keys
 }
 
@@ -179,22 +152,18 @@ func clusterSpread(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
 	k := clusterKeeper(t, cc, []Option{WithPrefix("spread:")})
 	for i := 0; i < 60; i++ {
-		if _, err := Do(ctx, k, "spread", strconv.Itoa(i), func(context.Context) (int, error) { return i, nil }); err != nil {
-			t.Fatal(err)
-		}
+		_, err := Do(ctx, k, "spread", strconv.Itoa(i), func(context.Context) (int, error) { return i, nil })
+		require.NoError(t, err)
 	}
 	perMaster := clusterMasterKeys(t, cc, "spread:")
 	total := 0
 	for addr, keys := range perMaster {
 		t.Logf("master %s holds %d records", addr, len(keys))
-		if len(keys) == 0 {
-			t.Errorf("master %s holds no record: keys are not spread", addr)
-		}
+		assert.NotEmpty(t, keys, "master %s holds no record: keys are not spread", addr)
 		total += len(keys)
 	}
-	if len(perMaster) != 3 || total != 60 {
-		t.Fatalf("%d masters hold %d records, want 3 masters and 60 records", len(perMaster), total)
-	}
+	require.Len(t, perMaster, 3, "masters holding records, want 3")
+	require.Equal(t, 60, total, "records on the %d masters", len(perMaster))
 }
 
 // clusterOneSlot proves that every Redis key a record ever has (pending,
@@ -206,9 +175,8 @@ func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 	for i := 0; i < 30; i++ {
 		key := fmt.Sprintf("slot-%d", i)
 		out, err := k.Begin(ctx, "slots", key)
-		if err != nil || out.Claim == nil {
-			t.Fatalf("Begin = %+v, %v", out, err)
-		}
+		require.NoError(t, err, "Begin %s", key)
+		require.NotNil(t, out.Claim, "Begin %s = %+v", key, out)
 		switch i % 3 {
 		case 0: // pending
 		case 1:
@@ -216,9 +184,7 @@ func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 		case 2:
 			err = out.Claim.Release(ctx)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 	}
 	perMaster := clusterMasterKeys(t, cc, "slot:")
 	ids := map[string]int{}
@@ -227,39 +193,23 @@ func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 		defer node.Close()
 		for _, key := range keys {
 			open, end := strings.IndexByte(key, '{'), strings.IndexByte(key, '}')
-			if open < 0 || end < open+2 {
-				t.Fatalf("key %q has no hash tag", key)
-			}
+			require.True(t, open >= 0 && end >= open+2, "key %q has no hash tag", key)
 			tag := key[open+1 : end]
 			ids[tag]++
 			slot, err := node.ClusterKeySlot(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			tagSlot, err := node.ClusterKeySlot(ctx, tag).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if slot != tagSlot {
-				t.Fatalf("key %q is in slot %d, its tag %q in slot %d", key, slot, tag, tagSlot)
-			}
+			require.NoError(t, err)
+			require.Equal(t, tagSlot, slot, "key %q is in slot %d, its tag %q in slot %d", key, slot, tag, tagSlot)
 			master, err := cc.MasterForKey(ctx, key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if master.Options().Addr != addr {
-				t.Fatalf("key %q found on %s, its slot is served by %s", key, addr, master.Options().Addr)
-			}
+			require.NoError(t, err)
+			require.Equal(t, master.Options().Addr, addr, "key %q found on %s, its slot is served by %s", key, addr, master.Options().Addr)
 		}
 	}
-	if len(ids) != 30 {
-		t.Fatalf("found %d records, want 30", len(ids))
-	}
+	require.Len(t, ids, 30, "records found, want 30")
 	for i := 0; i < 30; i++ {
 		id := recordID("slots", fmt.Sprintf("slot-%d", i))
-		if ids[id] != 1 {
-			t.Fatalf("record %s has %d keys, want 1", id, ids[id])
-		}
+		require.Equal(t, 1, ids[id], "keys of record %s", id)
 	}
 }
 
@@ -270,24 +220,24 @@ func clusterDurability(t *testing.T, cc *redis.ClusterClient) {
 	k := clusterKeeper(t, cc, []Option{WithPrefix("dur:"), WithReplicas(1, time.Second)})
 	for i := 0; i < 30; i++ {
 		key := strconv.Itoa(i)
-		if _, err := Do(ctx, k, "dur", key, func(context.Context) (int, error) { return i, nil }); err != nil {
-			t.Fatalf("Do %s with one replica acknowledging: %v", key, err)
-		}
-		if v, err := Do(ctx, k, "dur", key, func(context.Context) (int, error) { return -1, nil }); err != nil || v != i {
-			t.Fatalf("replay %s = %d, %v", key, v, err)
-		}
+		_, err := Do(ctx, k, "dur", key, func(context.Context) (int, error) { return i, nil })
+		require.NoError(t, err, "Do %s with one replica acknowledging", key)
+		v, err := Do(ctx, k, "dur", key, func(context.Context) (int, error) { return -1, nil })
+		require.NoError(t, err, "replay %s", key)
+		require.Equal(t, i, v, "replay %s", key)
 	}
 	k2 := clusterKeeper(t, cc, []Option{WithPrefix("dur2:"), WithReplicas(2, 500*time.Millisecond)})
 	ran := false
 	_, err := Do(ctx, k2, "dur", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
 	var re *ReplicationError
-	if !errors.As(err, &re) || re.Op != "claim" || re.Acked != 1 || re.Wanted != 2 ||
-		!errors.Is(err, ErrNotReplicated) || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Do waiting for 2 of 1 replicas: %v, want a claim *ReplicationError 1 of 2", err)
-	}
-	if ran {
-		t.Fatal("the operation ran although its claim was not replicated")
-	}
+	const want = "Do waiting for 2 of 1 replicas: want a claim *ReplicationError 1 of 2"
+	require.ErrorAs(t, err, &re, want)
+	assert.Equal(t, "claim", re.Op, "%s; got %v", want, err)
+	assert.Equal(t, 1, re.Acked, "%s; got %v", want, err)
+	assert.Equal(t, 2, re.Wanted, "%s; got %v", want, err)
+	assert.ErrorIs(t, err, ErrNotReplicated, want)
+	assert.ErrorIs(t, err, ErrUnavailable, want)
+	assert.False(t, ran, "the operation ran although its claim was not replicated")
 }
 
 // clusterFailover runs Do on fresh keys from several workers while one
@@ -351,8 +301,8 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 				}
 				mu.Unlock()
 				if old != "" {
-					if v, err := Do(ctx, k, "fo", old, fn(old)); err == nil && v != old {
-						t.Errorf("replay of %s = %q", old, v)
+					if v, err := Do(ctx, k, "fo", old, fn(old)); err == nil {
+						assert.Equal(t, old, v, "replay of %s", old)
 					}
 				}
 			}
@@ -371,9 +321,7 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 	// A client that learns the slot map now and not again until the
 	// failover has moved slots under it, for WithReplicas below.
 	stale := cl.Client(t, nil)
-	if err := stale.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, stale.Ping(ctx).Err())
 	waitAcked(200)
 	phase.Store(1)
 	cl.Failover(t, cl.Replicas[0][0])
@@ -388,26 +336,22 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 	// Every acknowledged key replays; its operation ran exactly once.
 	duplicates := 0
 	for _, key := range acked {
-		if _, err := Do(ctx, k, "fo", key, fn(key)); err != nil {
-			t.Errorf("Do %s after the failover: %v", key, err)
-		}
+		_, err := Do(ctx, k, "fo", key, fn(key))
+		assert.NoError(t, err, "Do %s after the failover", key)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, key := range acked {
-		if runs[key] != 1 {
+		if !assert.Equal(t, 1, runs[key], "times %s ran", key) {
 			duplicates++
-			t.Errorf("%s ran %d times", key, runs[key])
 		}
 	}
 	for _, err := range untyped {
-		t.Errorf("untyped failure: %v", err)
+		assert.NoError(t, err, "untyped failure")
 	}
 	t.Logf("failover: acknowledged %d before, %d during, %d after; failures %v; duplicate executions among acknowledged: %d",
 		ackedIn[0], ackedIn[1], ackedIn[2], failures, duplicates)
-	if ackedIn[0] == 0 || ackedIn[2] == 0 {
-		t.Fatalf("no load around the failover: %v", ackedIn)
-	}
+	require.True(t, ackedIn[0] != 0 && ackedIn[2] != 0, "no load around the failover: %v", ackedIn)
 
 	// WithReplicas sends the script and WAIT to the master of the key's slot
 	// as the client last knew it: on the old master, now a replica, the
@@ -416,8 +360,7 @@ func clusterFailover(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterClien
 	kd := clusterKeeper(t, stale, []Option{WithPrefix("fo-dur:"), WithReplicas(1, 2*time.Second)})
 	for i := 0; i < 30; i++ {
 		key := strconv.Itoa(i)
-		if _, err := Do(ctx, kd, "fo", key, func(context.Context) (int, error) { return i, nil }); err != nil {
-			t.Fatalf("WithReplicas after the failover, key %s: %v", key, err)
-		}
+		_, err := Do(ctx, kd, "fo", key, func(context.Context) (int, error) { return i, nil })
+		require.NoError(t, err, "WithReplicas after the failover, key %s", key)
 	}
 }

@@ -49,7 +49,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(end) {
-			t.Errorf("timed out waiting until %s", what)
+			assert.Failf(t, "timed out", "waiting until %s", what)
 			return
 		}
 	}
@@ -83,7 +83,7 @@ func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
 					assert.LessOrEqual(t, ip.RetryAfter, k.Lease())
 					busy.Add(1)
 				case err != nil:
-					t.Errorf("Do: %v", err)
+					assert.NoError(t, err, "Do")
 				default:
 					assert.Equal(t, "done", v)
 				}
@@ -198,7 +198,7 @@ func TestCoalescingWaitersClaimAfterRelease(t *testing.T) {
 				case errors.Is(err, fail):
 					failed.Add(1)
 				case err != nil:
-					t.Errorf("Do: %v", err)
+					assert.NoError(t, err, "Do")
 				case v == "second":
 					second.Add(1)
 				}

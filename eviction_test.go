@@ -268,7 +268,7 @@ func evictionWorkload(t *testing.T, policy string, maxKeys, refusalsWanted, roun
 		case errors.Is(err, ErrUnavailable):
 			assert.Contains(t, err.Error(), "OOM", "key %d", i)
 		default:
-			t.Errorf("key %d: untyped error %v", i, err)
+			assert.Failf(t, "untyped error", "key %d: %v", i, err)
 		}
 	}
 	key := func(i int) string { return fmt.Sprintf("evict-%06d", i) }

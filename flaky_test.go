@@ -112,7 +112,7 @@ func TestDoReturnsValueWhenResultCannotBeStored(t *testing.T) {
 	assert.Equal(t, "charged", v, "the operation ran: its value is returned")
 	require.ErrorIs(t, err, ErrUnavailable)
 	_, err = Do(ctx, k, "s", "k", func(ctx context.Context) (string, error) {
-		t.Error("must not run again while the first claim's lease lasts")
+		assert.Fail(t, "must not run again while the first claim's lease lasts")
 		return "", nil
 	})
 	require.ErrorIs(t, err, ErrInProgress)

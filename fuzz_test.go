@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // Fuzz targets. `go test` runs their seeds (f.Add and testdata/fuzz); run one
@@ -38,14 +39,12 @@ func FuzzParseCompleted(f *testing.F) {
 	f.Fuzz(func(t *testing.T, rec string) {
 		r, err := parseCompleted(rec)
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("parseCompleted(%q): %v, want ErrCorrupt", rec, err)
-			}
+			require.ErrorIs(t, err, ErrCorrupt, "parseCompleted(%q)", rec)
 			return
 		}
-		if r.Status != StatusCompleted || !strings.HasPrefix(rec, "i1C") || !strings.HasSuffix(rec, string(r.Value)) {
-			t.Fatalf("parseCompleted(%q) = %+v", rec, r)
-		}
+		require.Equal(t, StatusCompleted, r.Status, "parseCompleted(%q) = %+v", rec, r)
+		require.True(t, strings.HasPrefix(rec, "i1C"), "parseCompleted(%q) = %+v: not a completed record", rec, r)
+		require.True(t, strings.HasSuffix(rec, string(r.Value)), "parseCompleted(%q) = %+v: the value is not the tail of the record", rec, r)
 	})
 }
 
@@ -61,14 +60,10 @@ func FuzzOpenEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		kind, body, err := open(b)
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("open(%x): %v, want ErrCorrupt", b, err)
-			}
+			require.ErrorIs(t, err, ErrCorrupt, "open(%x)", b)
 			return
 		}
-		if !bytes.Equal(seal(kind, body), b) {
-			t.Fatalf("open(%x) = %q %x, which seals to %x", b, kind, body, seal(kind, body))
-		}
+		require.True(t, bytes.Equal(seal(kind, body), b), "open(%x) = %q %x, which seals to %x", b, kind, body, seal(kind, body))
 	})
 }
 
@@ -88,15 +83,13 @@ func FuzzValidateKey(f *testing.F) {
 			}
 		}
 		err := ValidateKey(key)
-		if (err == nil) != want {
-			t.Fatalf("ValidateKey(%q) = %v, want valid=%v", key, err, want)
+		require.Equal(t, want, err == nil, "ValidateKey(%q) = %v, want valid=%v", key, err, want)
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidKey, "ValidateKey(%q)", key)
 		}
-		if err != nil && !errors.Is(err, ErrInvalidKey) {
-			t.Fatalf("ValidateKey(%q) = %v, want ErrInvalidKey", key, err)
-		}
-		if id := recordID("scope", key); len(id) != idLen || !isBase64URL(id) {
-			t.Fatalf("recordID of %q = %q", key, id)
-		}
+		id := recordID("scope", key)
+		require.Len(t, id, idLen, "recordID of %q = %q", key, id)
+		require.True(t, isBase64URL(id), "recordID of %q = %q: not base64url", key, id)
 	})
 }
 
@@ -106,9 +99,7 @@ func fuzzStore(f *testing.F) (*RedisStore, *redis.Client) {
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	f.Cleanup(func() { c.Close() })
 	s, err := NewRedisStore(c, WithPrefix("fuzz:"))
-	if err != nil {
-		f.Fatal(err)
-	}
+	require.NoError(f, err)
 	return s, c
 }
 
@@ -131,17 +122,14 @@ func FuzzStoredValue(f *testing.F) {
 	f.Fuzz(func(t *testing.T, value []byte, token int64) {
 		id := recordID("fuzz", fmt.Sprint(n.Add(1)))
 		key := s.key(id)
-		if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, c.Set(ctx, key, value, time.Minute).Err())
 		typed := func(step string, err error) {
 			if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLeaseLost) {
-				t.Fatalf("%s on %q: untyped error %v", step, value, err)
+				require.Failf(t, "untyped error", "%s on %q: %v", step, value, err)
 			}
 			if errors.Is(err, ErrCorrupt) {
-				if got, _ := c.Get(ctx, key).Bytes(); !bytes.Equal(got, value) {
-					t.Fatalf("%s on %q overwrote it with %q", step, value, got)
-				}
+				got, _ := c.Get(ctx, key).Bytes()
+				require.True(t, bytes.Equal(got, value), "%s on %q overwrote it with %q", step, value, got)
 			}
 		}
 		typed("Complete", s.Complete(ctx, id, token, []byte("x"), time.Minute))
@@ -150,27 +138,24 @@ func FuzzStoredValue(f *testing.F) {
 		before, _ := c.Get(ctx, key).Bytes()
 		r, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("Claim on %q: untyped error %v", value, err)
-			}
-			if got, _ := c.Get(ctx, key).Bytes(); !bytes.Equal(got, before) {
-				t.Fatalf("Claim on %q overwrote it with %q", before, got)
-			}
+			require.ErrorIs(t, err, ErrCorrupt, "Claim on %q: untyped error", value)
+			got, _ := c.Get(ctx, key).Bytes()
+			require.True(t, bytes.Equal(got, before), "Claim on %q overwrote it with %q", before, got)
 			return
 		}
 		switch r.Status {
 		case StatusClaimed:
 			again, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
-			if err != nil || again.Status != StatusClaimed || again.Token != r.Token {
-				t.Fatalf("claim on %q then its retry: %+v then %+v, %v", before, r, again, err)
-			}
+			require.NoError(t, err, "claim on %q then its retry: %+v then an error", before, r)
+			require.Equal(t, StatusClaimed, again.Status, "claim on %q then its retry: %+v then %+v", before, r, again)
+			require.Equal(t, r.Token, again.Token, "claim on %q then its retry: %+v then %+v", before, r, again)
 		case StatusCompleted:
-			if _, _, err := open(r.Value); err != nil && !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("open of the stored value of %q: %v", before, err)
+			if _, _, err := open(r.Value); err != nil {
+				require.ErrorIs(t, err, ErrCorrupt, "open of the stored value of %q", before)
 			}
 		case StatusInProgress, StatusMismatch:
 		default:
-			t.Fatalf("Claim on %q: status %d", before, r.Status)
+			require.Failf(t, "unknown status", "Claim on %q: status %d", before, r.Status)
 		}
 	})
 }

@@ -6,15 +6,14 @@ import (
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // newKeeper returns a Keeper on b's client.
 func newKeeper(t testing.TB, b *redistest.Backend, opts ...Option) *Keeper {
 	t.Helper()
 	k, err := NewRedis(b.Client, opts...)
-	if err != nil {
-		t.Fatalf("NewRedis: %v", err)
-	}
+	require.NoError(t, err, "NewRedis")
 	return k
 }
 

@@ -71,7 +71,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 				case err == nil && v == 7:
 					replays.Add(1)
 				default:
-					t.Errorf("unexpected answer %v, %v", v, err)
+					assert.Failf(t, "neither ErrInProgress nor the value 7", "unexpected answer %v, %v", v, err)
 				}
 			}()
 		}
@@ -110,8 +110,8 @@ func TestManyKeysManyRacers(t *testing.T) {
 					perKey[i/racers].Add(1)
 					return i / racers, nil
 				})
-				if err != nil && !errors.Is(err, ErrInProgress) {
-					t.Errorf("key %s: %v", key, err)
+				if !errors.Is(err, ErrInProgress) {
+					assert.NoError(t, err, "key %s", key)
 				}
 			}
 		}()
@@ -125,9 +125,7 @@ func TestManyKeysManyRacers(t *testing.T) {
 	wg.Wait()
 	assert.EqualValues(t, keys, executions.Load())
 	for i := range perKey {
-		if n := perKey[i].Load(); n != 1 {
-			t.Fatalf("key %d executed %d times", i, n)
-		}
+		require.Equal(t, int32(1), perKey[i].Load(), "times key %d executed", i)
 	}
 }
 
@@ -428,7 +426,7 @@ func TestErrorsReleaseFinalErrorsReplay(t *testing.T) {
 		require.ErrorAs(t, err, &fe)
 		assert.False(t, fe.Replayed)
 		_, err = Do(ctx, k, "s", "final", func(ctx context.Context) (int, error) {
-			t.Error("a final error must be replayed, not run again")
+			assert.Fail(t, "a final error must be replayed, not run again")
 			return 0, nil
 		})
 		require.ErrorAs(t, err, &fe)
@@ -446,7 +444,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 			assert.Equal(t, "kaboom", recover())
 		}()
 		_, _ = Do(ctx, k, "s", "panic", func(ctx context.Context) (int, error) { panic("kaboom") })
-		t.Error("Do returned after a panic")
+		assert.Fail(t, "Do returned after a panic")
 	}()
 	v, err := Do(ctx, k, "s", "panic", func(ctx context.Context) (int, error) { return 3, nil })
 	require.NoError(t, err, "the claim was released, so the retry runs")
@@ -564,7 +562,7 @@ func TestCorruptRecords(t *testing.T) {
 		ctx := context.Background()
 		key := func(name string) string { return k.store.(*RedisStore).key(recordID("s", name)) }
 		fn := func(ctx context.Context) (receipt, error) {
-			t.Error("must not run on a corrupt record")
+			assert.Fail(t, "must not run on a corrupt record")
 			return receipt{}, nil
 		}
 		tok := "1795987179415205"
@@ -613,7 +611,7 @@ func TestUnavailableIsTyped(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := Do(ctx, k, "s", "down", func(ctx context.Context) (int, error) {
-			t.Error("must not run when the store is down")
+			assert.Fail(t, "must not run when the store is down")
 			return 0, nil
 		})
 		require.ErrorIs(t, err, ErrUnavailable)
@@ -630,7 +628,7 @@ func TestReadOnlyReplicaIsUnavailable(t *testing.T) {
 	require.NoError(t, replica.Client.SlaveOf(ctx, addr[0], addr[1]).Err())
 	k := newKeeper(t, replica)
 	_, err := Do(ctx, k, "s", "ro", func(ctx context.Context) (int, error) {
-		t.Error("must not run on a read-only replica")
+		assert.Fail(t, "must not run on a read-only replica")
 		return 0, nil
 	})
 	require.ErrorIs(t, err, ErrUnavailable)

@@ -263,7 +263,7 @@ func TestCompleteAndDoShareKeys(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b)
-		never := func(context.Context) ([]byte, error) { t.Error("ran again"); return nil, nil }
+		never := func(context.Context) ([]byte, error) { assert.Fail(t, "ran again"); return nil, nil }
 
 		out, err := k.Begin(ctx, "s", "raw")
 		require.NoError(t, err)

@@ -13,18 +13,15 @@ import (
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func durableKeeper(t *testing.T, c redis.Scripter, ropts ...Option) *Keeper {
 	t.Helper()
 	s, err := NewRedisStore(c, ropts...)
-	if err != nil {
-		t.Fatalf("NewRedisStore: %v", err)
-	}
+	require.NoError(t, err, "NewRedisStore")
 	k, err := New(s, WithLease(2*time.Second), WithRetention(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return k
 }
 
@@ -40,40 +37,44 @@ func TestWithReplicasOnPlainReplication(t *testing.T) {
 	ctx := context.Background()
 
 	k := durableKeeper(t, mc, WithReplicas(1, time.Second))
-	if v, err := Do(ctx, k, "s", "ok", func(context.Context) (int, error) { return 7, nil }); err != nil || v != 7 {
-		t.Fatalf("Do = %d, %v", v, err)
-	}
+	v, err := Do(ctx, k, "s", "ok", func(context.Context) (int, error) { return 7, nil })
+	require.NoError(t, err, "Do")
+	require.Equal(t, 7, v, "Do")
 	// The replica has the completed record.
 	rk := durableKeeper(t, replica.Client(t))
 	// A replica is read-only, but a completed record replays without a write.
-	if out, err := rk.Begin(ctx, "s", "ok"); err != nil || !out.Replayed {
-		t.Fatalf("Begin on the replica = %+v, %v; want the replay", out, err)
-	}
+	onReplica, err := rk.Begin(ctx, "s", "ok")
+	require.NoError(t, err, "Begin on the replica; want the replay")
+	require.True(t, onReplica.Replayed, "Begin on the replica = %+v; want the replay", onReplica)
 
 	two := durableKeeper(t, mc, WithReplicas(2, 500*time.Millisecond))
 	ran := false
-	_, err := Do(ctx, two, "s", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
+	_, err = Do(ctx, two, "s", "two", func(context.Context) (int, error) { ran = true; return 1, nil })
 	var re *ReplicationError
-	if !errors.As(err, &re) || re.Op != "claim" || re.Acked != 1 || re.Wanted != 2 || ran {
-		t.Fatalf("Do waiting for 2 replicas of 1: %v (ran %v), want a claim *ReplicationError 1 of 2", err, ran)
-	}
+	const wantClaim = "Do waiting for 2 replicas of 1: want a claim *ReplicationError 1 of 2"
+	require.ErrorAs(t, err, &re, wantClaim)
+	require.Equal(t, "claim", re.Op, "%s; got %v", wantClaim, err)
+	require.Equal(t, 1, re.Acked, "%s; got %v", wantClaim, err)
+	require.Equal(t, 2, re.Wanted, "%s; got %v", wantClaim, err)
+	require.False(t, ran, "Do waiting for 2 replicas of 1 ran the operation")
 
 	// The replica stops acknowledging between claim and completion.
 	out, err := k.Begin(ctx, "s", "late")
-	if err != nil || out.Claim == nil {
-		t.Fatalf("Begin = %+v, %v", out, err)
-	}
+	require.NoError(t, err, "Begin")
+	require.NotNil(t, out.Claim, "Begin = %+v", out)
 	replica.Pause(t)
 	err = out.Claim.Complete(ctx, []byte("result"), 0)
 	replica.Resume(t)
-	if !errors.As(err, &re) || re.Op != "complete" || re.Acked != 0 || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Complete while the replica is paused: %v, want a complete *ReplicationError 0 of 1", err)
-	}
+	const wantComplete = "Complete while the replica is paused: want a complete *ReplicationError 0 of 1"
+	require.ErrorAs(t, err, &re, wantComplete)
+	require.Equal(t, "complete", re.Op, "%s; got %v", wantComplete, err)
+	require.Equal(t, 0, re.Acked, "%s; got %v", wantComplete, err)
+	require.ErrorIs(t, err, ErrUnavailable, wantComplete)
 	plain := durableKeeper(t, mc)
 	rep, err := plain.Begin(ctx, "s", "late")
-	if err != nil || !rep.Replayed || string(rep.Value) != "result" {
-		t.Fatalf("Begin on the master after the unreplicated completion = %+v, %v; want the replay", rep, err)
-	}
+	require.NoError(t, err, "Begin on the master after the unreplicated completion; want the replay")
+	assert.True(t, rep.Replayed, "Begin on the master after the unreplicated completion = %+v; want the replay", rep)
+	assert.Equal(t, "result", string(rep.Value), "Begin on the master after the unreplicated completion: replayed value")
 }
 
 // TestWithReplicasReloadsScripts: a master that lost its script cache answers
@@ -85,13 +86,10 @@ func TestWithReplicasReloadsScripts(t *testing.T) {
 	ctx := context.Background()
 	k := durableKeeper(t, mc, WithReplicas(1, time.Second))
 	for i := 0; i < 3; i++ {
-		if err := mc.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, mc.ScriptFlush(ctx).Err())
 		key := fmt.Sprint(i)
-		if _, err := Do(ctx, k, "s", key, func(context.Context) (int, error) { return i, nil }); err != nil {
-			t.Fatalf("Do after SCRIPT FLUSH: %v", err)
-		}
+		_, err := Do(ctx, k, "s", key, func(context.Context) (int, error) { return i, nil })
+		require.NoError(t, err, "Do after SCRIPT FLUSH")
 	}
 }
 
@@ -109,12 +107,10 @@ func TestFailoverLosesAcknowledgedCompletions(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				acked, lost := failoverLoss(t, lagging, durable)
 				t.Logf("%s: %d completions acknowledged, %d lost by the failover", name, acked, lost)
-				if durable && lost != 0 {
-					t.Fatalf("%d acknowledged completions lost with WithReplicas", lost)
+				if durable {
+					assert.Zero(t, lost, "acknowledged completions lost with WithReplicas")
 				}
-				if acked == 0 {
-					t.Fatal("no completion was acknowledged")
-				}
+				assert.NotZero(t, acked, "no completion was acknowledged")
 			})
 		}
 	}
@@ -123,9 +119,7 @@ func TestFailoverLosesAcknowledgedCompletions(t *testing.T) {
 func failoverLoss(t *testing.T, lagging, durable bool) (acked, lost int) {
 	master := redistest.Start(t)
 	link, err := faultproxy.New(master.Addr, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { link.Close() })
 	replica := redistest.StartReplica(t, link.Addr())
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr, DialTimeout: 200 * time.Millisecond})
@@ -202,11 +196,11 @@ func failoverLoss(t *testing.T, lagging, durable bool) (acked, lost int) {
 		case errors.Is(err, ErrInProgress):
 			lost++ // the claim survived, its result did not: a retry runs the operation again once the lease ends
 		default:
-			t.Fatalf("Begin %s on the promoted replica: %+v, %v", key, out, err)
+			require.Failf(t, "neither a replay, a claim nor ErrInProgress", "Begin %s on the promoted replica: %+v, %v", key, out, err)
 		}
 	}
 	for _, err := range untyped {
-		t.Errorf("untyped failure: %v", err)
+		assert.NoError(t, err, "untyped failure")
 	}
 	return len(ackedKeys), lost
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,9 +24,7 @@ func TestClusterHTTP(t *testing.T) {
 	k, err := idem.NewRedis(cc, idem.WithPrefix("http:"))
 	require.NoError(t, err)
 	mw, err := New(k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var runs atomic.Int32
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -45,21 +44,17 @@ func TestClusterHTTP(t *testing.T) {
 	for i := 0; i < keys; i++ {
 		key := fmt.Sprintf("pay-%d", i)
 		first := do(key, "amount=10")
-		if first.Code != http.StatusCreated || first.Body.String() != "charged "+key {
-			t.Fatalf("first %s: %d %q", key, first.Code, first.Body.String())
-		}
+		require.Equal(t, http.StatusCreated, first.Code, "first %s: %q", key, first.Body.String())
+		require.Equal(t, "charged "+key, first.Body.String(), "first %s", key)
 		again := do(key, "amount=10")
-		if again.Code != http.StatusCreated || again.Body.String() != first.Body.String() ||
-			again.Header().Get(ReplayedHeader) != "true" || strings.Join(again.Header().Values("X-Charge"), ",") != "a,b" {
-			t.Fatalf("replay %s: %d %q %v", key, again.Code, again.Body.String(), again.Header())
-		}
-		if other := do(key, "amount=99"); other.Code != http.StatusUnprocessableEntity {
-			t.Fatalf("other body with %s: %d, want 422", key, other.Code)
-		}
+		require.Equal(t, http.StatusCreated, again.Code, "replay %s: %q %v", key, again.Body.String(), again.Header())
+		require.Equal(t, first.Body.String(), again.Body.String(), "replay %s: body", key)
+		require.Equal(t, "true", again.Header().Get(ReplayedHeader), "replay %s: headers %v", key, again.Header())
+		require.Equal(t, "a,b", strings.Join(again.Header().Values("X-Charge"), ","), "replay %s: headers %v", key, again.Header())
+		other := do(key, "amount=99")
+		require.Equal(t, http.StatusUnprocessableEntity, other.Code, "other body with %s", key)
 	}
-	if runs.Load() != keys {
-		t.Fatalf("handler ran %d times for %d keys", runs.Load(), keys)
-	}
+	assert.Equal(t, int32(keys), runs.Load(), "times the handler ran for %d keys", keys)
 	var spread atomic.Int32
 	err = cc.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
 		n, err := c.Keys(ctx, "http:*").Result()
@@ -69,7 +64,5 @@ func TestClusterHTTP(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	if spread.Load() != 3 {
-		t.Fatalf("records on %d masters, want 3", spread.Load())
-	}
+	assert.Equal(t, int32(3), spread.Load(), "masters holding records")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/require"
 )
 
 // FuzzMiddleware sends one request with arbitrary key header, method and body
@@ -39,9 +40,7 @@ func FuzzMiddleware(f *testing.F) {
 	k := newKeeper(f, redistest.Miniredis(f), idem.WithLease(time.Minute))
 	var tenant atomic.Int64
 	mw, err := New(k, WithBodyLimit(128), WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") }))
-	if err != nil {
-		f.Fatal(err)
-	}
+	require.NoError(f, err)
 	var runs atomic.Int64
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -69,11 +68,10 @@ func FuzzMiddleware(f *testing.F) {
 		before := runs.Load()
 		first := send()
 		ran := runs.Load() - before
-		if !allowed[first.Code] {
-			t.Fatalf("%s key %q body %q: status %d %s", method, key, body, first.Code, first.Body)
-		}
-		if first.Code != http.StatusCreated && ran == 0 && !strings.HasPrefix(first.Header().Get("Content-Type"), "application/problem+json") {
-			t.Fatalf("%s key %q: own answer %d without problem+json: %v", method, key, first.Code, first.Header())
+		require.True(t, allowed[first.Code], "%s key %q body %q: status %d %s", method, key, body, first.Code, first.Body)
+		if first.Code != http.StatusCreated && ran == 0 {
+			require.True(t, strings.HasPrefix(first.Header().Get("Content-Type"), "application/problem+json"),
+				"%s key %q: own answer %d without problem+json: %v", method, key, first.Code, first.Header())
 		}
 		if ran == 0 || first.Code != http.StatusCreated {
 			return
@@ -82,12 +80,10 @@ func FuzzMiddleware(f *testing.F) {
 		if method != http.MethodPost && method != http.MethodPatch {
 			return // not guarded: the handler runs every time
 		}
-		if runs.Load()-before != 1 {
-			t.Fatalf("%s key %q: the handler ran %d times", method, key, runs.Load()-before)
-		}
-		if second.Code != first.Code || !bytes.Equal(second.Body.Bytes(), first.Body.Bytes()) || second.Header().Get(ReplayedHeader) != "true" {
-			t.Fatalf("%s key %q: replay %d %q %v, first %d %q", method, key, second.Code, second.Body, second.Header(), first.Code, first.Body)
-		}
+		require.Equal(t, int64(1), runs.Load()-before, "%s key %q: times the handler ran", method, key)
+		require.Equal(t, first.Code, second.Code, "%s key %q: replay %d %q %v, first %d %q", method, key, second.Code, second.Body, second.Header(), first.Code, first.Body)
+		require.True(t, bytes.Equal(second.Body.Bytes(), first.Body.Bytes()), "%s key %q: replay %d %q %v, first %d %q", method, key, second.Code, second.Body, second.Header(), first.Code, first.Body)
+		require.Equal(t, "true", second.Header().Get(ReplayedHeader), "%s key %q: replay %d %q %v, first %d %q", method, key, second.Code, second.Body, second.Header(), first.Code, first.Body)
 	})
 }
 

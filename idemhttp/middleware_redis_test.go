@@ -29,9 +29,7 @@ func TestMiddlewareRedis(t *testing.T) {
 func BenchmarkMiddlewareReplayRedis(b *testing.B) {
 	s := redistest.Start(b)
 	rs, err := idem.NewRedisStore(s.Client(b))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	bench(b, rs, true)
 }
 
@@ -40,9 +38,7 @@ func BenchmarkMiddlewareReplayRedis(b *testing.B) {
 func BenchmarkMiddlewareFirstRequestRedis(b *testing.B) {
 	s := redistest.Start(b)
 	rs, err := idem.NewRedisStore(s.Client(b))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	bench(b, &freshKeys{Store: rs}, false)
 }
 
