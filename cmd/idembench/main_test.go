@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,60 +27,210 @@ func runJSON(t *testing.T, args ...string) (int, map[string]any, string) {
 
 func assertSound(t *testing.T, res map[string]any) {
 	t.Helper()
-	for _, field := range []string{"ops_per_sec", "p50_us", "p95_us", "p99_us", "commands_per_op", "duplicates", "executions", "baseline_ops_per_sec", "ratio"} {
+	for _, field := range []string{
+		"mode", "ops_per_sec", "p50_us", "p95_us", "p99_us", "commands_per_op", "duplicates", "executions",
+		"redis_usec_per_op", "redis_cpu_usec_per_op", "allocs_per_op",
+		"baseline", "baseline_ops_per_sec", "baseline_redis_usec_per_op", "baseline_redis_cpu_usec_per_op", "baseline_allocs_per_op", "ratio",
+	} {
 		assert.Contains(t, res, field)
 	}
+	assert.Positive(t, res["ops"])
 	assert.Positive(t, res["ops_per_sec"])
 	assert.Positive(t, res["p50_us"])
 	assert.LessOrEqual(t, res["p50_us"], res["p95_us"])
 	assert.LessOrEqual(t, res["p95_us"], res["p99_us"])
+	assert.Positive(t, res["allocs_per_op"])
 	assert.EqualValues(t, 0, res["duplicates"])
 	assert.EqualValues(t, 0, res["errors"])
 }
 
+// assertBaseline checks the figures of the baseline name.
+func assertBaseline(t *testing.T, res map[string]any, name string) {
+	t.Helper()
+	assert.Equal(t, name, res["baseline"])
+	assert.Positive(t, res["baseline_ops"])
+	assert.Positive(t, res["baseline_ops_per_sec"])
+	assert.Positive(t, res["baseline_p50_us"])
+	assert.Positive(t, res["baseline_allocs_per_op"])
+	assert.InDelta(t, res["ops_per_sec"].(float64)/res["baseline_ops_per_sec"].(float64), res["ratio"], 1e-9)
+}
+
+// assertRedisCPU checks the Redis CPU figures of a run on a real server: the
+// baseline's are positive too unless it sends no command (bare).
+func assertRedisCPU(t *testing.T, res map[string]any) {
+	t.Helper()
+	assert.Positive(t, res["redis_usec_per_op"])
+	assert.Positive(t, res["redis_cpu_usec_per_op"])
+	switch res["baseline"] {
+	case "":
+	case baselineBare:
+		assert.EqualValues(t, 0, res["baseline_redis_usec_per_op"], "the bare handler sends Redis nothing")
+	default:
+		assert.Positive(t, res["baseline_redis_usec_per_op"])
+		assert.Positive(t, res["baseline_redis_cpu_usec_per_op"])
+	}
+}
+
 func TestMiniredisMixedWithBaseline(t *testing.T) {
-	code, res, stderr := runJSON(t, "-d", "1s", "-c", "8", "-workload", "mixed", "-keys", "50", "-baseline")
+	code, res, stderr := runJSON(t, "-d", "1s", "-c", "8", "-workload", "mixed", "-keys", "50", "-baseline", "setnx")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, "miniredis", "the default server is said to be miniredis")
 	assert.Equal(t, "miniredis (embedded)", res["server"])
+	assert.Equal(t, "do", res["mode"])
 	assertSound(t, res)
+	assertBaseline(t, res, "setnx")
 	assert.Positive(t, res["executions"])
 	assert.Positive(t, res["replays"], "half the operations repeat one of 50 keys")
-	assert.Positive(t, res["baseline_ops_per_sec"])
-	assert.InDelta(t, res["ops_per_sec"].(float64)/res["baseline_ops_per_sec"].(float64), res["ratio"], 1e-9)
+	assert.EqualValues(t, 0, res["redis_usec_per_op"], "miniredis has no INFO commandstats")
+	assert.EqualValues(t, 0, res["baseline_redis_usec_per_op"])
+}
+
+// floors are the baselines of -mode do, each with the workload it is the
+// floor of.
+var floors = []struct{ baseline, workload string }{
+	{"setnx", "first"},
+	{"pair", "first"},
+	{"get", "replay"},
+}
+
+func TestMiniredisBaselines(t *testing.T) {
+	for _, f := range floors {
+		t.Run(f.baseline, func(t *testing.T) {
+			code, res, stderr := runJSON(t, "-d", "300ms", "-c", "8", "-keys", "100", "-workload", f.workload, "-baseline", f.baseline)
+			require.Equal(t, 0, code, stderr)
+			assertSound(t, res)
+			assertBaseline(t, res, f.baseline)
+			assert.EqualValues(t, 0, res["redis_usec_per_op"], "miniredis has no INFO commandstats")
+		})
+	}
+}
+
+func TestMiniredisHTTP(t *testing.T) {
+	t.Run("first", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-baseline", "bare")
+		require.Equal(t, 0, code, stderr)
+		assert.Equal(t, "http", res["mode"])
+		assertSound(t, res)
+		assertBaseline(t, res, "bare")
+		assert.Equal(t, res["ops"], res["executions"], "every request is a first execution")
+		assert.InDelta(t, 2, res["commands_per_op"], 0.01, "claim and complete")
+	})
+	t.Run("replay", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-workload", "replay", "-keys", "100", "-coalesce=false", "-baseline", "bare")
+		require.Equal(t, 0, code, stderr)
+		assertSound(t, res)
+		assertBaseline(t, res, "bare")
+		assert.EqualValues(t, 0, res["executions"], "the keys were completed before the clock started")
+		assert.Equal(t, res["ops"], res["replays"], "every response carries the replayed header")
+		assert.InDelta(t, 1, res["commands_per_op"], 0.01, "one script per replay")
+	})
+	t.Run("mixed", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-workload", "mixed", "-keys", "20")
+		require.Equal(t, 0, code, stderr)
+		assertSound(t, res)
+		assert.Positive(t, res["executions"])
+		assert.Positive(t, res["replays"])
+	})
 }
 
 func TestRealRedis(t *testing.T) {
 	s := redistest.Start(t)
 	url := "redis://" + s.Addr
 	t.Run("first", func(t *testing.T) {
-		code, res, stderr := runJSON(t, "-redis", url, "-d", "1s", "-c", "32", "-autopipeline", "-workload", "first", "-baseline")
+		code, res, stderr := runJSON(t, "-redis", url, "-d", "1s", "-c", "32", "-autopipeline", "-workload", "first", "-baseline", "setnx")
 		require.Equal(t, 0, code, stderr)
 		assert.NotContains(t, stderr, "miniredis")
 		assert.True(t, strings.HasPrefix(res["server"].(string), "redis "), res["server"])
 		assertSound(t, res)
+		assertBaseline(t, res, "setnx")
+		assertRedisCPU(t, res)
 		assert.Equal(t, res["ops"], res["executions"], "every operation is a first execution")
 		assert.InDelta(t, 2, res["commands_per_op"], 0.01, "claim and complete")
-		assert.Positive(t, res["ratio"])
 	})
 	t.Run("replay", func(t *testing.T) {
 		code, res, stderr := runJSON(t, "-redis", url, "-d", "1s", "-c", "32", "-workload", "replay", "-keys", "500", "-coalesce=false")
 		require.Equal(t, 0, code, stderr)
 		assertSound(t, res)
+		assertRedisCPU(t, res)
 		assert.EqualValues(t, 0, res["executions"], "the keys were completed before the clock started: nothing runs again")
 		assert.Equal(t, res["ops"], res["replays"])
 		assert.InDelta(t, 1, res["commands_per_op"], 0.01, "one script per replay")
+		assert.Empty(t, res["baseline"])
 		assert.EqualValues(t, 0, res["ratio"], "no baseline asked for")
 		assert.EqualValues(t, 0, res["baseline_ops_per_sec"])
 	})
+	for _, f := range floors {
+		t.Run("baseline "+f.baseline, func(t *testing.T) {
+			code, res, stderr := runJSON(t, "-redis", url, "-d", "400ms", "-c", "16", "-keys", "500", "-workload", f.workload, "-baseline", f.baseline)
+			require.Equal(t, 0, code, stderr)
+			assertSound(t, res)
+			assertBaseline(t, res, f.baseline)
+			assertRedisCPU(t, res)
+		})
+	}
+	t.Run("baseline autopipeline", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-redis", url, "-d", "400ms", "-c", "16", "-autopipeline", "-baseline", "pair", "-baseline-autopipeline")
+		require.Equal(t, 0, code, stderr)
+		assertSound(t, res)
+		assertBaseline(t, res, "pair")
+		assertRedisCPU(t, res)
+		assert.Equal(t, true, res["baseline_autopipeline"])
+	})
+	for _, workload := range []string{"first", "replay"} {
+		t.Run("http "+workload, func(t *testing.T) {
+			code, res, stderr := runJSON(t, "-redis", url, "-mode", "http", "-d", "400ms", "-c", "16", "-keys", "500", "-workload", workload, "-baseline", "bare")
+			require.Equal(t, 0, code, stderr)
+			assertSound(t, res)
+			assertBaseline(t, res, "bare")
+			assertRedisCPU(t, res)
+		})
+	}
+}
+
+// TestRedisCPUCountsScriptsOnce checks that a script's nested commands,
+// which INFO commandstats lists apart from it, are not counted twice.
+func TestRedisCPUCountsScriptsOnce(t *testing.T) {
+	before := serverCPU{usec: map[string]int64{}}
+	parseCommandstats("# Commandstats\r\ncmdstat_evalsha:calls=1,usec=60,usec_per_call=60.00,rejected_calls=0,failed_calls=0\r\n"+
+		"cmdstat_set:calls=1,usec=7,usec_per_call=7.00\r\ncmdstat_config|resetstat:calls=1,usec=30\r\n", before.usec)
+	assert.Equal(t, map[string]int64{"evalsha": 60, "set": 7, "config": 30}, before.usec)
+	before.process = parseCPU("# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250001\r\nused_cpu_sys_children:9.000000\r\n")
+	assert.EqualValues(t, 1_750_001, before.process)
+
+	after := serverCPU{usec: map[string]int64{"evalsha": 160, "set": 27, "config": 30, "info": 500}, process: 1_750_401}
+	var c cost
+	c.add(reading{cpu: before, redis: true, mallocs: 10}, reading{cpu: after, redis: true, mallocs: 30}, scriptCommands)
+	commandUsec, processUsec, allocs := c.perOp(4)
+	assert.InDelta(t, 25, commandUsec, 1e-9, "evalsha's 100µs over 4 operations; the nested SETs and INFO are not counted")
+	assert.InDelta(t, 100, processUsec, 1e-9)
+	assert.InDelta(t, 5, allocs, 1e-9)
+
+	c.add(reading{redis: false}, reading{redis: true}, scriptCommands)
+	commandUsec, _, _ = c.perOp(4)
+	assert.Zero(t, commandUsec, "a phase that could not be read makes the figure unknown, not smaller")
+}
+
+func TestJSONBody(t *testing.T) {
+	for n := 0; n < 300; n++ {
+		b := jsonBody(n)
+		require.Len(t, b, n)
+		if n >= 2 {
+			assert.True(t, json.Valid(b), "%d: %s", n, b)
+		}
+	}
+	id, err := keyID("k42")
+	require.NoError(t, err)
+	assert.EqualValues(t, 42, id)
+	_, err = keyID("x42")
+	assert.Error(t, err)
 }
 
 func TestTextOutput(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"-d", "300ms", "-c", "4", "-baseline"}, &stdout, &stderr)
+	code := run(context.Background(), []string{"-d", "300ms", "-c", "4", "-baseline", "pair"}, &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())
 	out := stdout.String()
-	for _, want := range []string{"ops/s", "p50", "p99", "commands/op", "duplicates executed: 0", "baseline", "ratio"} {
+	for _, want := range []string{"ops/s", "p50", "p99", "commands/op", "duplicates executed: 0", "allocs/op", "baseline", "SET NX PX", "ratio", "over pair ops/s"} {
 		assert.Contains(t, out, want)
 	}
 	assert.NotContains(t, out, "\r", "no progress line when stdout is not a terminal")
@@ -94,12 +245,25 @@ func TestBadFlags(t *testing.T) {
 		{"-c", "0"},
 		{"-redis", "redis://a", "-cluster", "b:1"},
 		{"-retention", "1s"},
+		{"-mode", "grpc"},
+		{"-baseline", "nope"},
+		{"-baseline"},
+		{"-baseline", "bare"},
+		{"-mode", "http", "-baseline", "get"},
+		{"-baseline", "pair", "-baseline-autopipeline"},
+		{"-autopipeline", "-baseline-autopipeline"},
 		{"extra"},
 	} {
 		var stdout, stderr bytes.Buffer
 		assert.Equal(t, 2, run(context.Background(), args, &stdout, &stderr), "%q", args)
 		assert.NotEmpty(t, stderr.String())
 	}
+}
+
+func TestFormerBaselineFlagIsExplained(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"-baseline", "-json"}, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "-baseline setnx")
 }
 
 func TestBitsetCountsDuplicates(t *testing.T) {
@@ -129,10 +293,30 @@ func TestHistogramQuantiles(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
-	code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline")
+	code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline", "pair")
 	require.Equal(t, 0, code, stderr)
 	assert.True(t, strings.HasPrefix(res["server"].(string), "redis cluster "), res["server"])
 	assertSound(t, res)
+	assertBaseline(t, res, "pair")
 	assert.Positive(t, res["replays"])
-	assert.Positive(t, res["ratio"])
+	assertRedisCPU(t, res)
+
+	t.Run("every master", func(t *testing.T) {
+		ctx := context.Background()
+		var want int64
+		for _, addr := range c.Addrs() {
+			node := redis.NewClient(&redis.Options{Addr: addr})
+			defer node.Close()
+			for range 200 {
+				require.NoError(t, node.Echo(ctx, "x").Err())
+			}
+			one, err := readServerCPU(ctx, node)
+			require.NoError(t, err)
+			require.Positive(t, one.usec["echo"])
+			want += one.usec["echo"]
+		}
+		all, err := readServerCPU(ctx, c.Client(t, nil))
+		require.NoError(t, err)
+		assert.Equal(t, want, all.usec["echo"], "the cluster's figure sums every master's")
+	})
 }

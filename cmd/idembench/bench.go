@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/idemkit/idem"
+)
+
+// bench sets a run up, runs it, and returns what it measured.
+func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, error) {
+	h, err := setup(ctx, o, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer h.close()
+	if err := h.measure(ctx, stdout); err != nil {
+		return nil, err
+	}
+	return h.result(), nil
+}
+
+// harness is a run set up: the Keeper under test, the workload, the two
+// sides of the run, and what measures them.
+type harness struct {
+	o      *options
+	server string
+	w      *workload
+	// cnt counts the commands idem's client sends while idem's side runs.
+	cnt   *counter
+	meter *meter
+	idem  *side
+	// base is the baseline's side; nil without -baseline.
+	base *side
+
+	closers []func()
+}
+
+// close closes what setup opened, last first.
+func (h *harness) close() {
+	for _, c := range slices.Backward(h.closers) {
+		c()
+	}
+	h.closers = nil
+}
+
+// setup connects to Redis, makes the Keeper and the two sides of the run,
+// and completes the keys of a replay run: all that comes before the clock
+// starts.
+func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harness, err error) {
+	h := &harness{o: o}
+	defer func() {
+		if err != nil {
+			h.close()
+		}
+	}()
+	idemClient, baseClient, err := h.connect(ctx, stderr)
+	if err != nil {
+		return nil, err
+	}
+	k, closeKeeper, err := newKeeper(ctx, o, idemClient)
+	if err != nil {
+		return nil, err
+	}
+	h.closers = append(h.closers, closeKeeper)
+	if err := h.makeSides(ctx, k, baseClient, stdout); err != nil {
+		return nil, err
+	}
+	if o.workload == "replay" {
+		if !o.json {
+			fmt.Fprintf(stdout, "completing %d keys for the replay run...\n", o.keys)
+		}
+		if err := h.w.seed(ctx); err != nil {
+			return nil, err
+		}
+	}
+	h.meter = newMeter(ctx, baseClient)
+	if !o.json {
+		printHeader(stdout, o, h.server)
+	}
+	return h, nil
+}
+
+// connect returns a client for idem, counting its commands, and one for the
+// baseline and the meter, once the server answers.
+func (h *harness) connect(ctx context.Context, stderr io.Writer) (idemClient, baseClient client, err error) {
+	idemClient, baseClient, server, closeClients, err := connect(h.o, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	h.closers = append(h.closers, closeClients)
+	if err := idemClient.Ping(ctx).Err(); err != nil {
+		return nil, nil, fmt.Errorf("reaching Redis: %w", err)
+	}
+	if h.server = server; h.server == "" {
+		h.server = serverName(ctx, idemClient)
+	}
+	h.cnt = &counter{}
+	idemClient.AddHook(h.cnt)
+	return idemClient, baseClient, nil
+}
+
+// makeSides makes the workload and idem's side on k, through the server of
+// -mode http if asked, and the baseline's side on c.
+func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdout io.Writer) error {
+	o := h.o
+	h.w = newWorkload(o, k)
+	h.idem = newSide(h.w.doOp, scriptCommands)
+	if o.mode == modeHTTP {
+		hb, err := startHTTP(o, k, h.w.scope, h.w.ran, newBitset())
+		if err != nil {
+			return err
+		}
+		h.closers = append(h.closers, hb.close)
+		h.w.http, h.idem.op = hb, h.w.httpOp
+	}
+	if o.baseline == "" {
+		return nil
+	}
+	base, closeBase, err := newBaseline(ctx, o, h.w, c, stdout)
+	if err != nil {
+		return err
+	}
+	h.closers = append(h.closers, closeBase)
+	h.base = base
+	return nil
+}

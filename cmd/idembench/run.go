@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// side is one half of a run: idem, or the baseline it is compared with.
+type side struct {
+	op func(context.Context, *worker)
+	// commands are the Redis commands the side sends, whose usec in INFO
+	// commandstats is its Redis CPU.
+	commands []string
+	stats    *stats
+	cost     cost
+}
+
+func newSide(op func(context.Context, *worker), commands []string) *side {
+	return &side{op: op, commands: commands, stats: newStats()}
+}
+
+// measure is the timed part of the run: slices of idem, and of the baseline
+// if there is one, in turn, so that both see the same machine.
+func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
+	o := h.o
+	stopProfile, err := startCPUProfile(o.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+	slice := o.duration
+	if h.base != nil {
+		slice = min(time.Second, max(o.duration/4, 100*time.Millisecond))
+	}
+	var progress *progressLine
+	if !o.json && o.duration > 3*time.Second && isTerminal(stdout) {
+		progress = &progressLine{w: stdout, total: o.duration}
+	}
+	for done := time.Duration(0); done < o.duration && ctx.Err() == nil; {
+		d := min(slice, o.duration-done)
+		h.cnt.on.Store(true)
+		h.phase(ctx, h.idem, d, progress)
+		h.cnt.on.Store(false)
+		s := h.idem.stats
+		progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
+		if h.base != nil {
+			h.phase(ctx, h.base, d, nil)
+		}
+		done += d
+	}
+	progress.clear()
+	return nil
+}
+
+// phase runs one slice of s, for d, and adds what it cost to s.
+func (h *harness) phase(ctx context.Context, s *side, d time.Duration, progress *progressLine) {
+	before := h.meter.read(ctx)
+	runSlice(ctx, h.w, d, s.stats, s.op, progress)
+	s.cost.add(before, h.meter.read(ctx), s.commands)
+}
+
+// runSlice runs op on w's callers for d, into s.
+func runSlice(ctx context.Context, w *workload, d time.Duration, s *stats, op func(context.Context, *worker), progress *progressLine) {
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	locals := make([]*localStats, w.o.concurrency)
+	start := time.Now()
+	for i := range locals {
+		locals[i] = &localStats{}
+		wg.Add(1)
+		go func(ls *localStats) {
+			defer wg.Done()
+			wk := w.newWorker(ls)
+			for !stop.Load() {
+				op(ctx, wk)
+				ls.done.Add(1)
+			}
+		}(locals[i])
+	}
+	t := time.NewTimer(d)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-t.C:
+			break loop
+		case <-ctx.Done():
+			t.Stop()
+			break loop
+		case <-tick.C:
+			if progress != nil {
+				var n int64
+				for _, ls := range locals {
+					n += ls.done.Load()
+				}
+				progress.show(s.elapsed+time.Since(start), s.ops()+n, n, time.Since(start))
+			}
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	s.elapsed += time.Since(start)
+	for _, ls := range locals {
+		s.merge(ls)
+	}
+}
+
+// workload makes the operations of a run.
+type workload struct {
+	o     *options
+	k     *idem.Keeper
+	scope string
+	body  []byte
+	ran   *bitset
+	// http is the server and client of -mode http; nil in -mode do.
+	http *httpBench
+
+	// fresh is the number of keys handed out; key i is "k<i>".
+	fresh atomic.Uint64
+}
+
+func newWorkload(o *options, k *idem.Keeper) *workload {
+	var runID [4]byte
+	for i := range runID {
+		runID[i] = "abcdefghijklmnopqrstuvwxyz"[rand.IntN(26)]
+	}
+	w := &workload{
+		o:     o,
+		k:     k,
+		scope: "idembench-" + string(runID[:]),
+		body:  make([]byte, o.body),
+		ran:   newBitset(),
+	}
+	for i := range w.body {
+		w.body[i] = 'a' + byte(i%26)
+	}
+	return w
+}
+
+// worker is one caller's state.
+type worker struct {
+	w     *workload
+	rng   *rand.Rand
+	stats *localStats
+	buf   []byte
+	// id is the key of the operation under way; ran is set by fn.
+	id  uint64
+	ran bool
+	fn  func(ctx context.Context) ([]byte, error)
+}
+
+func (w *workload) newWorker(s *localStats) *worker {
+	wk := &worker{w: w, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), stats: s, buf: make([]byte, 0, 32)}
+	wk.fn = func(ctx context.Context) ([]byte, error) {
+		wk.ran = true
+		w.ran.mark(wk.id)
+		return w.body, nil
+	}
+	return wk
+}
+
+// nextID returns the key of the next operation: a repeat of a recent key
+// with probability dup, else a new one.
+func (wk *worker) nextID() uint64 {
+	w := wk.w
+	if w.o.dup > 0 && (w.o.dup >= 1 || wk.rng.Float64() < w.o.dup) {
+		if n := w.fresh.Load(); n > 0 {
+			span := min(n, uint64(w.o.keys))
+			return n - 1 - wk.rng.Uint64N(span)
+		}
+	}
+	return w.fresh.Add(1) - 1
+}
+
+func (wk *worker) key(id uint64) string {
+	return wk.keyWith("k", id)
+}
+
+// keyWith returns prefix followed by id.
+func (wk *worker) keyWith(prefix string, id uint64) string {
+	wk.buf = append(wk.buf[:0], prefix...)
+	wk.buf = strconv.AppendUint(wk.buf, id, 10)
+	return string(wk.buf)
+}
+
+// doOp runs one operation through idem.Do.
+func (w *workload) doOp(ctx context.Context, wk *worker) {
+	wk.id, wk.ran = wk.nextID(), false
+	start := time.Now()
+	_, err := idem.Do(ctx, w.k, w.scope, wk.key(wk.id), wk.fn)
+	lat := time.Since(start)
+	switch {
+	case err == nil && wk.ran:
+		wk.stats.executed++
+	case err == nil:
+		wk.stats.replayed++
+	case errors.Is(err, idem.ErrInProgress):
+		wk.stats.inProgress++
+	default:
+		wk.stats.fail(err)
+		return
+	}
+	wk.stats.record(lat)
+}
+
+// seed completes keys 0 to keys-1 before a replay run: through idem.Do, or
+// in -mode http through the middleware.
+func (w *workload) seed(ctx context.Context) error {
+	w.fresh.Store(uint64(w.o.keys))
+	complete := func(ctx context.Context, wk *worker, id uint64) error {
+		wk.id = id
+		_, err := idem.Do(ctx, w.k, w.scope, wk.key(id), wk.fn)
+		return err
+	}
+	if w.http != nil {
+		complete = w.httpSeed
+	}
+	if err := w.forEachKey(ctx, w.o.keys, complete); err != nil {
+		return fmt.Errorf("completing the keys of the replay run: %w", err)
+	}
+	return nil
+}
+
+// forEachKey calls do for ids 0 to n-1 from -c goroutines, each with a worker
+// of its own, and returns the first error.
+func (w *workload) forEachKey(ctx context.Context, n int, do func(context.Context, *worker, uint64) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, w.o.concurrency)
+	for i := 0; i < w.o.concurrency; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wk := w.newWorker(&localStats{})
+			for {
+				id := next.Add(1) - 1
+				if id >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				if err := do(ctx, wk, uint64(id)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return errors.Join(<-errs, ctx.Err())
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// stats is what one side (idem or baseline) of a run measured.
+type stats struct {
+	elapsed    time.Duration
+	hist       histogram
+	executed   atomic.Int64
+	replayed   atomic.Int64
+	inProgress atomic.Int64
+	errors     atomic.Int64
+	errSamples map[string]int
+}
+
+func newStats() *stats { return &stats{errSamples: map[string]int{}} }
+
+func (s *stats) ops() int64 {
+	return s.executed.Load() + s.replayed.Load() + s.inProgress.Load()
+}
+
+func (s *stats) merge(ls *localStats) {
+	s.hist.add(&ls.hist)
+	s.executed.Add(ls.executed)
+	s.replayed.Add(ls.replayed)
+	s.inProgress.Add(ls.inProgress)
+	s.errors.Add(ls.errors)
+	for m, n := range ls.errSamples {
+		if len(s.errSamples) < 5 {
+			s.errSamples[m] += n
+		}
+	}
+}
+
+func (s *stats) samples() []string {
+	var out []string
+	for m, n := range s.errSamples {
+		out = append(out, fmt.Sprintf("%s (%d times)", m, n))
+	}
+	return out
+}
+
+// localStats is one goroutine's share of a slice, merged at its end.
+type localStats struct {
+	hist       histogram
+	done       atomic.Int64 // operations finished, for the progress line
+	executed   int64
+	replayed   int64
+	inProgress int64
+	errors     int64
+	errSamples map[string]int
+}
+
+func (ls *localStats) record(d time.Duration) { ls.hist.record(d) }
+
+func (ls *localStats) fail(err error) {
+	ls.errors++
+	if ls.errSamples == nil {
+		ls.errSamples = map[string]int{}
+	}
+	if len(ls.errSamples) < 5 {
+		ls.errSamples[err.Error()]++
+	}
+}
+
+func rate(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// histogram counts durations in buckets about 3% wide: exact below 64ns,
+// then 32 buckets per power of two, up to about 18 minutes.
+type histogram struct {
+	counts [64 + 35*32]uint64
+	n      uint64
+}
+
+func bucket(ns uint64) int {
+	if ns < 64 {
+		return int(ns)
+	}
+	shift := bits.Len64(ns) - 6 // >= 1
+	i := 64 + (shift-1)*32 + int(ns>>shift) - 32
+	return min(i, len(histogram{}.counts)-1)
+}
+
+// bucketMid returns the middle of bucket i, in nanoseconds.
+func bucketMid(i int) float64 {
+	if i < 64 {
+		return float64(i)
+	}
+	shift := (i-64)/32 + 1
+	lo := uint64(32+(i-64)%32) << shift
+	return float64(lo) + float64(uint64(1)<<shift)/2
+}
+
+func (h *histogram) record(d time.Duration) {
+	h.counts[bucket(uint64(max(d, 0)))]++
+	h.n++
+}
+
+func (h *histogram) add(o *histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+}
+
+// quantile returns the q-quantile in microseconds, or 0 without samples.
+func (h *histogram) quantile(q float64) float64 {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(h.n)))
+	var seen uint64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= rank && c > 0 {
+			return bucketMid(i) / 1000
+		}
+	}
+	return bucketMid(len(h.counts)-1) / 1000
+}
+
+// bitset records which keys ran, and counts the keys that ran again.
+// It grows in chunks, without a lock on the path that marks.
+type bitset struct {
+	chunks     [1 << 16]atomic.Pointer[[chunkWords]atomic.Uint64]
+	duplicates atomic.Int64
+}
+
+const chunkWords = 1 << 10 // 65536 keys a chunk; 2^32 keys in all
+
+func newBitset() *bitset { return &bitset{} }
+
+// mark records that key id ran; it returns false, and counts a duplicate, if
+// it had run before.
+func (b *bitset) mark(id uint64) bool {
+	c := id >> 16
+	if c >= uint64(len(b.chunks)) {
+		panic("idembench: more than 2^32 keys")
+	}
+	chunk := b.chunks[c].Load()
+	if chunk == nil {
+		b.chunks[c].CompareAndSwap(nil, new([chunkWords]atomic.Uint64))
+		chunk = b.chunks[c].Load()
+	}
+	bit := uint64(1) << (id & 63)
+	if chunk[(id>>6)&(chunkWords-1)].Or(bit)&bit != 0 {
+		b.duplicates.Add(1)
+		return false
+	}
+	return true
+}
