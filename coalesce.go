@@ -257,6 +257,7 @@ func (sh *flightShard) finish(c *Claim, kind byte, body []byte, err error) {
 		fl.completed = true
 		// The caller of Complete may reuse its slice once it returns.
 		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, kind: kind}
+		fl.result.Err, _ = replayedFinal(kind, fl.result.Value) // sealed by this process: readable
 	}
 	if fl.done != nil {
 		close(fl.done)

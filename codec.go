@@ -1,7 +1,11 @@
 package idem
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -38,6 +42,7 @@ const (
 	kindBytes byte = 'b' // bytes given to Claim.Complete
 	kindValue byte = 'v' // a value of Do, encoded by the Codec
 	kindError byte = 'e' // the message of a FinalError of Do
+	kindFinal byte = 'E' // a FinalError of Do with a code or details; see sealFinal
 )
 
 // seal puts body in an envelope of the given kind.
@@ -57,8 +62,106 @@ func open(b []byte) (kind byte, body []byte, err error) {
 		return 0, nil, fmt.Errorf("%w: envelope format %d unknown", ErrCorrupt, b[0])
 	}
 	switch b[1] {
-	case kindBytes, kindValue, kindError:
+	case kindBytes, kindValue, kindError, kindFinal:
 		return b[1], b[2:], nil
 	}
 	return 0, nil, fmt.Errorf("%w: envelope kind %q unknown", ErrCorrupt, b[1])
+}
+
+// sealFinal is how a FinalError is stored: its message alone (kindError, as
+// the first format wrote every final error) when it has no code nor details,
+// else a msgpack array [message, code, details] (kindFinal), details being a
+// map of strings written in key order, so that one error always makes the
+// same bytes. A reader skips elements after details, so that fields may be
+// added later.
+func sealFinal(e *FinalError) (kind byte, body []byte) {
+	if e.Code == "" && len(e.Details) == 0 {
+		return kindError, []byte(e.Error())
+	}
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	// Strings into a buffer: the encoder cannot fail.
+	_ = enc.EncodeArrayLen(3)
+	_ = enc.EncodeString(e.Error())
+	_ = enc.EncodeString(e.Code)
+	_ = enc.EncodeMapLen(len(e.Details))
+	for _, k := range slices.Sorted(maps.Keys(e.Details)) {
+		_ = enc.EncodeString(k)
+		_ = enc.EncodeString(e.Details[k])
+	}
+	return kindFinal, buf.Bytes()
+}
+
+// openFinal is the replayed FinalError stored by sealFinal, or nil for a
+// result of another kind. An unreadable one is ErrCorrupt.
+func openFinal(kind byte, body []byte) (*FinalError, error) {
+	switch kind {
+	case kindError:
+		return &FinalError{Err: errors.New(string(body)), Replayed: true}, nil
+	case kindFinal:
+		e, err := decodeFinal(body)
+		if err != nil {
+			return nil, fmt.Errorf("%w: decoding the stored final error: %w", ErrCorrupt, err)
+		}
+		return e, nil
+	}
+	return nil, nil
+}
+
+// decodeFinal reads what sealFinal wrote for kindFinal.
+func decodeFinal(body []byte) (*FinalError, error) {
+	d := msgpack.NewDecoder(bytes.NewReader(body))
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 3 {
+		return nil, fmt.Errorf("%d fields, want 3", n)
+	}
+	msg, err := d.DecodeString()
+	if err != nil {
+		return nil, err
+	}
+	e := &FinalError{Err: errors.New(msg), Replayed: true}
+	if e.Code, err = d.DecodeString(); err != nil {
+		return nil, err
+	}
+	if e.Details, err = decodeDetails(d); err != nil {
+		return nil, err
+	}
+	for range n - 3 {
+		if err := d.Skip(); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// decodeDetails reads a map of strings; nil when it is empty.
+func decodeDetails(d *msgpack.Decoder) (map[string]string, error) {
+	n, err := d.DecodeMapLen()
+	if err != nil || n <= 0 {
+		return nil, err
+	}
+	m := make(map[string]string, min(n, 64))
+	for range n {
+		k, err := d.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if m[k], err = d.DecodeString(); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// replayedFinal is Outcome.Err for a stored result of kind: the replayed
+// *FinalError, or nil for a result that is not a final error.
+func replayedFinal(kind byte, body []byte) (error, error) {
+	final, err := openFinal(kind, body)
+	if final == nil || err != nil {
+		return nil, err
+	}
+	return final, nil
 }

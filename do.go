@@ -26,8 +26,9 @@ const cleanupTimeout = 5 * time.Second
 //   - A call while another attempt runs gets an *InProgressError, or with Wait
 //     waits for the result.
 //   - fn's error releases the claim, so the next call runs fn again, and is
-//     returned as is. An error wrapped with Final is stored and replayed as a
-//     *FinalError instead.
+//     returned as is. An error wrapped with Final or FinalCode is stored
+//     instead, and replayed as a *FinalError with its message, Code and
+//     Details.
 //   - A panic in fn releases the claim and panics again.
 //
 // A key may be completed by Do or by Begin and Claim.Complete, and read by
@@ -66,8 +67,14 @@ func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx co
 func replay[T any](k *Keeper, out Outcome) (T, error) {
 	var v T
 	switch out.kind {
-	case kindError:
-		return v, out.Err
+	case kindError, kindFinal:
+		// Decoded here, not taken from out.Err: each caller gets an error
+		// (and Details) of its own, whoever made the Outcome.
+		final, err := openFinal(out.kind, out.Value)
+		if err != nil {
+			return v, err
+		}
+		return v, final
 	case kindBytes:
 		if p, ok := any(&v).(*[]byte); ok {
 			*p = out.Value
@@ -133,12 +140,14 @@ func settle[T any](ctx context.Context, k *Keeper, c *Claim, v T, err error) err
 	case err != nil && !errors.As(err, &final):
 		return withStoreError(err, c.Release(ctx))
 	case err != nil:
-		return withStoreError(err, c.complete(ctx, kindError, []byte(final.Error()), k.policy.errorRetention))
+		kind, body := sealFinal(final)
+		return withStoreError(err, c.complete(ctx, kind, body, k.policy.errorRetention))
 	}
 	body, merr := k.codec.Marshal(v)
 	if merr != nil {
-		err = &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)}
-		return withStoreError(err, c.complete(ctx, kindError, []byte(err.Error()), k.policy.errorRetention))
+		final = &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)}
+		kind, body := sealFinal(final)
+		return withStoreError(final, c.complete(ctx, kind, body, k.policy.errorRetention))
 	}
 	return c.complete(ctx, kindValue, body, 0)
 }

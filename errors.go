@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"time"
 )
 
@@ -64,17 +66,30 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 
 // FinalError marks the error of an operation as its final outcome: Do stores
 // it like a result, and every later call with the same key gets it back
-// instead of running the operation again. Make one with Final.
+// instead of running the operation again. Make one with Final, or with
+// FinalCode to give it a code and details that callers (and an HTTP or gRPC
+// layer) can map, since a replay cannot bring back the error's type.
 type FinalError struct {
 	// Err is the operation's error. On a replay it is an error whose message is
-	// the original message; its type and wrapped errors are not kept.
+	// the original message; its type and wrapped errors are not kept: match a
+	// replayed error on Code, not with errors.Is.
 	Err error
+	// Code names the error for programs, such as "card_declined": stored
+	// and replayed as is. Empty when there is none.
+	Code string
+	// Details are small facts about the error, such as {"decline_code":
+	// "insufficient_funds"}: stored with the record and replayed as they
+	// were, every key and value. Nil when there are none; a replay gets a
+	// map of its own. Keep them small: they are kept in Redis with the key
+	// for the error retention.
+	Details map[string]string
 	// Replayed is true when the error comes from the store rather than from
 	// this call's operation.
 	Replayed bool
 }
 
 // Final wraps err so that Do stores it and replays it. Final(nil) is nil.
+// A replay gets the message alone; use FinalCode to keep a code too.
 func Final(err error) error {
 	if err == nil {
 		return nil
@@ -82,8 +97,24 @@ func Final(err error) error {
 	return &FinalError{Err: err}
 }
 
-// Error implements error.
-func (e *FinalError) Error() string { return e.Err.Error() }
+// FinalCode wraps err like Final, with a code and details that Do stores
+// with the message and gives back on every replay (FinalError.Code and
+// Details). details is copied; it may be nil. FinalCode(nil, ...) is nil.
+func FinalCode(err error, code string, details map[string]string) error {
+	if err == nil {
+		return nil
+	}
+	return &FinalError{Err: err, Code: code, Details: maps.Clone(details)}
+}
+
+// Error implements error: the operation's error's message. A FinalError
+// made without Err says so, with its code.
+func (e *FinalError) Error() string {
+	if e.Err == nil {
+		return "idem: final error " + strconv.Quote(e.Code)
+	}
+	return e.Err.Error()
+}
 
 // Unwrap returns the operation's error.
 func (e *FinalError) Unwrap() error { return e.Err }

@@ -63,7 +63,29 @@ var formatV1 = []struct {
 		assert.False(t, out.Claim.Recovered())
 		assert.Equal(t, 4, out.Claim.Attempt())
 	}},
+	// Added with FinalCode: kind 'E' in envelope 1, a msgpack array
+	// [message, code, details].
+	{"completed coded final error of Do", "i1C1700000000000000:1:0:0:::\x01E" + codedFinalV1, func(t *testing.T, k *Keeper, key string) {
+		_, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		var final *FinalError
+		require.ErrorAs(t, err, &final)
+		assert.True(t, final.Replayed)
+		assert.Equal(t, "card declined", err.Error())
+		assert.Equal(t, "card_declined", final.Code)
+		assert.Equal(t, map[string]string{"decline_code": "insufficient_funds"}, final.Details)
+	}},
+	{"coded final error with a field added later", "i1C1700000000000000:1:0:0:::\x01E\x94" + codedFinalV1[1:] + "\xc0", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		var final *FinalError
+		require.ErrorAs(t, out.Err, &final)
+		assert.Equal(t, "card_declined", final.Code)
+		assert.Equal(t, "insufficient_funds", final.Details["decline_code"])
+	}},
 }
+
+// codedFinalV1 is the body of a kind 'E' record: [message, code, details].
+const codedFinalV1 = "\x93\xadcard declined\xadcard_declined\x81\xacdecline_code\xb2insufficient_funds"
 
 func TestRecordFormatV1StillReads(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {

@@ -84,11 +84,12 @@ type Outcome struct {
 	Replayed bool
 	// Value is the stored result when Replayed: the bytes given to
 	// Claim.Complete, or, for a result stored by Do, its encoding by the
-	// Keeper's Codec, or the message of a final error (see Err).
+	// Keeper's Codec, or the stored form of a final error (see Err): its
+	// message, or with a code or details (FinalCode) their encoding.
 	Value []byte
 	// Err is set when Replayed and the stored result is a final error that
-	// Do stored (Final): a *FinalError whose Replayed is true, its message
-	// also in Value. Nil otherwise.
+	// Do stored (Final, FinalCode): a *FinalError whose Replayed is true,
+	// with the message, Code and Details stored. Nil otherwise.
 	Err error
 	// Token is the fencing token of the claim that produced the stored result
 	// when Replayed, or of Claim.
@@ -266,8 +267,8 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 			return Outcome{}, err
 		}
 		out := Outcome{Replayed: true, Value: body, Token: r.Token, kind: kind}
-		if kind == kindError {
-			out.Err = &FinalError{Err: errors.New(string(body)), Replayed: true}
+		if out.Err, err = replayedFinal(kind, body); err != nil {
+			return Outcome{}, err
 		}
 		return out, nil
 	case StatusInProgress:

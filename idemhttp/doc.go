@@ -4,7 +4,7 @@
 //	keeper, err := idem.NewRedis(client)
 //	...
 //	guard, err := idemhttp.New(keeper,
-//		idemhttp.WithScope(func(r *http.Request) string { return accountID(r) }),
+//		idemhttp.WithScope(func(r *http.Request) (string, error) { return accountID(r) }),
 //	)
 //	...
 //	mux.Handle("POST /payments", guard(payments))
@@ -12,5 +12,10 @@
 // The first request with a key runs the handler and stores its response;
 // every retry with the key gets the stored response back, with
 // Idempotent-Replayed: true; a retry while the first runs gets 409; the same
-// key on another request gets 422. New documents every answer.
+// key on another request gets 422. New documents every answer. WithKeyFunc
+// reads the key of a webhook or an inbox (the sender's event id) instead.
+//
+// On the client side, Transport retries a request with one key:
+//
+//	client := &http.Client{Transport: &idemhttp.Transport{}}
 package idemhttp

@@ -53,6 +53,10 @@ const (
 	// WithFailOpen, and the answer is StatusClientClosedRequest, which the
 	// client most likely never reads.
 	EventCanceled
+	// EventRefused: the scope function (WithScope) or the key function
+	// (WithKeyFunc) refused the request; answered the status its error
+	// names (default 400). Err is the function's error.
+	EventRefused
 )
 
 var eventNames = [...]string{
@@ -60,7 +64,7 @@ var eventNames = [...]string{
 	EventReplayed: "replayed", EventConflict: "conflict", EventMismatch: "mismatch",
 	EventLeaseLost: "lease lost", EventUnavailable: "unavailable", EventFailOpen: "fail open",
 	EventInvalid: "invalid", EventTooLarge: "too large", EventCorrupt: "corrupt",
-	EventCanceled: "canceled",
+	EventCanceled: "canceled", EventRefused: "refused",
 }
 
 // String returns the outcome's name, such as "replayed".
@@ -78,6 +82,9 @@ type Event struct {
 	Request *http.Request
 	// Key is the client's key; empty when there was none.
 	Key string
+	// Scope is the request's scope (WithScope), once the scope function
+	// placed it; empty before, and when it refused.
+	Scope string
 	// Status is the status answered (refusals, replays) or the handler's
 	// status (EventStored, EventReleased, EventLeaseLost and EventUnavailable
 	// after the handler); zero for EventClaimed, EventFailOpen, and a panic.
@@ -89,11 +96,16 @@ type Event struct {
 	// when there is none.
 	Attempt   int
 	Recovered bool
-	// RetryAfter is the time left on the other request's lease
-	// (EventConflict); zero otherwise.
+	// RetryAfter is the delay the Retry-After header of a 409 announced
+	// (EventConflict): the hint of WithRetryAfter, or the lease left if
+	// shorter, in whole seconds; zero otherwise.
 	RetryAfter time.Duration
+	// LeaseLeft is the time left on the other request's lease
+	// (EventConflict); zero otherwise.
+	LeaseLeft time.Duration
 	// Err is the error behind the outcome, if any: the store's error, the
-	// lease loss, the invalid key, or a note that the handler panicked.
+	// lease loss, the invalid key, the error of a scope or key function
+	// that refused the request, or a note that the handler panicked.
 	Err error
 }
 

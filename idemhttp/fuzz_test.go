@@ -39,7 +39,7 @@ func FuzzMiddleware(f *testing.F) {
 	}
 	k := newKeeper(f, redistest.Miniredis(f), idem.WithLease(time.Minute))
 	var tenant atomic.Int64
-	mw, err := New(k, WithBodyLimit(128), WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") }))
+	mw, err := New(k, WithBodyLimit(128), WithScope(func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }))
 	require.NoError(f, err)
 	var runs atomic.Int64
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

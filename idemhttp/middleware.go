@@ -1,11 +1,9 @@
 package idemhttp
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -27,6 +25,9 @@ const (
 	DefaultResponseLimit = 1 << 20
 	// ReplayedHeader is set to "true" on every replayed response.
 	ReplayedHeader = "Idempotent-Replayed"
+	// DefaultRetryAfter is the Retry-After of a 409 answered while another
+	// request with the key is in progress, when the lease has longer left.
+	DefaultRetryAfter = time.Second
 )
 
 // cleanupTimeout bounds how long the middleware spends storing or releasing
@@ -59,10 +60,16 @@ const unavailableRetryAfter = "1"
 //     or comes in more than one header answers 400.
 //   - The body is read, up to a limit (WithBodyLimit; default 1 MiB, above it
 //     413), and given back to the handler unchanged.
+//   - With WithKeyFunc, the key is what the key function reads from the
+//     request and its body (a webhook's event id), after the body is read;
+//     the function may refuse the request (EventRefused, the status its
+//     error names, default 400).
 //   - A record is named by the tenant (WithScope; default none) and the
 //     key, as Stripe names them: the same key under two tenants is two
 //     records, and one key names one request of a tenant, whatever endpoint
-//     or router it reaches.
+//     or router it reaches. A scope function that cannot place the request
+//     refuses it (the status its error names, default 400): it never falls
+//     back to a shared key space.
 //   - The request is fingerprinted: the method and the concrete path, always,
 //     then the fingerprint function's digest (WithFingerprint; default
 //     SHA-256 over the method, the path and query, and the body). The same
@@ -100,9 +107,10 @@ const unavailableRetryAfter = "1"
 //     nor replayed; nor are headers that middleware outside this one set
 //     before the handler ran and the handler left as they were (a request
 //     id): that middleware sets them afresh on the replay.
-//   - Another request with the key is in progress: 409 with Retry-After, the
-//     seconds left on its lease rounded up; or, with WithWait, the request
-//     waits up to that long for the result and replays it.
+//   - Another request with the key is in progress: 409 with Retry-After, a
+//     hint of when to ask again (WithRetryAfter; default 1 s, never more
+//     than the lease left, in whole seconds rounded up); or, with WithWait,
+//     the request first waits up to that long for the result and replays it.
 //   - The store is unreachable: 503 with "Retry-After: 1", and the handler
 //     does not run; with WithFailOpen, the handler runs unguarded instead.
 //   - The record cannot be read (ErrCorrupt): 500; nothing is overwritten.
@@ -123,11 +131,12 @@ func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error
 		methods:       []string{http.MethodPost, http.MethodPatch},
 		header:        DefaultKeyHeader,
 		required:      true,
-		scope:         func(*http.Request) string { return "" },
+		scope:         func(*http.Request) (string, error) { return "", nil },
 		fingerprint:   defaultFingerprint,
 		bodyLimit:     DefaultBodyLimit,
 		responseLimit: DefaultResponseLimit,
 		store:         DefaultStorePolicy,
+		retryAfter:    DefaultRetryAfter,
 	}
 	for _, o := range opts {
 		o(m)
@@ -143,31 +152,32 @@ func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error
 }
 
 // serve handles one request: it passes through what it does not guard,
-// refuses a request it cannot guard, then claims the key and answers what
-// the claim says (fail, replay, or run).
+// refuses a request it cannot guard or place in a scope, then claims the key
+// and answers what the claim says (fail, replay, or run).
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(m.methods, r.Method) {
 		next.ServeHTTP(w, r)
 		return
 	}
 	ev := Event{Request: r}
-	key, present, err := m.requestKey(r)
+	key, body, v := m.identify(r)
 	ev.Key = key
-	if !present && !m.required {
+	switch {
+	case v.pass:
 		next.ServeHTTP(w, r)
 		return
-	}
-	if !present || err != nil {
-		m.refuse(w, ev, EventInvalid, err, m.keyProblem(present, err))
+	case v.kind != 0:
+		m.refuse(w, ev, v.kind, v.err, v.problem)
 		return
 	}
-	body, err := m.readBody(r)
+	scope, err := m.scope(r)
 	if err != nil {
-		kind, p := m.bodyProblem(err)
-		m.refuse(w, ev, kind, err, p)
+		m.refuse(w, ev, EventRefused, err, refusal(err, ProblemScopeRefused,
+			"This request could not be tied to a tenant or account, so it was not run."))
 		return
 	}
-	out, err := m.begin(r, key, body)
+	ev.Scope = scope
+	out, err := m.begin(r, scope, key, body)
 	switch {
 	case err != nil:
 		m.fail(next, w, r, ev, err)
@@ -178,45 +188,65 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// begin claims the request's key, fingerprinted with its body, and gives
-// the handler the whole body again.
-func (m *middleware) begin(r *http.Request, key string, body []byte) (idem.Outcome, error) {
+// begin claims the request's key in its scope, fingerprinted with its body,
+// and gives the handler the whole body again.
+func (m *middleware) begin(r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
 	fp := requestFingerprint(r, m.fingerprint(r, body))
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	restoreBody(r, body)
+	return m.k.Begin(r.Context(), scope, key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+}
+
+// keyName names the key in the middleware's answers: the key header, or
+// "idempotency key" when a key function reads it.
+func (m *middleware) keyName() string {
+	if m.keyFunc != nil {
+		return "idempotency key"
 	}
-	return m.k.Begin(r.Context(), m.scope(r), key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+	return m.header
 }
 
 // keyProblem is the answer to a request whose key is missing (present
 // false) or unusable (err).
 func (m *middleware) keyProblem(present bool, err error) problem {
 	if !present {
-		return problem{
-			Type: ProblemKeyMissing, Title: "Idempotency key missing", Status: http.StatusBadRequest,
-			Detail: "This request must carry an " + m.header + " header: a unique value, such as a UUID, that the client sends again when it retries the request.",
-		}
+		return m.keyMissing()
 	}
-	return problem{
-		Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
-		Detail: "The " + m.header + " header must appear once and hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
-			" bytes without control characters: " + strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ") + ".",
+	p := problem{Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest}
+	reason := strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ")
+	if m.keyFunc != nil {
+		p.Detail = "The idempotency key of this request must hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
+			" bytes without control characters: " + reason + "."
+		return p
 	}
+	p.Detail = "The " + m.header + " header must appear once and hold 1 to " + strconv.Itoa(idem.MaxKeyLen) +
+		" bytes without control characters: " + reason + "."
+	return p
 }
 
-// bodyProblem is the answer to a request whose body could not be read.
-func (m *middleware) bodyProblem(err error) (EventKind, problem) {
+// keyMissing is the answer to a request without a key.
+func (m *middleware) keyMissing() problem {
+	p := problem{Type: ProblemKeyMissing, Title: "Idempotency key missing", Status: http.StatusBadRequest}
+	if m.keyFunc != nil {
+		p.Detail = "No idempotency key (an event or message id) could be found in this request, so it was not run."
+		return p
+	}
+	p.Detail = "This request must carry an " + m.header + " header: a unique value, such as a UUID, that the client sends again when it retries the request."
+	return p
+}
+
+// bodyProblem refuses a request whose body could not be read.
+func (m *middleware) bodyProblem(err error) verdict {
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
-		return EventTooLarge, problem{
+		return verdict{kind: EventTooLarge, err: err, problem: problem{
 			Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
-			Detail: "A request with an " + m.header + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
-		}
+			Detail: "A request with an " + m.keyName() + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
+		}}
 	}
-	return EventInvalid, problem{
+	return verdict{kind: EventInvalid, err: err, problem: problem{
 		Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 		Detail: "The request body could not be read: " + err.Error() + ".",
-	}
+	}}
 }
 
 // fail answers an error of Begin.
@@ -226,15 +256,15 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 	case errors.Is(err, idem.ErrMismatch):
 		m.refuse(w, ev, EventMismatch, err, problem{
 			Type: ProblemMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
-			Detail: "This " + m.header + " was first used with another request (another method, path or body). Send a new key for a new request.",
+			Detail: "This " + m.keyName() + " was first used with another request (another method, path or body). Send a new key for a new request.",
 		})
 	case errors.As(err, &busy):
-		ev.RetryAfter = busy.RetryAfter
-		secs := max(1, int64((busy.RetryAfter+time.Second-1)/time.Second))
+		secs := m.retryAfterSeconds(busy.RetryAfter)
+		ev.RetryAfter, ev.LeaseLeft = time.Duration(secs)*time.Second, busy.RetryAfter
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		m.refuse(w, ev, EventConflict, err, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
-			Detail: "A request with this " + m.header + " is still being handled. Retry later to get its response.",
+			Detail: "A request with this " + m.keyName() + " is still being handled. Retry later to get its response.",
 		})
 	case errors.Is(err, idem.ErrInvalidKey):
 		m.refuse(w, ev, EventInvalid, err, problem{
@@ -249,7 +279,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		// run it again.
 		m.refuse(w, ev, EventCanceled, err, problem{
 			Type: ProblemCanceled, Title: "Request cancelled", Status: StatusClientClosedRequest,
-			Detail: "The request was cancelled before its " + m.header + " could be checked, so it was not run. Retry it with the same " + m.header + ".",
+			Detail: "The request was cancelled before its " + m.keyName() + " could be checked, so it was not run. Retry it with the same " + m.keyName() + ".",
 		})
 	case m.failOpen:
 		ev.Kind, ev.Err = EventFailOpen, err
@@ -259,16 +289,24 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		w.Header().Set("Retry-After", unavailableRetryAfter)
 		m.refuse(w, ev, EventUnavailable, err, problem{
 			Type: ProblemUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.header + ".",
+			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.keyName() + ".",
 		})
 	}
+}
+
+// retryAfterSeconds is the Retry-After of a 409 while the other request's
+// lease has leaseLeft: the hint, or leaseLeft if shorter, in whole seconds
+// rounded up, at least 1.
+func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
+	d := min(m.retryAfter, leaseLeft)
+	return max(1, int64((d+time.Second-1)/time.Second))
 }
 
 // corrupt answers a record that cannot be read.
 func (m *middleware) corrupt(w http.ResponseWriter, ev Event, err error) {
 	m.refuse(w, ev, EventCorrupt, err, problem{
 		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
-		Detail: "The stored record of this " + m.header + " cannot be read, so the request was not run.",
+		Detail: "The stored record of this " + m.keyName() + " cannot be read, so the request was not run.",
 	})
 }
 
@@ -311,10 +349,10 @@ func (m *middleware) replay(w http.ResponseWriter, ev Event, out idem.Outcome) {
 		for _, name := range bodyHeaders {
 			h.Del(name)
 		}
-		detail := "The first response to this " + m.header + " had a body of " + strconv.FormatInt(s.Size, 10) +
+		detail := "The first response to this " + m.keyName() + " had a body of " + strconv.FormatInt(s.Size, 10) +
 			" bytes, more than is kept for replays. Its status and headers are replayed; its body is not."
 		if s.Fate == bodyStreamed {
-			detail = "The first response to this " + m.header + " was streamed, so its body was not kept for replays. Its status and headers are replayed; its body is not."
+			detail = "The first response to this " + m.keyName() + " was streamed, so its body was not kept for replays. Its status and headers are replayed; its body is not."
 		}
 		writeProblem(w, problem{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail})
 	}

@@ -35,9 +35,17 @@ func WithKeyRequired(required bool) Option {
 // WithScope sets the function that names the tenant or principal a request
 // acts for, such as an account id taken from its authentication. A record is
 // named by the scope and the key, so one tenant can never replay another's
-// response nor block another's key. It must not return an error's text for a
-// request it cannot place: authenticate before this middleware runs.
-// Default: every request belongs to one tenant, "".
+// response nor block another's key. Default: every request belongs to one
+// tenant, "".
+//
+// A request the function cannot place (no tenant, no account) must not share
+// a key space with others: the function returns an error, and the
+// middleware refuses the request before Redis is touched, with the status
+// and detail of a *RefusedError (see Refuse), or 400 and a generic detail
+// for any other error, whose text is not shown to the client. The handler
+// does not run; the hook gets EventRefused with the error. The function is
+// called only for a request the middleware guards: a guarded method, with a
+// key, whose body was read.
 //
 // By default a key names one request of a tenant across every endpoint, and
 // reusing it on another endpoint answers 422. To give each endpoint its own
@@ -45,8 +53,40 @@ func WithKeyRequired(required bool) Option {
 // tenant(r)+" "+r.Pattern inside a ServeMux (chi:
 // chi.RouteContext(r.Context()).RoutePattern(), which is known only once
 // chi has routed the request: install the middleware on the route).
-func WithScope(tenant func(r *http.Request) string) Option {
+func WithScope(tenant func(r *http.Request) (string, error)) Option {
 	return func(m *middleware) { m.scope = tenant }
+}
+
+// WithKeyFunc sets the function that reads a request's key, in place of the
+// key header (WithKeyHeader is then unused): for webhooks and inboxes, whose
+// key is the sender's event or message id, in a header of the sender's
+// choosing (X-GitHub-Delivery) or in the body (a Stripe event's "id"). body
+// is the whole request body, read up to the body limit (a larger one answers
+// 413 before the function is called); r.Body reads the same bytes, for a
+// function that reads it (as some webhook libraries' verifiers do), and the
+// handler gets the whole body whatever the function does with r.Body.
+//
+// The function returns the key; or "" when the request has none, which is
+// answered as a request without the key header is (400, or passed through
+// unguarded when WithKeyRequired is false); or an error to refuse the
+// request, as a scope function does (see WithScope): a signature that does
+// not verify answers the status of Refuse(http.StatusUnauthorized, ...),
+// and the handler does not run. A key that ValidateKey refuses answers 400.
+// Default: none; the key is the key header's value.
+func WithKeyFunc(key func(r *http.Request, body []byte) (string, error)) Option {
+	return func(m *middleware) { m.keyFunc = key }
+}
+
+// WithRetryAfter sets the Retry-After of a 409 answered while another request
+// with the key is in progress: how long the client should wait before it asks
+// again. The header says d, or the time left on the other request's lease
+// if that is shorter, in whole seconds rounded up (HTTP's unit, so at least
+// 1). A handler that takes 200 ms is done long before a 30 s lease runs
+// out: the hint keeps an obedient client from waiting for the lease.
+// Default: 1s (DefaultRetryAfter). It must be positive; idem.MaxDuration
+// announces the whole lease left.
+func WithRetryAfter(d time.Duration) Option {
+	return func(m *middleware) { m.retryAfter = d }
 }
 
 // WithFingerprint sets the function that digests a request; a later request
@@ -96,9 +136,10 @@ func DefaultStorePolicy(status int) bool {
 
 // WithWait makes a request that finds its key in progress wait up to d (and
 // within its context) for the first request's response, and replay it,
-// instead of answering 409 at once. If the first request's key is released
-// meanwhile, the waiting request runs the handler itself. Default: 0, answer
-// 409 at once. It must not be negative.
+// instead of answering 409 at once; still in progress after d, it answers
+// 409 with the Retry-After hint (WithRetryAfter). If the first request's key
+// is released meanwhile, the waiting request runs the handler itself.
+// Default: 0, answer 409 at once. It must not be negative.
 func WithWait(d time.Duration) Option {
 	return func(m *middleware) { m.wait = d }
 }
@@ -124,12 +165,14 @@ type middleware struct {
 	methods       []string
 	header        string
 	required      bool
-	scope         func(*http.Request) string
+	scope         func(*http.Request) (string, error)
+	keyFunc       func(*http.Request, []byte) (string, error) // nil: the key header
 	fingerprint   func(*http.Request, []byte) []byte
 	bodyLimit     int64
 	responseLimit int64
 	store         func(int) bool
 	wait          time.Duration
+	retryAfter    time.Duration
 	failOpen      bool
 	hook          func(Event)
 }
@@ -163,6 +206,8 @@ func (m *middleware) validate() error {
 		return bad("response limit %d is not positive", m.responseLimit)
 	case m.wait < 0:
 		return bad("wait %s is negative", m.wait)
+	case m.retryAfter <= 0:
+		return bad("Retry-After hint %s is not positive", m.retryAfter)
 	}
 	return nil
 }

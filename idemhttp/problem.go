@@ -22,7 +22,7 @@ const (
 	// read to fingerprint it.
 	ProblemBodyTooLarge = "https://github.com/idemkit/idem/problems/body-too-large"
 	// ProblemInProgress (409): another request with the key is still being
-	// handled; Retry-After says when its lease runs out.
+	// handled; Retry-After says when to ask again (see WithRetryAfter).
 	ProblemInProgress = "https://github.com/idemkit/idem/problems/in-progress"
 	// ProblemMismatch (422): the key was first used with another request
 	// (another fingerprint).
@@ -37,6 +37,14 @@ const (
 	// cancelled (its client went away) before its key could be checked; the
 	// handler did not run.
 	ProblemCanceled = "https://github.com/idemkit/idem/problems/request-canceled"
+	// ProblemScopeRefused (the status the error names, default 400): the
+	// scope function refused the request (WithScope), for example because it
+	// has no tenant; the handler did not run.
+	ProblemScopeRefused = "https://github.com/idemkit/idem/problems/scope-refused"
+	// ProblemKeyRefused (the status the error names, default 400): the key
+	// function refused the request (WithKeyFunc), for example because its
+	// signature does not verify; the handler did not run.
+	ProblemKeyRefused = "https://github.com/idemkit/idem/problems/key-refused"
 	// ProblemBodyNotKept (the stored status): a replay of a response whose
 	// body was too large to keep or was streamed. The stored status and
 	// headers are replayed; the body is this problem.

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -45,6 +46,73 @@ func writeField(h io.Writer, s string) {
 	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
 	h.Write(n[:])
 	io.WriteString(h, s)
+}
+
+// verdict is what the steps before the claim decided: go on (the zero
+// value), pass the request through unguarded, or refuse it with problem.
+type verdict struct {
+	pass    bool
+	kind    EventKind // of a refusal; 0 otherwise
+	err     error
+	problem problem
+}
+
+// identify reads a guarded request's key and body: the key header first, so
+// that a request without one is passed through or refused before its body
+// is read; or, with a key function, the body first, for the function to
+// read.
+func (m *middleware) identify(r *http.Request) (key string, body []byte, v verdict) {
+	if m.keyFunc != nil {
+		return m.identifyByFunc(r)
+	}
+	key, present, err := m.requestKey(r)
+	if v = m.checkKey(present, err); v.pass || v.kind != 0 {
+		return key, nil, v
+	}
+	if body, err = m.readBody(r); err != nil {
+		return key, nil, m.bodyProblem(err)
+	}
+	return key, body, verdict{}
+}
+
+// identifyByFunc reads the body, then asks the key function for the key.
+func (m *middleware) identifyByFunc(r *http.Request) (string, []byte, verdict) {
+	body, err := m.readBody(r)
+	if err != nil {
+		return "", nil, m.bodyProblem(err)
+	}
+	restoreBody(r, body) // for a function that reads r.Body, as some webhook libraries do
+	key, err := m.keyFunc(r, body)
+	restoreBody(r, body)
+	if err != nil {
+		return key, body, verdict{kind: EventRefused, err: err, problem: refusal(err, ProblemKeyRefused,
+			"This request could not be accepted, so it was not run.")}
+	}
+	present := key != ""
+	if present {
+		err = idem.ValidateKey(key)
+	}
+	return key, body, m.checkKey(present, err)
+}
+
+// checkKey decides on a request by its key: pass it through when it has none
+// and none is required, refuse it when it has none or an unusable one (err),
+// go on otherwise.
+func (m *middleware) checkKey(present bool, err error) verdict {
+	switch {
+	case !present && !m.required:
+		return verdict{pass: true}
+	case !present || err != nil:
+		return verdict{kind: EventInvalid, err: err, problem: m.keyProblem(present, err)}
+	}
+	return verdict{}
+}
+
+// restoreBody gives r its whole body again, once the middleware has read it.
+func restoreBody(r *http.Request, body []byte) {
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
 }
 
 // requestKey returns the request's key, whether it has the header, and an

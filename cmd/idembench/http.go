@@ -25,7 +25,7 @@ const (
 // newGuard returns idemhttp's middleware on k, keeping its records under
 // the run's scope.
 func newGuard(k *idem.Keeper, scope string) (func(http.Handler) http.Handler, error) {
-	return idemhttp.New(k, idemhttp.WithScope(func(*http.Request) string { return scope }))
+	return idemhttp.New(k, idemhttp.WithScope(func(*http.Request) (string, error) { return scope, nil }))
 }
 
 // The paths of the server of -mode http.
