@@ -243,7 +243,7 @@ func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []str
 // it again, so the call costs one more round trip and the next ones none. An
 // EVAL that fails is the call's error; nothing is tried a third time.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript} {
+	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/idemkit/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// defaultRedis is the Redis used without -redis or -cluster.
+const defaultRedis = "redis://127.0.0.1:6379/0"
+
+// conn is an open Redis and the store on it.
+type conn struct {
+	client redis.UniversalClient
+	store  *idem.RedisStore
+	keeper *idem.Keeper
+}
+
+// connect opens the Redis the flags name, with a store under prefix. It does
+// not dial: go-redis connects on the first command.
+func connect(g *globals, prefix string) (*conn, error) {
+	var client redis.UniversalClient
+	switch {
+	case g.redisURL != "" && g.cluster != "":
+		return nil, fmt.Errorf("%w: -redis and -cluster exclude each other", errUsage)
+	case g.cluster != "":
+		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(g.cluster, ",")})
+	default:
+		url := g.redisURL
+		if url == "" {
+			url = defaultRedis
+		}
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("%w: -redis: %w", errUsage, err)
+		}
+		client = redis.NewClient(opt)
+	}
+	store, err := idem.NewRedisStore(client, idem.WithPrefix(prefix))
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	keeper, err := idem.New(store)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return &conn{client: client, store: store, keeper: keeper}, nil
+}
+
+func (c *conn) Close() error { return c.client.Close() }
+
+// splitRecordKey splits a Redis key as a listing shows it, prefix + "{" + id
+// + "}", into its prefix and record id; the store checks the id.
+func splitRecordKey(key string) (prefix, id string, err error) {
+	open := strings.LastIndexByte(key, '{')
+	if open < 0 || !strings.HasSuffix(key, "}") {
+		return "", "", fmt.Errorf("%w: -record %q is not a record's Redis key (PREFIX{ID})", errUsage, key)
+	}
+	return key[:open], key[open+1 : len(key)-1], nil
+}

@@ -1,0 +1,192 @@
+// Command idemctl looks at and removes idem's records in a Redis, for an
+// operator: what happened to a key, which operations are running or were
+// abandoned, and letting a customer use a key again.
+//
+// Usage:
+//
+//	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
+//
+//	idemctl inspect [-scope S] KEY        state, token, attempt, lease, expiry, result of a record
+//	idemctl inspect -record REDISKEY      the same, by the Redis key a listing shows
+//	idemctl forget [-scope S] [-force] [-yes] KEY
+//	idemctl forget -record REDISKEY [-force] [-yes]
+//	idemctl pending [-all] [-match GLOB] [-limit N] [-batch N]
+//
+// A record is named by its scope and key, as the application gave them to
+// idem (Do, Begin). A record of the HTTP middleware (package idemhttp) is
+// named by the tenant its WithScope function returned for the request (empty
+// by default, so -scope can be left out) and the Idempotency-Key header: the
+// method and path are in the record's fingerprint, not in its name.
+//
+// Redis keeps only a digest of the scope and key, so a listing (pending)
+// shows Redis keys and ids, not the keys clients sent; inspect and forget take
+// such a Redis key with -record.
+//
+// forget shows the record and asks before removing it when its input is a
+// terminal (a character device: from </dev/null it reads no answer, which is
+// no); -yes confirms without asking, and is required when the input is not a
+// terminal. It refuses a record whose operation is running (a live
+// lease) unless -force: the holder is then fenced off (its completion fails
+// with idem.ErrLeaseLost) and the next call runs the operation again.
+//
+// Output is text for people, or with -json one JSON object per record (one a
+// line for pending). Exit status: 0 when the command did what it was asked
+// (inspecting an absent record included), 1 when it could not (Redis
+// unreachable, a record unreadable, a forget refused or not confirmed), 2 on
+// bad usage.
+//
+// The demo's records (cmd/idem-demo -redis URL) live under a prefix of their
+// own per run, "idem-demo:" and 8 hex digits: list them with
+// idemctl -redis URL pending -all -match 'idem-demo:*:', then inspect or
+// forget one with -record.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idemkit/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	redis.SetLogger(quietLogger{}) // every failure is reported once, by run
+	os.Exit(run(ctx, os.Args[1:], stdConsole()))
+}
+
+// quietLogger drops go-redis's own log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// console is what the command talks to.
+type console struct {
+	in       io.Reader
+	terminal bool // in is a terminal, where a person can confirm
+	out, err io.Writer
+}
+
+// stdConsole is the process's standard input and outputs.
+func stdConsole() console {
+	fi, err := os.Stdin.Stat()
+	return console{
+		in:       os.Stdin,
+		terminal: err == nil && fi.Mode()&os.ModeCharDevice != 0,
+		out:      os.Stdout,
+		err:      os.Stderr,
+	}
+}
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+// errUsage marks an error of the command line.
+var errUsage = errors.New("usage")
+
+// globals are the flags before the command.
+type globals struct {
+	redisURL string
+	cluster  string
+	prefix   string
+	json     bool
+}
+
+// run is the whole command; it returns the exit status.
+func run(ctx context.Context, args []string, con console) int {
+	var g globals
+	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+	fs.SetOutput(con.err)
+	fs.StringVar(&g.redisURL, "redis", "", "Redis URL, redis:// or rediss:// as go-redis parses it (default redis://127.0.0.1:6379/0)")
+	fs.StringVar(&g.cluster, "cluster", "", "Redis Cluster seed nodes, host:port,host:port,... (instead of -redis)")
+	fs.StringVar(&g.prefix, "prefix", idem.DefaultPrefix, "the prefix of the store's Redis keys (idem.WithPrefix)")
+	fs.BoolVar(&g.json, "json", false, "print JSON instead of text")
+	fs.Usage = func() { usage(fs) }
+	if err := parseFlags(fs, args); err != nil {
+		return exitStatus(err, con)
+	}
+	if fs.NArg() == 0 {
+		usage(fs)
+		return exitUsage
+	}
+	cmd, ok := commands[fs.Arg(0)]
+	if !ok {
+		fmt.Fprintf(con.err, "idemctl: unknown command %q (inspect, forget or pending)\n", fs.Arg(0))
+		return exitUsage
+	}
+	return exitStatus(cmd(ctx, &g, fs.Args()[1:], con), con)
+}
+
+// commands are the subcommands, by name.
+var commands = map[string]func(ctx context.Context, g *globals, args []string, con console) error{
+	"inspect": inspectCmd,
+	"forget":  forgetCmd,
+	"pending": pendingCmd,
+}
+
+// exitStatus prints err, if any, and returns the status it calls for.
+func exitStatus(err error, con console) int {
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(con.err, "idemctl:", err)
+		return exitUsage
+	case errors.Is(err, errBadFlags):
+		return exitUsage // the flag package has said what is wrong
+	case errors.Is(err, errFailed):
+		return exitFail // already said
+	}
+	fmt.Fprintln(con.err, "idemctl:", err)
+	return exitFail
+}
+
+// Errors already reported to the user.
+var (
+	// errFailed is a failure the command has reported.
+	errFailed = errors.New("failed")
+	// errBadFlags is a command line that the flag package has reported.
+	errBadFlags = errors.New("bad flags")
+)
+
+// parseFlags parses args into fs, which reports what is wrong itself.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return errBadFlags
+}
+
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
+
+  inspect [-scope S] KEY | -record REDISKEY
+        show a record: state, token, attempt, lease left, expiry, result
+  forget [-scope S] [-force] [-yes] KEY | -record REDISKEY
+        remove a record so that its key runs again (asks first on a terminal)
+  pending [-all] [-match GLOB] [-limit N] [-batch N]
+        list the records in progress or abandoned (-all: every record)
+
+A record of the HTTP middleware is named by its tenant (-scope, what
+idemhttp.WithScope returned; empty by default) and its Idempotency-Key.
+"idemctl COMMAND -h" describes a command's flags.
+
+Flags:
+`)
+	fs.PrintDefaults()
+}

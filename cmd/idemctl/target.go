@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/idemkit/idem"
+)
+
+// target is the record that inspect and forget name: by scope and key, or
+// by the Redis key a listing shows (-record).
+type target struct {
+	scope  string
+	key    string
+	record string
+}
+
+// flags adds -scope and -record to fs.
+func (t *target) flags(fs *flag.FlagSet) {
+	fs.StringVar(&t.scope, "scope", "", "the scope the key was used under: the tenant of an idemhttp record (default: none)")
+	fs.StringVar(&t.record, "record", "", "the record's Redis key, as pending lists it, instead of a scope and key")
+}
+
+// parse takes the key from the arguments left after fs's flags.
+func (t *target) parse(fs *flag.FlagSet) error {
+	switch {
+	case t.record != "" && (fs.NArg() > 0 || t.scope != ""):
+		return fmt.Errorf("%w: %s: -record names the record alone, without KEY or -scope", errUsage, fs.Name())
+	case t.record != "":
+		return nil
+	case fs.NArg() != 1:
+		return fmt.Errorf("%w: %s takes one KEY (or -record REDISKEY); got %d arguments", errUsage, fs.Name(), fs.NArg())
+	}
+	t.key = fs.Arg(0)
+	return nil
+}
+
+// open connects to the Redis of g with the store that holds the record.
+func (t *target) open(g *globals) (*conn, error) {
+	prefix := g.prefix
+	if t.record != "" {
+		var err error
+		if prefix, _, err = splitRecordKey(t.record); err != nil {
+			return nil, err
+		}
+	}
+	return connect(g, prefix)
+}
+
+// inspect reads the record.
+func (t *target) inspect(ctx context.Context, c *conn) (idem.Record, error) {
+	var (
+		r   idem.Record
+		err error
+	)
+	if t.record != "" {
+		_, id, _ := splitRecordKey(t.record)
+		r, err = c.store.Inspect(ctx, id)
+	} else {
+		r, err = c.keeper.Inspect(ctx, t.scope, t.key)
+	}
+	if errors.Is(err, idem.ErrInvalidKey) {
+		return r, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return r, err
+}

@@ -1,0 +1,329 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/inspect.lua
+	inspectLua    string
+	inspectScript = redis.NewScript(inspectLua)
+)
+
+// RecordState is the state of a record as Inspect finds it.
+type RecordState uint8
+
+// The states of a record.
+const (
+	// StateAbsent: there is no record; a claim of the key runs the operation
+	// (attempt 1). It is the zero value.
+	StateAbsent RecordState = iota
+	// StatePending: a claim holds the record, or held it and stopped renewing
+	// its lease (Record.LeaseLeft says which).
+	StatePending
+	// StateCompleted: the operation completed; retries get its result.
+	StateCompleted
+	// StateReleased: the last claim gave the key up; the next claim runs the
+	// operation again, with a higher token and the next attempt number.
+	StateReleased
+)
+
+// String returns "absent", "pending", "completed" or "released".
+func (s RecordState) String() string {
+	switch s {
+	case StateAbsent:
+		return "absent"
+	case StatePending:
+		return "pending"
+	case StateCompleted:
+		return "completed"
+	case StateReleased:
+		return "released"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// StoredKind says what the result of a completed record is. A kind this version does not
+// know (written by a later version) is reported as itself, not as an error.
+type StoredKind byte
+
+// The kinds of stored result.
+const (
+	// StoredNone: no result (the record is not completed).
+	StoredNone StoredKind = 0
+	// StoredBytes: the bytes given to Claim.Complete. A response stored by
+	// the HTTP middleware (package idemhttp) is of this kind.
+	StoredBytes = StoredKind(kindBytes)
+	// StoredValue: a value of Do, encoded by the Keeper's Codec.
+	StoredValue = StoredKind(kindValue)
+	// StoredError: the message of a final error of Do (Final).
+	StoredError = StoredKind(kindError)
+)
+
+// String returns "none", "bytes", "value", "error", or for a kind this
+// version does not know, "unknown" and the kind byte.
+func (k StoredKind) String() string {
+	switch k {
+	case StoredNone:
+		return "none"
+	case StoredBytes:
+		return "bytes"
+	case StoredValue:
+		return "value"
+	case StoredError:
+		return "error"
+	}
+	return fmt.Sprintf("unknown (%q)", byte(k))
+}
+
+// Record is what Inspect, Forget and Scan read of one record. Durations are
+// measured by Redis's clock, at the moment the record was read.
+type Record struct {
+	// ID is the record's id: the fixed-length digest of (scope, key) that
+	// the Store is given. The raw key is not stored and cannot be recovered.
+	ID string
+	// Key is where the store keeps the record: for a RedisStore, its Redis
+	// key (prefix + "{" + ID + "}"). Empty when the store does not say.
+	Key string
+	// State is the record's state; StateAbsent when there is none, and then
+	// every other field but ID and Key is zero.
+	State RecordState
+	// Token is the fencing token of the claim that holds the record
+	// (pending), completed it (completed) or gave it up (released).
+	Token int64
+	// Attempt counts the claims of the key so far, the one of Token included.
+	Attempt int
+	// Recovered is true when the claim of Token took over an abandoned
+	// claim (Claim.Recovered).
+	Recovered bool
+	// LeaseLeft is, for a pending record, the time left on its lease. Zero or
+	// less means the lease has run out that long ago: its holder stopped
+	// renewing it (crashed, paused, partitioned), and the next claim takes
+	// the key over with Claim.Recovered set. Zero for other states.
+	LeaseLeft time.Duration
+	// ExpiresIn is the time until Redis drops the record (its PTTL): the
+	// retention left for a completed record; -1 when the key has no expiry,
+	// which idem never leaves. Zero when absent.
+	ExpiresIn time.Duration
+	// Age is the time since the claim of Token was made. It is read off the
+	// token, which is Redis's clock in microseconds when the claim was made
+	// unless the key's tokens had run ahead of the clock (more than one claim
+	// of the key in a microsecond); never negative.
+	Age time.Duration
+	// Fingerprint reports whether the record was claimed with a fingerprint
+	// (WithFingerprint; always, for a record of the HTTP middleware). The
+	// fingerprint itself is a digest and is not shown.
+	Fingerprint bool
+	// Stored is the kind of the stored result of a completed record;
+	// StoredNone otherwise.
+	Stored StoredKind
+	// Size is the stored result's size in bytes, without idem's header and
+	// envelope: the bytes given to Claim.Complete, the Codec's encoding of a
+	// value of Do, a final error's message, or the HTTP middleware's encoding
+	// of a response. Zero unless completed.
+	Size int
+}
+
+// Inspector is implemented by a Store that can read a record without
+// changing it; RedisStore does. Keeper.Inspect needs it.
+type Inspector interface {
+	// Inspect reads the record id, in one step. A record that cannot be
+	// read is reported with an error wrapping ErrCorrupt, and the Record
+	// then holds at least ID and Key.
+	Inspect(ctx context.Context, id string) (Record, error)
+}
+
+var _ Inspector = (*RedisStore)(nil)
+
+// Inspect reads the record of (scope, key) without changing it: its state,
+// token, attempt count, whether it was recovered, the lease left, when it
+// expires, whether it has a fingerprint, and the kind and size of its stored
+// result. A key with no record gives a Record in StateAbsent and no error.
+//
+// Errors: ErrInvalidKey (the store is not touched), ErrCorrupt (the value at
+// the key is not a record that this version can read; the Record holds ID
+// and Key), ErrUnavailable, the caller's own cancellation (as for Begin), and
+// errors.ErrUnsupported when the Keeper's Store does not implement
+// Inspector.
+func (k *Keeper) Inspect(ctx context.Context, scope, key string) (Record, error) {
+	if err := ValidateKey(key); err != nil {
+		return Record{}, err
+	}
+	in, ok := k.store.(Inspector)
+	if !ok {
+		return Record{}, fmt.Errorf("idem: inspect: store %T does not implement Inspector: %w", k.store, errors.ErrUnsupported)
+	}
+	r, err := in.Inspect(ctx, recordID(scope, key))
+	return r, storeError(ctx, "inspect", err)
+}
+
+// Inspect implements Inspector with one read-only script, one round trip.
+// id is a record id (Record.ID, or what the Keeper makes of a scope and key).
+// Errors: ErrInvalidKey for an id that is not one, ErrCorrupt,
+// ErrUnavailable, and the caller's own cancellation.
+func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
+	if err := checkRecordID(id); err != nil {
+		return Record{}, err
+	}
+	if ctx.Err() != nil {
+		return Record{}, canceled(ctx, "inspect")
+	}
+	rk := s.key(id)
+	res, err := inspectScript.Run(ctx, s.client, []string{rk}).Slice()
+	if err != nil {
+		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", err)
+	}
+	code, r, err := parseRecordReply(id, rk, res)
+	if err == nil && code == 3 {
+		return r, unexpected(res)
+	}
+	return r, err
+}
+
+// checkRecordID refuses an id that no Keeper makes.
+func checkRecordID(id string) error {
+	if len(id) != idLen || !isBase64URL(id) {
+		return fmt.Errorf("%w: record id %q is not %d base64url characters", ErrInvalidKey, id, idLen)
+	}
+	return nil
+}
+
+// parseRecordReply reads a reply of inspect.lua or forget.lua: {code, now_s,
+// now_us} for no record, {code, header, pttl, rest_len, rest_head, now_s,
+// now_us} for a record, {5, reason} for a value that is not one. It returns
+// the reply's code and the record.
+func parseRecordReply(id, key string, res []any) (int64, Record, error) {
+	r := Record{ID: id, Key: key}
+	code := replyCode(res)
+	switch {
+	case code == 5:
+		return code, r, corrupt(res)
+	case code == 0 && len(res) == 3:
+		return code, r, nil
+	case (code == 1 || code == 3) && len(res) == 7:
+		r, err := parseRecord(r, res)
+		return code, r, err
+	}
+	return code, r, unexpected(res)
+}
+
+// parseRecord reads the record in a reply {code, header, pttl, rest_len,
+// rest_head, now_s, now_us} into r.
+func parseRecord(r Record, res []any) (Record, error) {
+	head, ok1 := res[1].(string)
+	pttl, ok2 := res[2].(int64)
+	restLen, ok3 := res[3].(int64)
+	restHead, ok4 := res[4].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return r, unexpected(res)
+	}
+	now, err := redisNow(res[5], res[6])
+	if err != nil {
+		return r, err
+	}
+	if r, err = parseHeader(r, head, now); err != nil {
+		return r, err
+	}
+	r.ExpiresIn = time.Duration(pttl) * time.Millisecond
+	if pttl < 0 {
+		r.ExpiresIn = -1
+	}
+	return r, r.setResult(restLen, restHead)
+}
+
+// redisNow reads Redis's TIME, seconds and microseconds, as microseconds.
+func redisNow(sec, usec any) (int64, error) {
+	s, ok1 := sec.(string)
+	us, ok2 := usec.(string)
+	if ok1 && ok2 {
+		a, err1 := strconv.ParseInt(s, 10, 64)
+		b, err2 := strconv.ParseInt(us, 10, 64)
+		if err1 == nil && err2 == nil {
+			return a*1_000_000 + b, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unexpected TIME %v %v", ErrCorrupt, sec, usec)
+}
+
+// parseHeader reads a record's header,
+// "i1" STATE TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":",
+// strictly, into r; now is Redis's clock in microseconds.
+func parseHeader(r Record, head string, now int64) (Record, error) {
+	bad := func(what string) (Record, error) {
+		return r, fmt.Errorf("%w: record header: %s", ErrCorrupt, what)
+	}
+	rest, ok := strings.CutPrefix(head, "i1")
+	if !ok || len(rest) == 0 {
+		return bad("no format marker")
+	}
+	var state RecordState
+	switch rest[0] {
+	case 'P':
+		state = StatePending
+	case 'C':
+		state = StateCompleted
+	case 'R':
+		state = StateReleased
+	default:
+		return bad("unknown state")
+	}
+	var f [6]string // token, attempt, recovered, lease end, attempt id, fingerprint
+	rest = rest[1:]
+	for i := range f {
+		if f[i], rest, ok = strings.Cut(rest, ":"); !ok {
+			return bad("too few fields")
+		}
+	}
+	tok, err1 := strconv.ParseInt(f[0], 10, 64)
+	n, err2 := strconv.Atoi(f[1])
+	until, err3 := strconv.ParseInt(f[3], 10, 64)
+	switch {
+	case rest != "":
+		return bad("trailing bytes")
+	case err1 != nil || tok < 1 || len(f[0]) > 16:
+		return bad("token out of range")
+	case err2 != nil || n < 1 || len(f[1]) > 9:
+		return bad("attempt count out of range")
+	case f[2] != "0" && f[2] != "1":
+		return bad("recovered flag")
+	case err3 != nil || len(f[3]) > 16:
+		return bad("lease end out of range")
+	case !isBase64URL(f[4]) || !isBase64URL(f[5]):
+		return bad("attempt id or fingerprint")
+	}
+	r.State, r.Token, r.Attempt, r.Recovered = state, tok, n, f[2] == "1"
+	r.Fingerprint = f[5] != ""
+	r.Age = time.Duration(max(now-tok, 0)) * time.Microsecond
+	if state == StatePending {
+		r.LeaseLeft = time.Duration(until-now) * time.Microsecond
+	}
+	return r, nil
+}
+
+// setResult reads what follows the header: for a completed record, the
+// envelope of its result, of which restHead holds the first two bytes and
+// restLen counts every byte. What follows the header of a pending or
+// released record is not a result, and is left to the version that wrote it.
+func (r *Record) setResult(restLen int64, restHead string) error {
+	if r.State != StateCompleted {
+		return nil
+	}
+	switch {
+	case restLen < 2 || len(restHead) < 2:
+		return fmt.Errorf("%w: envelope of %d bytes", ErrCorrupt, restLen)
+	case restHead[0] != envelopeV1:
+		return fmt.Errorf("%w: envelope format %d unknown", ErrCorrupt, restHead[0])
+	case restHead[1] == 0:
+		return fmt.Errorf("%w: envelope kind 0", ErrCorrupt)
+	}
+	r.Stored, r.Size = StoredKind(restHead[1]), int(restLen-2)
+	return nil
+}

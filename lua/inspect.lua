@@ -1,0 +1,35 @@
+-- inspect.lua: read a record without changing it.
+--
+-- KEYS[1]  the record key
+--
+-- Returns one of
+--   {0, now_s, now_us}                            no record at the key
+--   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us}
+--                                                 a record: its header, up to and
+--                                                 including the ':' after the
+--                                                 fingerprint; the key's PTTL; the
+--                                                 length of what follows the header
+--                                                 and its first two bytes (the
+--                                                 envelope's format and kind byte of
+--                                                 a completed record)
+--   {5, reason}                                   the value is not a record of ours
+--
+-- now_s and now_us are Redis's TIME, so that the caller measures the lease and
+-- the token's age by Redis's clock. The header is matched loosely here and
+-- parsed strictly by the caller. Only the header and two bytes travel back,
+-- however large the stored result. Read-only: safe to run any number of times.
+local key = KEYS[1]
+
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  return {5, 'wrong type'}
+end
+local t = redis.call('TIME')
+if not v then
+  return {0, t[1], t[2]}
+end
+local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+if not head then
+  return {5, 'unknown format'}
+end
+return {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}

@@ -1,0 +1,286 @@
+package idem
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Bounds of ScanOptions.Batch.
+const (
+	// DefaultScanBatch is the Batch of a Scan that sets none.
+	DefaultScanBatch = 100
+	// MaxScanBatch is the largest Batch a Scan accepts.
+	MaxScanBatch = 1000
+)
+
+// ScanOptions chooses the records Scan lists and how much it asks of Redis at
+// once. The zero value lists every record under the store's prefix, 100 keys
+// at a time.
+type ScanOptions struct {
+	// State keeps only the records in this state: StatePending lists the
+	// operations in progress and the abandoned claims (LeaseLeft <= 0).
+	// Default: StateAbsent, which keeps every record.
+	State RecordState
+	// Batch is the COUNT of each SCAN call and the most records read in one
+	// round trip. Default: DefaultScanBatch (100); at most MaxScanBatch.
+	Batch int
+	// Limit ends the listing after this many records. Default: 0, no limit.
+	Limit int
+	// PrefixMatch, when set, is a Redis glob pattern that stands in for the
+	// store's prefix, such as "idem-demo:*:" for the records of every
+	// prefix it matches; each Record's Key shows its own prefix, and only a
+	// store with that prefix can Inspect or Forget it by ID. It may not
+	// contain '{' or '}'. Default: the store's prefix, matched exactly.
+	PrefixMatch string
+}
+
+// Scan lists the records of the store, read as Inspect reads them, with
+// Redis's SCAN: on the server a *redis.Client or *redis.Conn reaches, on
+// every master of a *redis.ClusterClient, on every shard of a *redis.Ring,
+// one server after the other. It never holds more than one batch of records
+// in memory, and each call to Redis is bounded: one SCAN with COUNT Batch,
+// then one pipeline of at most Batch read-only scripts. It is meant for
+// operators and tools: SCAN walks the whole keyspace of each server, so a
+// large Redis takes many round trips to list.
+//
+// Records are ids and Redis keys: the raw client keys are not stored.
+// As with SCAN, a record that is created or removed while the listing runs
+// may or may not be listed, and one may be listed twice if Redis resizes its
+// keyspace meanwhile; a record being moved between Cluster nodes may be
+// missed or reported with a MOVED or ASK error.
+//
+// Each step yields a Record and nil, or an error:
+//
+//   - for one record that cannot be read (ErrCorrupt, or the error Redis
+//     answered for its key), the Record holds its ID and Key, whatever
+//     State asks for, and the listing goes on if the loop does;
+//   - for the listing itself (ErrInvalidConfig for bad options, ErrUnavailable,
+//     the caller's own cancellation, errors.ErrUnsupported for a client that
+//     cannot list, such as an AutoPipeliner: make the store on the client
+//     itself), the Record is zero and the listing ends.
+func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
+	return func(yield func(Record, error) bool) {
+		sc, err := s.newScanner(opts)
+		if err != nil {
+			yield(Record{}, err)
+			return
+		}
+		nodes, err := s.scanNodes(ctx)
+		if err != nil {
+			yield(Record{}, err)
+			return
+		}
+		for _, n := range nodes {
+			if !sc.walk(ctx, n, yield) {
+				return
+			}
+		}
+	}
+}
+
+// scanClient is a connection to one server that Scan can walk.
+type scanClient interface {
+	redis.Scripter
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+	Pipeline() redis.Pipeliner
+}
+
+var (
+	_ scanClient = (*redis.Client)(nil)
+	_ scanClient = (*redis.Conn)(nil)
+)
+
+// scanner is one listing: its options and how many records it may still
+// yield.
+type scanner struct {
+	opts  ScanOptions
+	match string
+	// left is how many records may still be yielded; -1: no limit.
+	left int
+}
+
+func (s *RedisStore) newScanner(opts ScanOptions) (*scanner, error) {
+	switch {
+	case opts.Batch < 0 || opts.Batch > MaxScanBatch:
+		return nil, fmt.Errorf("%w: scan batch %d is not between 1 and %d", ErrInvalidConfig, opts.Batch, MaxScanBatch)
+	case opts.Limit < 0:
+		return nil, fmt.Errorf("%w: scan limit %d is negative", ErrInvalidConfig, opts.Limit)
+	case opts.State > StateReleased:
+		return nil, fmt.Errorf("%w: scan state %s unknown", ErrInvalidConfig, opts.State)
+	case strings.ContainsAny(opts.PrefixMatch, "{}"):
+		return nil, fmt.Errorf("%w: prefix pattern %q holds '{' or '}'", ErrInvalidConfig, opts.PrefixMatch)
+	}
+	if opts.Batch == 0 {
+		opts.Batch = DefaultScanBatch
+	}
+	prefix := opts.PrefixMatch
+	if prefix == "" {
+		prefix = escapeGlob(s.prefix)
+	}
+	sc := &scanner{opts: opts, match: prefix + "{" + strings.Repeat("?", idLen) + "}", left: -1}
+	if opts.Limit > 0 {
+		sc.left = opts.Limit
+	}
+	return sc, nil
+}
+
+// escapeGlob escapes the characters that Redis's glob patterns give a
+// meaning to, so that s matches itself only.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// scanNodes returns a client of every server that holds records, in the
+// order of their addresses.
+func (s *RedisStore) scanNodes(ctx context.Context) ([]scanClient, error) {
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return eachNode(ctx, c.ForEachMaster)
+	case *redis.Ring:
+		return eachNode(ctx, c.ForEachShard)
+	case *redis.AutoPipeliner:
+		// On a ClusterClient it would scan one node: refused on any client.
+	case scanClient:
+		return []scanClient{c}, nil
+	}
+	return nil, fmt.Errorf("idem: scan: client %T cannot list records (use a *redis.Client, *redis.ClusterClient or *redis.Ring): %w", s.client, errors.ErrUnsupported)
+}
+
+// eachNode gathers the clients forEach visits (ForEachMaster, ForEachShard).
+func eachNode(ctx context.Context, forEach func(context.Context, func(context.Context, *redis.Client) error) error) ([]scanClient, error) {
+	var (
+		mu    sync.Mutex
+		nodes []*redis.Client
+	)
+	err := forEach(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, c)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, storeError(ctx, "scan: listing the nodes", err)
+	}
+	slices.SortFunc(nodes, func(a, b *redis.Client) int { return cmp.Compare(a.Options().Addr, b.Options().Addr) })
+	out := make([]scanClient, len(nodes))
+	for i, n := range nodes {
+		out[i] = n
+	}
+	return out, nil
+}
+
+// walk lists the records of one server; it returns false when the listing
+// must end.
+func (sc *scanner) walk(ctx context.Context, node scanClient, yield func(Record, error) bool) bool {
+	var cursor uint64
+	for {
+		keys, next, err := node.Scan(ctx, cursor, sc.match, int64(sc.opts.Batch)).Result()
+		if err != nil {
+			yield(Record{}, storeError(ctx, "scan", err))
+			return false
+		}
+		for chunk := range slices.Chunk(keys, sc.opts.Batch) {
+			if !sc.read(ctx, node, chunk, yield) {
+				return false
+			}
+		}
+		if next == 0 {
+			return true
+		}
+		cursor = next
+	}
+}
+
+// read reads the records at keys in one round trip and yields those that
+// State keeps; it returns false when the listing must end.
+func (sc *scanner) read(ctx context.Context, node scanClient, keys []string, yield func(Record, error) bool) bool {
+	keys = slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return checkRecordID(idOfKey(k)) != nil })
+	cmds, err := inspectEach(ctx, node, keys)
+	if err != nil {
+		yield(Record{}, storeError(ctx, "scan", err))
+		return false
+	}
+	for i, key := range keys {
+		r, err := readScanned(key, cmds[i])
+		if err == nil && (r.State == StateAbsent || sc.opts.State != StateAbsent && r.State != sc.opts.State) {
+			continue // gone since SCAN listed it, or not asked for
+		}
+		if !yield(r, err) {
+			return false
+		}
+		if sc.left > 0 {
+			if sc.left--; sc.left == 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// idOfKey returns the id in a key that ends in "{" id "}", or "".
+func idOfKey(key string) string {
+	if len(key) < idLen+2 || key[len(key)-1] != '}' || key[len(key)-idLen-2] != '{' {
+		return ""
+	}
+	return key[len(key)-idLen-1 : len(key)-1]
+}
+
+// inspectEach runs inspect.lua on every key in one pipeline. If the server
+// has lost the script, it loads it and runs the pipeline once more. An error
+// Redis answered for one key stays in its command; any other error is the
+// batch's.
+func inspectEach(ctx context.Context, node scanClient, keys []string) ([]*redis.Cmd, error) {
+	cmds, err := pipeInspect(ctx, node, keys)
+	if err != nil && slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
+		if err = inspectScript.Load(ctx, node).Err(); err == nil {
+			cmds, err = pipeInspect(ctx, node, keys)
+		}
+	}
+	var reply redis.Error
+	if err != nil && !errors.As(err, &reply) {
+		return nil, err
+	}
+	return cmds, nil
+}
+
+func pipeInspect(ctx context.Context, node scanClient, keys []string) ([]*redis.Cmd, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	pipe := node.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = inspectScript.EvalSha(ctx, pipe, []string{k})
+	}
+	_, err := pipe.Exec(ctx)
+	return cmds, err
+}
+
+// readScanned turns the reply of inspect.lua for key into a Record.
+func readScanned(key string, cmd *redis.Cmd) (Record, error) {
+	id := idOfKey(key)
+	res, err := cmd.Slice()
+	if err != nil {
+		return Record{ID: id, Key: key}, fmt.Errorf("idem: scan: %s: %w", key, err)
+	}
+	code, r, err := parseRecordReply(id, key, res)
+	if err == nil && code != 0 && code != 1 {
+		err = unexpected(res)
+	}
+	return r, err
+}
