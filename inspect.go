@@ -66,9 +66,12 @@ const (
 	StoredValue = StoredKind(kindValue)
 	// StoredError: the message of a final error of Do (Final).
 	StoredError = StoredKind(kindError)
+	// StoredCodedError: a final error of Do with a code or details
+	// (FinalCode).
+	StoredCodedError = StoredKind(kindFinal)
 )
 
-// String returns "none", "bytes", "value", "error", or for a kind this
+// String returns "none", "bytes", "value", "error", "coded error", or for a kind this
 // version does not know, "unknown" and the kind byte.
 func (k StoredKind) String() string {
 	switch k {
@@ -80,6 +83,8 @@ func (k StoredKind) String() string {
 		return "value"
 	case StoredError:
 		return "error"
+	case StoredCodedError:
+		return "coded error"
 	}
 	return fmt.Sprintf("unknown (%q)", byte(k))
 }
