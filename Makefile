@@ -1,9 +1,9 @@
 # make test runs every module's tests: the core (idem, idemhttp, idemtest,
 # the commands) and the integrations that keep their own go.mod (idemgrpc,
-# idemotel). Tests that need redis-server use it from PATH, or skip with a
+# idemotel, and bench/peers). Tests that need redis-server use it from PATH, or skip with a
 # message; IDEM_REQUIRE_REDIS=1 turns the skips into failures.
 
-MODULES := . $(patsubst %/go.mod,%,$(wildcard */go.mod))
+MODULES := . $(patsubst %/go.mod,%,$(wildcard */go.mod */*/go.mod))
 
 .PHONY: test vet
 test:
