@@ -21,6 +21,10 @@ type Claim struct {
 	// was asked for, by the Keeper's clock. Both are for the Observer.
 	scope     string
 	claimedAt time.Time
+	// fp is the fingerprint digest the claim was made with, known when
+	// fpKnown (a claim of Begin), for the replay cache.
+	fp      string
+	fpKnown bool
 
 	// onEnd, when set, is told once the claim is settled or known lost: the
 	// coalescing layer that made the claim ends its in-process hold. It is
@@ -32,6 +36,9 @@ type Claim struct {
 	// from before the request that last set it was sent, so it is never later
 	// than Redis's view.
 	leaseEnd time.Time
+	// checkpoints are the record's recovery points as this claim knows them:
+	// those it took over, then those it recorded (see Checkpoint).
+	checkpoints []Checkpoint
 }
 
 // Token returns the fencing token: it strictly increases every time the key
@@ -64,7 +71,14 @@ func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention 
 		return fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, retention)
 	}
 	started := c.k.startStep()
+	var sent time.Time
+	if c.k.cache != nil {
+		sent = c.k.now()
+	}
 	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	if err == nil {
+		c.k.cacheStored(c, kind, body, retention, sent)
+	}
 	c.endHold(kind, body, err)
 	c.report(ctx, StepComplete, started, err)
 	return err

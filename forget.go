@@ -71,7 +71,11 @@ func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Rec
 	if !ok {
 		return Record{}, fmt.Errorf("idem: forget: store %T does not implement Forgetter: %w", k.store, errors.ErrUnsupported)
 	}
-	r, err := f.Forget(ctx, recordID(scope, key), force)
+	id := recordID(scope, key)
+	r, err := f.Forget(ctx, id, force)
+	if k.cache != nil {
+		k.cache.drop(id)
+	}
 	if err != nil && !errors.Is(err, ErrInProgress) {
 		err = storeError(ctx, "forget", err)
 	}

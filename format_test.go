@@ -82,6 +82,33 @@ var formatV1 = []struct {
 		assert.Equal(t, "card_declined", final.Code)
 		assert.Equal(t, "insufficient_funds", final.Details["decline_code"])
 	}},
+	// Added with checkpoints: a pending or released record may hold
+	// checkpoints after its header, each LEN ":" NAME LEN ":" VALUE; a
+	// released one that holds some keeps its fingerprint.
+	{"pending with checkpoints, lease alive", "i1P1700000000000000:1:0:4102444800000000:AAAAAAAAAAA::7:charged4:ch_1", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key)
+		assert.ErrorIs(t, err, ErrInProgress)
+	}},
+	{"pending with checkpoints, lease run out", "i1P1700000000000000:2:1:1700000000000000:AAAAAAAAAAA::7:charged4:ch_17:shipped0:", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim)
+		assert.True(t, out.Claim.Recovered())
+		assert.Equal(t, 3, out.Claim.Attempt())
+		assert.Equal(t, []Checkpoint{{"charged", []byte("ch_1")}, {"shipped", []byte{}}}, out.Claim.Checkpoints())
+	}},
+	{"released with checkpoints", "i1R1700000000000000:1:0:0::" + fingerprintDigest([]byte("body")) + ":7:charged4:ch_1", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
+		assert.ErrorIs(t, err, ErrMismatch)
+		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim)
+		assert.False(t, out.Claim.Recovered())
+		assert.Equal(t, 2, out.Claim.Attempt())
+		v, ok := out.Claim.Checkpointed("charged")
+		assert.True(t, ok)
+		assert.Equal(t, "ch_1", string(v))
+	}},
 }
 
 // codedFinalV1 is the body of a kind 'E' record: [message, code, details].

@@ -25,6 +25,8 @@ type Keeper struct {
 	// claims makes the claims of Begin: the store, or the coalescing layer
 	// in front of it (WithCoalescing).
 	claims claimer
+	// cache answers replays from memory (WithReplayCache); nil: none.
+	cache *replayCache
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
@@ -57,6 +59,12 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
 	}
 	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer}
+	if s.replayCache != nil {
+		if err := s.replayCache.validate(); err != nil {
+			return nil, err
+		}
+		k.cache = newReplayCache(s.replayCache)
+	}
 	k.claims = storeClaimer{k}
 	if s.coalesce {
 		k.claims = newFlights(k.claims, func() time.Time { return k.now() })
@@ -213,6 +221,11 @@ func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error)
 		Lease:       k.policy.lease,
 		Keep:        k.policy.pendingKeep(),
 	}
+	if k.cache != nil {
+		if out, ok := k.cache.get(id, req.Fingerprint, k.now()); ok {
+			return out, nil
+		}
+	}
 	var deadline time.Time
 	if c.wait > 0 {
 		deadline = k.now().Add(c.wait)
@@ -254,11 +267,24 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 	if err != nil {
 		return Outcome{}, storeError(ctx, "claim", err)
 	}
+	out, err := k.outcome(id, r, started)
+	switch {
+	case out.Claim != nil:
+		out.Claim.fp, out.Claim.fpKnown = req.Fingerprint, true
+	case out.Replayed:
+		k.cacheReplayed(id, req.Fingerprint, &out, started)
+	}
+	return out, err
+}
+
+// outcome is Begin's answer for the store's reply r to a claim of id asked
+// for at started.
+func (k *Keeper) outcome(id string, r ClaimReply, started time.Time) (Outcome, error) {
 	switch r.Status {
 	case StatusClaimed:
 		cl := &Claim{
 			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered,
-			claimedAt: started, leaseEnd: started.Add(k.policy.lease),
+			claimedAt: started, leaseEnd: started.Add(k.policy.lease), checkpoints: r.Checkpoints,
 		}
 		return Outcome{Claim: cl, Token: r.Token}, nil
 	case StatusCompleted:

@@ -22,6 +22,8 @@ const (
 	toKeeper target = 1 << iota
 	toStore
 	toCall
+	toBatch   // BeginBatch and Consume
+	toConsume // Consume only
 )
 
 // settings gathers what options set; each constructor or call reads its own
@@ -33,6 +35,8 @@ type settings struct {
 	coalesce bool
 	now      func() time.Time
 	observer Observer
+	// replayCache is WithReplayCache's bounds; nil: no cache.
+	replayCache *replayCacheConfig
 	// RedisStore.
 	prefix   string
 	replicas *durability
@@ -40,6 +44,9 @@ type settings struct {
 	fingerprint []byte
 	wait        time.Duration
 	info        *CallInfo
+	// A batch call (batch.go, consume.go).
+	fingerprints [][]byte
+	concurrency  int
 }
 
 func defaultSettings() settings {

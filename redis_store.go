@@ -135,14 +135,19 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if err != nil {
 		return ClaimReply{}, err
 	}
+	return claimReply(res)
+}
+
+// claimReply reads what claim.lua, or one record of batch_claim.lua, answered.
+func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {
 	case 1:
-		if len(res) == 4 {
+		if len(res) == 4 || len(res) == 5 {
 			tok, ok1 := res[1].(int64)
 			n, ok2 := res[2].(int64)
 			rec, ok3 := res[3].(int64)
 			if ok1 && ok2 && ok3 {
-				return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, nil
+				return withCheckpoints(ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, res[4:])
 			}
 		}
 	case 2:
@@ -209,6 +214,12 @@ func (s *RedisStore) transition(ctx context.Context, sc *redis.Script, id string
 	if err != nil {
 		return err
 	}
+	return transitionReply(res)
+}
+
+// transitionReply reads what a script that answers {1, ...}, {0} or
+// {5, reason} answered.
+func transitionReply(res []any) error {
 	switch replyCode(res) {
 	case 1:
 		return nil
@@ -243,7 +254,8 @@ func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []str
 // it again, so the call costs one more round trip and the next ones none. An
 // EVAL that fails is the call's error; nothing is tried a third time.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript} {
+	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript,
+		checkpointScript, batchClaimScript, batchCompleteScript, batchReleaseScript, batchExtendScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}

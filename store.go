@@ -77,4 +77,95 @@ type ClaimReply struct {
 	LeaseLeft time.Duration
 	// Value is the stored result (StatusCompleted); nil otherwise.
 	Value []byte
+	// Checkpoints are the recovery points an earlier attempt recorded in the
+	// record (StatusClaimed), oldest first; nil when there are none or the
+	// Store keeps none (see CheckpointStore).
+	Checkpoints []Checkpoint
+}
+
+// BatchStore is a Store that also takes each step for many records at once.
+// The Keeper uses it for BeginBatch, CompleteBatch, ReleaseBatch,
+// ExtendBatch and Consume when its Store implements it; with any other Store
+// it takes the step one record at a time, with the same answers.
+//
+// Each method answers every record on its own, in the order given: a record
+// whose step failed (ErrLeaseLost, ErrCorrupt, its Redis node unreachable)
+// does not fail the others. The answers are exactly those of the single-record
+// method. RedisStore sends one script call per chunk of up to BatchChunk
+// records, all of a node's share in one pipeline: one round trip per Redis
+// node and step.
+type BatchStore interface {
+	Store
+	// ClaimBatch claims every record of req, with req's attempt id, lease and
+	// keep, and answers each as Claim would.
+	ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply
+	// CompleteBatch stores each item's value, as Complete would.
+	CompleteBatch(ctx context.Context, items []BatchCompletion) []error
+	// ReleaseBatch gives up each claim, as Release would, the released
+	// marker kept for keep.
+	ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error
+	// ExtendBatch renews the lease of each claim, as Extend would.
+	ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error
+}
+
+// BatchClaimRequest is what a BatchStore needs to claim many records.
+type BatchClaimRequest struct {
+	// IDs are the records to claim; an id given twice is answered for its
+	// first place only, the later places with ErrInvalidConfig.
+	IDs []string
+	// Fingerprints holds the fingerprint of each id's request, in base64url
+	// (see ClaimRequest.Fingerprint), or is nil: none for every id.
+	Fingerprints []string
+	// Attempt identifies this batch call, in base64url: each record checks
+	// it as ClaimRequest.Attempt, so a call whose reply was lost and that is
+	// sent again gets the same claims.
+	Attempt string
+	// Lease and Keep are those of ClaimRequest, for every record.
+	Lease, Keep time.Duration
+}
+
+// BatchClaimReply answers one record of a BatchStore's ClaimBatch: Reply as
+// Claim returns it, or Err, an error Claim would have returned.
+type BatchClaimReply struct {
+	// Reply is the record's answer when Err is nil.
+	Reply ClaimReply
+	// Err is the record's error: ErrCorrupt, ErrInvalidConfig, or, as
+	// anything else, the store's failure to answer for it.
+	Err error
+}
+
+// Fence names a claim: a record and the fencing token of its holder.
+type Fence struct {
+	// ID is the record's id.
+	ID string
+	// Token is the fencing token the claim got.
+	Token int64
+}
+
+// BatchCompletion is one record of a BatchStore's CompleteBatch.
+type BatchCompletion struct {
+	// Fence names the claim that completes the record.
+	Fence
+	// Value is the result to store, already in its envelope; the store
+	// must not change it.
+	Value []byte
+	// Keep is how long the result is kept.
+	Keep time.Duration
+}
+
+// CheckpointStore is a Store that keeps recovery points in pending records.
+// Claim.Checkpoint needs it; RedisStore implements it.
+//
+// A record's checkpoints are written under its claim's fence, kept while it is
+// pending, handed over to the next claim (ClaimReply.Checkpoints) when the
+// lease ran out or the claim was released, and dropped when it completes.
+type CheckpointStore interface {
+	Store
+	// Checkpoint records (name, value) in the pending record id if token is
+	// the current holder's: ErrLeaseLost otherwise, and an error wrapping
+	// ErrInvalidCheckpoint when the record holds MaxCheckpoints other
+	// checkpoints; nothing is written then. A checkpoint recorded again under
+	// its name replaces the earlier one and becomes the last. A retried
+	// Checkpoint with the same arguments succeeds.
+	Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error
 }

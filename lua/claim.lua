@@ -8,6 +8,8 @@
 --
 -- Returns one of
 --   {1, token, attempt, recovered}  claimed: the caller runs the operation
+--   {1, token, attempt, recovered, checkpoints}
+--                                   claimed, and an earlier attempt left checkpoints
 --   {2, record}                     completed: the whole record, header and payload
 --   {3, lease_left_ms}              another attempt holds a live lease
 --   {4}                             the record was made for another fingerprint
@@ -17,7 +19,10 @@
 --   "i1" STATE TOKEN ":" ATTEMPT ":" RECOVERED ":" LEASE_UNTIL_US ":" ATTEMPT_ID ":" FP ":" PAYLOAD
 -- STATE is P (pending), C (completed) or R (released). TOKEN is a fencing token:
 -- max(previous token + 1, Redis time in microseconds), so it never repeats for a
--- key, even after the record expired.
+-- key, even after the record expired. The PAYLOAD of a pending or released
+-- record holds its checkpoints (see checkpoint.lua), often none: a claim carries
+-- them over to the next holder and answers them. A released record that holds
+-- checkpoints keeps its fingerprint, and answers another one {4}.
 --
 -- Safe to run twice for one call (go-redis retries a command whose reply was
 -- lost): the second run finds its own attempt id and answers the same claim.
@@ -38,12 +43,34 @@ local function clock()
   return now
 end
 
+-- readable reports whether s reads as checkpoints: LEN ":" BYTES fields, a
+-- name and a value each (see checkpoint.lua).
+local function readable(s)
+  local pos, fields = 1, 0
+  while pos <= #s do
+    local len = string.match(s, '^(%d+):', pos)
+    if not len or #len > 9 then
+      return false
+    end
+    pos = pos + #len + 1 + tonumber(len)
+    fields = fields + 1
+  end
+  return pos == #s + 1 and fields % 2 == 0
+end
+
 local token, n, recovered
+local checkpoints = ''
+local function claimed(tok, cnt, rec)
+  if checkpoints == '' then
+    return {1, tok, cnt, rec}
+  end
+  return {1, tok, cnt, rec, checkpoints}
+end
 if not v then
   token, n, recovered = clock(), 1, 0
 else
-  local st, tok, cnt, rec, until_us, att, rfp =
-    string.match(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+  local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
+    string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
   if not st then
     return {5, 'unknown format'}
   end
@@ -51,15 +78,19 @@ else
   if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
     return {5, 'token or attempt count out of range'}
   end
-  if st ~= 'R' and rfp ~= fp then
+  if rfp ~= fp and (st ~= 'R' or hdr < #v) then
     return {4}
   end
   if st == 'C' then
     return {2, v}
   end
+  checkpoints = string.sub(v, hdr + 1)
+  if not readable(checkpoints) then
+    return {5, 'checkpoints unreadable'}
+  end
   if st == 'P' then
     if att == attempt then
-      return {1, tonumber(tok), tonumber(cnt), tonumber(rec)}
+      return claimed(tonumber(tok), tonumber(cnt), tonumber(rec))
     end
     local left = tonumber(until_us) - clock()
     if left > 0 then
@@ -83,6 +114,6 @@ end
 
 redis.call('SET', key,
   'i1P' .. string.format('%d', token) .. ':' .. n .. ':' .. recovered .. ':' ..
-  string.format('%d', now + lease * 1000) .. ':' .. attempt .. ':' .. fp .. ':',
+  string.format('%d', now + lease * 1000) .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints,
   'PX', keep)
-return {1, token, n, recovered}
+return claimed(token, n, recovered)

@@ -11,6 +11,7 @@
 --   {5, reason}    the value at the key is not a record of ours; nothing is written
 --
 -- Safe to run twice: the second run only moves the lease end a little later.
+-- The record's checkpoints (after the header) are kept as they are.
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
@@ -20,8 +21,8 @@ end
 if not v then
   return {0}
 end
-local st, tok, cnt, rec, att, fp =
-  string.match(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
+local _, hdr, st, tok, cnt, rec, att, fp =
+  string.find(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
 if not st then
   return {5, 'unknown format'}
 end
@@ -32,6 +33,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('SET', key,
   'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' ..
-  string.format('%d', now + tonumber(ARGV[2]) * 1000) .. ':' .. att .. ':' .. fp .. ':',
+  string.format('%d', now + tonumber(ARGV[2]) * 1000) .. ':' .. att .. ':' .. fp .. ':' .. string.sub(v, hdr + 1),
   'PX', ARGV[3])
 return {1, tonumber(ARGV[2])}

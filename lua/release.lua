@@ -10,7 +10,10 @@
 --   {5, reason}  the value at the key is not a record of ours; nothing is written
 --
 -- The released marker keeps the token and the attempt count, so the next claim
--- gets a higher token and the next attempt number.
+-- gets a higher token and the next attempt number. A record that holds
+-- checkpoints keeps them, and its fingerprint, for as long as the pending record
+-- would have been kept: the steps they record have happened, so the next claim
+-- of the same request continues from them.
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
@@ -20,7 +23,7 @@ end
 if not v then
   return {0}
 end
-local st, tok, cnt = string.match(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:[%w_%-]*:')
+local _, hdr, st, tok, cnt, fp = string.find(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:([%w_%-]*):')
 if not st then
   return {5, 'unknown format'}
 end
@@ -32,6 +35,10 @@ if st == 'R' then
 end
 if st ~= 'P' then
   return {0}
+end
+if hdr < #v then
+  redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0::' .. fp .. ':' .. string.sub(v, hdr + 1), 'KEEPTTL')
+  return {1}
 end
 redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0:::', 'PX', ARGV[2])
 return {1}

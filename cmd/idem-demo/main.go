@@ -1,6 +1,10 @@
 // Command idem-demo serves a small payments API guarded by idem's HTTP
 // middleware and drives it with a retry storm, then checks the ledger: every
 // payment charged exactly once, every replay identical to the first response.
+// Then it runs a stream of orders through queue consumers that use
+// idem.Consume and checkpoints, while they crash mid-batch, lose partitions
+// to rebalances and get the producer's duplicates, and checks that every
+// order's steps took effect exactly once.
 //
 // Usage:
 //
@@ -11,8 +15,8 @@
 //
 // With no -redis flag it starts an embedded miniredis, so it needs nothing but
 // Go. It exits with status 1 if a payment was charged twice, a replay differed
-// from the first response, or a payment never got an answer; 2 on bad flags or
-// an unreachable Redis.
+// from the first response, a payment never got an answer, or an order's step
+// took effect twice or never; 2 on bad flags or an unreachable Redis.
 package main
 
 import (
@@ -58,7 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.ChangeRate, "change", cfg.ChangeRate, "share of payments retried once more with another amount")
 	fs.Float64Var(&cfg.NoKeyRate, "nokey", cfg.NoKeyRate, "share of payments also sent once without a key")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed of the storm (0: a random one)")
-	deadline := fs.Duration("deadline", time.Minute, "give up on the storm after this long")
+	deadline := fs.Duration("deadline", time.Minute, "give up on the storm, and on the consumer scenario, after this long")
+	ccfg, consumers := consumerFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -67,6 +72,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err := cfg.validate(); err != nil {
+		fmt.Fprintf(stderr, "idem-demo: %v\n", err)
+		return 2
+	}
+	if err := ccfg.validate(); err != nil {
 		fmt.Fprintf(stderr, "idem-demo: %v\n", err)
 		return 2
 	}
@@ -141,7 +150,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	v := check(rep, book)
 	printTable(stdout, cfg, rep, v, events, elapsed)
-	if !v.ok(rep) {
+	ok := v.ok(rep)
+	if *consumers {
+		ccfg.Seed = cfg.Seed
+		ok = runConsumers(ctx, stdout, stderr, client, *ccfg, !*unguarded, *deadline) && ok
+	}
+	if !ok {
 		return 1
 	}
 	return 0

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -208,4 +209,99 @@ func TestServeMode(t *testing.T) {
 
 	cancel()
 	assert.Equal(t, 0, <-done)
+}
+
+// smallConsumers is a consumer scenario quick enough for a test, with every
+// kind of trouble.
+func smallConsumers() consumerConfig {
+	return consumerConfig{
+		Events: 240, Partitions: 3, Consumers: 3, Batch: 20, DupRate: 0.1,
+		CrashRate: 0.5, MaxCrashes: 3, Rebalances: 3, Lease: time.Second, Seed: 9,
+	}
+}
+
+func miniredisClient(t *testing.T) *redis.Client {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestConsumersTakeEachEffectOnce(t *testing.T) {
+	for name, client := range map[string]func(t *testing.T) *redis.Client{
+		"miniredis": miniredisClient,
+		"redis":     func(t *testing.T) *redis.Client { return redistest.Real(t).Client },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := smallConsumers()
+			rep, err := consume(context.Background(), client(t), cfg, true)
+			require.NoError(t, err)
+			v := checkEffects(rep)
+			assert.True(t, v.ok(), "twice: %v, lost: %v", v.Twice, v.Lost)
+			assert.Equal(t, cfg.Events*len(steps), v.Effects)
+			assert.Equal(t, cfg.Events, rep.Handled, "each event handled once")
+			assert.Positive(t, rep.Crashes)
+			assert.Positive(t, rep.Recovered, "a dead consumer's events are taken over")
+			assert.Positive(t, rep.Rebalances)
+			assert.Positive(t, rep.Redeliveries)
+			assert.GreaterOrEqual(t, rep.Suppressed, rep.Duplicates, "every duplicate of the producer acknowledged without running")
+			assert.Positive(t, rep.Batches)
+			assert.LessOrEqual(t, float64(rep.BatchRoundTrips)/float64(rep.Batches), 3.0, "claim, completion, a renewal at most")
+
+			var out bytes.Buffer
+			assert.True(t, printConsumerTable(&out, cfg, rep, v))
+			for _, want := range []string{"events published", "redeliveries", "duplicates suppressed", "effects",
+				"round trips per batch", "claims recovered from a dead consumer", "effects check: OK"} {
+				assert.Contains(t, out.String(), want)
+			}
+			assert.NotContains(t, out.String(), "FAIL")
+		})
+	}
+}
+
+func TestConsumersWithoutIdemTakeEffectTwice(t *testing.T) {
+	cfg := smallConsumers()
+	rep, err := consume(context.Background(), miniredisClient(t), cfg, false)
+	require.NoError(t, err)
+	v := checkEffects(rep)
+	assert.False(t, v.ok())
+	assert.NotEmpty(t, v.Twice, "the producer's duplicates and the redeliveries run again")
+	assert.Empty(t, v.Lost)
+	var out bytes.Buffer
+	assert.False(t, printConsumerTable(&out, cfg, rep, v))
+	assert.Contains(t, out.String(), "effects check: FAIL")
+	assert.Contains(t, out.String(), "idem-demo: FAILED")
+}
+
+var smallConsumerFlags = []string{"-events", "120", "-partitions", "2", "-batch", "20", "-crash", "0.5", "-maxcrashes", "1"}
+
+func TestRunPrintsTheConsumersBesideTheStorm(t *testing.T) {
+	code, out, errs := runDemo(t, context.Background(), append(slices.Clone(smallFlags), smallConsumerFlags...)...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	storm, consumers, ok := strings.Cut(out, "\nconsumers: ")
+	require.True(t, ok, "no consumer scenario in:\n%s", out)
+	assert.Contains(t, storm, "ledger check: OK")
+	for _, want := range []string{"3 consumer processes, with idem.Consume and checkpoints", "events published", "120 distinct",
+		"redeliveries", "duplicates suppressed", "round trips per batch", "effects check: OK, every one of 120 events"} {
+		assert.Contains(t, consumers, want)
+	}
+
+	code, out, _ = runDemo(t, context.Background(), append(slices.Clone(smallFlags), append(smallConsumerFlags, "-unguarded")...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, "WITHOUT idem (-unguarded)")
+	assert.Contains(t, out, "effects check: FAIL")
+
+	code, out, _ = runDemo(t, context.Background(), append(slices.Clone(smallFlags), "-consume=false")...)
+	assert.Equal(t, 0, code)
+	assert.NotContains(t, out, "consumers:")
+
+	for name, args := range map[string][]string{
+		"no events":    {"-events", "0"},
+		"crash rate 2": {"-crash", "2"},
+		"tiny lease":   {"-lease", "1ms"},
+	} {
+		code, _, errs := runDemo(t, context.Background(), args...)
+		assert.Equal(t, 2, code, name)
+		assert.NotEmpty(t, errs, name)
+	}
 }

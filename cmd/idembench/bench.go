@@ -28,6 +28,10 @@ type harness struct {
 	o      *options
 	server string
 	w      *workload
+	// k is the Keeper under test; cache0 its replay cache's counts when
+	// the clock started.
+	k      *idem.Keeper
+	cache0 idem.ReplayCacheStats
 	// cnt counts the commands idem's client sends while idem's side runs.
 	cnt   *counter
 	meter *meter
@@ -76,6 +80,7 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 			return nil, err
 		}
 	}
+	h.k, h.cache0 = k, k.ReplayCacheStats()
 	h.meter = newMeter(ctx, baseClient)
 	if !o.json {
 		printHeader(stdout, o, h.server)

@@ -78,7 +78,10 @@
 // commands_per_op, redis_usec_per_op, redis_cpu_usec_per_op, allocs_per_op,
 // duplicates, and with -baseline the baseline's name (baseline), its
 // baseline_ops_per_sec, baseline_redis_usec_per_op, baseline_allocs_per_op,
-// ..., and ratio, idem's ops/s over the baseline's.
+// ..., and ratio, idem's ops/s over the baseline's. With -cache N the
+// Keeper keeps N completed results in the process (idem.WithReplayCache),
+// and cache_hits and cache_hit_rate (hits over the calls that looked in the
+// cache) say how many operations it answered without Redis.
 //
 // The tool counts, in the process, how often each key's operation ran. A key
 // that ran twice is a duplicate execution, and the tool exits with status 1.
@@ -178,6 +181,7 @@ type options struct {
 	apBatches    int
 	apDelay      time.Duration
 	coalesce     bool
+	cache        int
 	baseline     string
 	baselineAP   bool
 	retention    time.Duration
@@ -218,6 +222,7 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.apBatches, "ap-batches", 2, "with -autopipeline: how many batches may be in flight at once (AutoPipelineOptions.MaxConcurrentBatches; above 1 the batches are unordered, which idem does not mind; go-redis's default is 1)")
 	fs.DurationVar(&o.apDelay, "ap-delay", 200*time.Microsecond, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay; go-redis's default is 0)")
 	fs.BoolVar(&o.coalesce, "coalesce", true, "coalesce concurrent calls on one key in the process (idem.WithCoalescing)")
+	fs.IntVar(&o.cache, "cache", 0, "keep up to this many completed results in the process (idem.WithReplayCache, with room for that many -body-byte results and -retention as the max age) and report its hit rate; 0: no cache")
 	fs.StringVar(&o.baseline, "baseline", "", "also run, at the same concurrency and interleaved with idem, and print the ratio: setnx (SET NX of the result under a new key), pair (SET NX PX, then SET XX PX of the result: the floor of a first execution), get (GET of a stored value: the floor of a replay); with -mode http, bare (the same handler without the middleware)")
 	fs.BoolVar(&o.baselineAP, "baseline-autopipeline", false, "with -autopipeline and a Redis baseline: send the baseline's commands through an AutoPipeliner of the same settings (default: a plain client)")
 	fs.DurationVar(&o.retention, "retention", 10*time.Minute, "how long Redis keeps the records (and baseline keys) the run writes")
@@ -257,6 +262,8 @@ func (o *options) check(dup share) error {
 		return fmt.Errorf("-dup %v: want a share from 0 to 1", o.dup)
 	case o.concurrency < 1:
 		return fmt.Errorf("-c %d: want at least 1", o.concurrency)
+	case o.cache < 0:
+		return fmt.Errorf("-cache %d: want 0 (no cache) or more", o.cache)
 	case o.duration <= 0:
 		return fmt.Errorf("-d %s: want a positive duration", o.duration)
 	case o.keys < 1:

@@ -105,6 +105,21 @@ func TestMiniredisBaselines(t *testing.T) {
 	}
 }
 
+func TestMiniredisReplayCache(t *testing.T) {
+	code, res, stderr := runJSON(t, "-d", "300ms", "-c", "8", "-keys", "100", "-workload", "replay", "-cache", "1000", "-baseline", "get")
+	require.Equal(t, 0, code, stderr)
+	assertSound(t, res)
+	assert.EqualValues(t, 1000, res["cache_entries"])
+	assert.Positive(t, res["cache_hits"])
+	assert.EqualValues(t, 1, res["cache_hit_rate"], "every key was completed by this Keeper before the clock started")
+	assert.Zero(t, res["commands_per_op"], "a hit sends Redis nothing")
+
+	code, res, stderr = runJSON(t, "-d", "300ms", "-c", "8", "-keys", "100", "-workload", "replay")
+	require.Equal(t, 0, code, stderr)
+	assert.EqualValues(t, 0, res["cache_entries"])
+	assert.EqualValues(t, 0, res["cache_hits"])
+}
+
 func TestMiniredisHTTP(t *testing.T) {
 	t.Run("first", func(t *testing.T) {
 		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-baseline", "bare")
@@ -243,6 +258,7 @@ func TestBadFlags(t *testing.T) {
 		{"-dup", "-0.5"},
 		{"-ap-batches", "0"},
 		{"-c", "0"},
+		{"-cache", "-1"},
 		{"-redis", "redis://a", "-cluster", "b:1"},
 		{"-retention", "1s"},
 		{"-mode", "grpc"},

@@ -123,7 +123,11 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if err := store.LoadScripts(ctx); err != nil {
 			return nil, err
 		}
-		return idem.New(store, idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce))
+		opts := []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		if o.cache > 0 {
+			opts = append(opts, idem.WithReplayCache(o.cache, int64(o.cache)*int64(o.body+512), o.retention))
+		}
+		return idem.New(store, opts...)
 	}()
 	if err != nil {
 		closeAP()

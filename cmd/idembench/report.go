@@ -45,6 +45,12 @@ type Result struct {
 	InProgress  int64   `json:"in_progress"`
 	Errors      int64   `json:"errors"`
 	Duplicates  int64   `json:"duplicates"`
+	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
+	// the operations its cache answered without Redis; CacheHitRate is
+	// CacheHits over the calls that looked in the cache.
+	CacheEntries int     `json:"cache_entries"`
+	CacheHits    uint64  `json:"cache_hits"`
+	CacheHitRate float64 `json:"cache_hit_rate"`
 
 	// Baseline names the baseline (setnx, pair, get, bare), empty without
 	// -baseline; its figures, and Ratio, are 0 then.
@@ -94,6 +100,12 @@ func (h *harness) result() *Result {
 	res.Errors = s.errors.Load()
 	res.Duplicates = h.w.ran.duplicates.Load()
 	res.errorSamples = s.samples()
+	res.CacheEntries = o.cache
+	st := h.k.ReplayCacheStats()
+	res.CacheHits = st.Hits - h.cache0.Hits
+	if looked := res.CacheHits + st.Misses - h.cache0.Misses; looked > 0 {
+		res.CacheHitRate = float64(res.CacheHits) / float64(looked)
+	}
 
 	if b := h.base; b != nil {
 		res.BaselineOps = b.stats.ops()
@@ -132,6 +144,9 @@ func printText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "          %d ops in %.1fs: %d executed, %d replayed, %d in progress, %d errors; duplicates executed: %d\n",
 		r.Ops, r.DurationSec, r.Executions, r.Replays, r.InProgress, r.Errors, r.Duplicates)
 	fmt.Fprintf(w, "          %s\n", costLine(r, r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.AllocsPerOp))
+	if r.CacheEntries > 0 {
+		fmt.Fprintf(w, "          replay cache of %d entries: %d hits, hit rate %.3f\n", r.CacheEntries, r.CacheHits, r.CacheHitRate)
+	}
 	if r.BaselineOps == 0 {
 		return
 	}

@@ -1,0 +1,355 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrDuplicate reports a key given more than once to one batch (BeginBatch,
+// Consume). Only its first place is claimed; the later places are answered
+// with an error wrapping ErrDuplicate, and BatchResult.First (or
+// MessageResult.First) names the first place.
+var ErrDuplicate = errors.New("idem: key repeated in the batch")
+
+// BatchResult is BeginBatch's answer for one key.
+type BatchResult struct {
+	// Outcome is what Begin would have answered for the key alone, when Err
+	// is nil: a Claim (run the operation, then settle it, alone or with
+	// CompleteBatch or ReleaseBatch), or the stored result (Replayed).
+	Outcome Outcome
+	// Err is the error Begin would have answered for the key alone:
+	// ErrInvalidKey (the store was not asked), an *InProgressError,
+	// ErrMismatch, ErrCorrupt, ErrUnavailable (the key's Redis node could not
+	// answer), or the caller's cancellation; or an error wrapping
+	// ErrDuplicate for a key given earlier in the batch. Nil with an Outcome.
+	Err error
+	// First is the place in the batch of the key's first occurrence: the
+	// result's own place, unless Err wraps ErrDuplicate.
+	First int
+}
+
+// BeginBatch claims the keys of a batch under scope at once, and answers
+// each key as Begin would, in the order of keys: a claim (with its token,
+// attempt count, Recovered flag and the checkpoints it took over), the stored
+// result, or why not. With a RedisStore it costs one round trip per Redis
+// node, however many keys (see RedisStore.ClaimBatch); a key whose node
+// could not be reached gets ErrUnavailable while the others are answered.
+//
+// Every promise of Begin holds per key: a claimed key is held by this call
+// alone, with a fencing token, until it is settled or its lease runs out; a
+// lost reply that go-redis sends again gets the same claims back. A key given
+// more than once is claimed once, at its first place; the others get
+// ErrDuplicate and First. Invalid keys get ErrInvalidKey without asking the
+// store. A batch never waits for a key in progress: it answers
+// *InProgressError at once, whatever WithWait says. Claims of a batch do not
+// go through the in-process coalescing of WithCoalescing; the store still
+// answers the coalesced callers ErrInProgress while a batch holds their key.
+//
+// Nothing keeps the leases alive: settle the claims within the lease, or
+// renew them (ExtendBatch, or each Claim's KeepAlive). Consume does all of
+// that for a batch of messages.
+//
+// Options that apply: WithFingerprints. The error is non-nil only when
+// nothing was asked: an option that does not apply or does not fit
+// (ErrInvalidConfig), or ctx already done.
+func (k *Keeper) BeginBatch(ctx context.Context, scope string, keys []string, opts ...Option) ([]BatchResult, error) {
+	s, err := k.batchSettings(opts, toBatch, "BeginBatch", len(keys))
+	if err != nil {
+		return nil, err
+	}
+	return k.beginBatch(ctx, scope, keys, s.fingerprints)
+}
+
+// WithFingerprints binds each key of a batch call (BeginBatch, Consume) to a
+// digest of its request or message, as WithFingerprint does for one call:
+// fps[i] is that of the i-th key or message, nil for none. It must hold one
+// fingerprint per key. Default: none. Applies to BeginBatch and Consume.
+func WithFingerprints(fps [][]byte) Option {
+	return Option{name: "WithFingerprints", to: toBatch, set: func(s *settings) { s.fingerprints = fps }}
+}
+
+// batchSettings reads the options of a batch call of n keys.
+func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (settings, error) {
+	var s settings
+	if err := s.apply(what, who, opts); err != nil {
+		return s, err
+	}
+	if s.fingerprints != nil && len(s.fingerprints) != n {
+		return s, fmt.Errorf("%w: WithFingerprints: %d fingerprints for %d keys", ErrInvalidConfig, len(s.fingerprints), n)
+	}
+	if s.concurrency < 0 {
+		return s, fmt.Errorf("%w: WithConcurrency: %d is negative", ErrInvalidConfig, s.concurrency)
+	}
+	return s, nil
+}
+
+// beginBatch is BeginBatch once the options are read; fps is nil or holds
+// one fingerprint per key.
+func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte) ([]BatchResult, error) {
+	if ctx.Err() != nil {
+		return nil, canceled(ctx, "claim")
+	}
+	results := make([]BatchResult, len(keys))
+	req, places := k.batchRequest(scope, keys, fps, results)
+	started := k.now()
+	replies := k.claimBatch(ctx, req)
+	for j, r := range replies {
+		i, id := places[j], req.IDs[j]
+		res := &results[i]
+		if r.Err != nil {
+			res.Err = storeError(ctx, "claim", r.Err)
+		} else {
+			res.Outcome, res.Err = k.outcome(id, r.Reply, started)
+		}
+		if c := res.Outcome.Claim; c != nil {
+			c.scope = scope
+		}
+		if k.observer != nil {
+			k.reportClaim(ctx, scope, id, started, nil, res.Outcome, res.Err)
+		}
+	}
+	return results, nil
+}
+
+// batchRequest is the store's request for keys: the record of each valid key,
+// once. places[j] is the place in keys of the record req.IDs[j]. It answers
+// invalid and repeated keys in results.
+func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []BatchResult) (req BatchClaimRequest, places []int) {
+	req = BatchClaimRequest{
+		IDs:     make([]string, 0, len(keys)),
+		Attempt: newAttemptID(),
+		Lease:   k.policy.lease,
+		Keep:    k.policy.pendingKeep(),
+	}
+	if fps != nil {
+		req.Fingerprints = make([]string, 0, len(keys))
+	}
+	places = make([]int, 0, len(keys))
+	first := make(map[string]int, len(keys))
+	for i, key := range keys {
+		results[i].First = i
+		if err := ValidateKey(key); err != nil {
+			results[i].Err = err
+			continue
+		}
+		id := recordID(scope, key)
+		if at, dup := first[id]; dup {
+			results[i].First = at
+			results[i].Err = fmt.Errorf("%w: place %d repeats the key of place %d", ErrDuplicate, i, at)
+			continue
+		}
+		first[id] = i
+		req.IDs = append(req.IDs, id)
+		places = append(places, i)
+		if fps != nil {
+			req.Fingerprints = append(req.Fingerprints, fingerprintDigest(fps[i]))
+		}
+	}
+	return req, places
+}
+
+// claimBatch asks the store for req: in one call if it is a BatchStore, else
+// one record at a time.
+func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+	if bs, ok := k.store.(BatchStore); ok {
+		return bs.ClaimBatch(ctx, req)
+	}
+	out := make([]BatchClaimReply, len(req.IDs))
+	for j, id := range req.IDs {
+		cr := ClaimRequest{Attempt: req.Attempt, Lease: req.Lease, Keep: req.Keep}
+		if req.Fingerprints != nil {
+			cr.Fingerprint = req.Fingerprints[j]
+		}
+		out[j].Reply, out[j].Err = k.store.Claim(ctx, id, cr)
+	}
+	return out
+}
+
+// Completion is one result for CompleteBatch.
+type Completion struct {
+	// Claim is the claim to complete; it must come from this Keeper.
+	Claim *Claim
+	// Value is the result, replayed to later Begin calls as Claim.Complete's.
+	Value []byte
+	// Retention is how long the result is kept; zero or less: the Keeper's
+	// retention. At most MaxDuration.
+	Retention time.Duration
+}
+
+// CompleteBatch completes each claim with its value, as Claim.Complete
+// would, and answers each in the order given: nil, ErrLeaseLost (the claim
+// is no longer the holder; nothing written), ErrCorrupt, ErrUnavailable, or
+// ErrInvalidConfig for an item with a nil Claim, a Claim of another Keeper
+// or a retention over MaxDuration (that item is not sent). With a RedisStore
+// it costs one round trip per Redis node (see RedisStore.ClaimBatch). A claim
+// completed twice keeps its first result.
+func (k *Keeper) CompleteBatch(ctx context.Context, items []Completion) []error {
+	s := make([]settlement, len(items))
+	for i, it := range items {
+		s[i] = settlement{claim: it.Claim, kind: kindBytes, body: it.Value, retention: it.Retention}
+	}
+	return k.completeBatch(ctx, s)
+}
+
+// settlement is a result to store under a claim: the envelope's kind and
+// body, and the retention (zero or less: the Keeper's).
+type settlement struct {
+	claim     *Claim
+	kind      byte
+	body      []byte
+	retention time.Duration
+}
+
+// completeBatch stores each settlement, as Claim.complete would.
+func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error {
+	errs := make([]error, len(items))
+	send := make([]BatchCompletion, 0, len(items))
+	sent := make([]int, 0, len(items))
+	for i, it := range items {
+		if errs[i] = k.ownClaim(it.claim); errs[i] != nil {
+			continue
+		}
+		keep := it.retention
+		if keep <= 0 {
+			keep = k.policy.retention
+		}
+		if keep > MaxDuration {
+			errs[i] = fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, keep)
+			continue
+		}
+		send = append(send, BatchCompletion{Fence: it.claim.fence(), Value: sealBatch(it.kind, it.body), Keep: keep})
+		sent = append(sent, i)
+	}
+	started := k.startStep()
+	for j, err := range k.storeCompleteBatch(ctx, send) {
+		i, c := sent[j], items[sent[j]].claim
+		errs[i] = storeError(ctx, "complete", err)
+		c.endHold(items[i].kind, items[i].body, errs[i])
+		c.report(ctx, StepComplete, started, errs[i])
+	}
+	return errs
+}
+
+// emptyBytes is the envelope of an empty kindBytes result, which Consume
+// stores for every message: shared, read only.
+var emptyBytes = seal(kindBytes, nil)
+
+// sealBatch is seal, sharing the envelope of an empty kindBytes result.
+func sealBatch(kind byte, body []byte) []byte {
+	if kind == kindBytes && len(body) == 0 {
+		return emptyBytes
+	}
+	return seal(kind, body)
+}
+
+func (k *Keeper) storeCompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+	if len(items) == 0 {
+		return nil
+	}
+	if bs, ok := k.store.(BatchStore); ok {
+		return bs.CompleteBatch(ctx, items)
+	}
+	errs := make([]error, len(items))
+	for j, it := range items {
+		errs[j] = k.store.Complete(ctx, it.ID, it.Token, it.Value, it.Keep)
+	}
+	return errs
+}
+
+// ReleaseBatch gives up each claim, as Claim.Release would, and answers each
+// in the order given: nil, ErrLeaseLost, ErrCorrupt, ErrUnavailable, or
+// ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). With
+// a RedisStore it costs one round trip per Redis node.
+func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
+	errs := make([]error, len(claims))
+	fences, sent := k.fences(claims, errs)
+	started := k.startStep()
+	var serrs []error
+	if bs, ok := k.store.(BatchStore); ok && len(fences) > 0 {
+		serrs = bs.ReleaseBatch(ctx, fences, k.policy.tombstoneTTL())
+	} else {
+		serrs = make([]error, len(fences))
+		for j, f := range fences {
+			serrs[j] = k.store.Release(ctx, f.ID, f.Token, k.policy.tombstoneTTL())
+		}
+	}
+	for j, err := range serrs {
+		i := sent[j]
+		errs[i] = storeError(ctx, "release", err)
+		claims[i].endHold(0, nil, errs[i])
+		claims[i].report(ctx, StepRelease, started, errs[i])
+	}
+	return errs
+}
+
+// ExtendBatch renews the lease of each claim for the Keeper's lease from
+// now, as Claim.Extend would, and answers each in the order given: nil,
+// ErrLeaseLost, ErrCorrupt, ErrUnavailable, or ErrInvalidConfig for a nil
+// Claim or one of another Keeper (not sent). With a RedisStore it costs one
+// round trip per Redis node.
+func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
+	errs := make([]error, len(claims))
+	fences, sent := k.fences(claims, errs)
+	started := k.now()
+	var serrs []error
+	if bs, ok := k.store.(BatchStore); ok && len(fences) > 0 {
+		serrs = bs.ExtendBatch(ctx, fences, k.policy.lease, k.policy.pendingKeep())
+	} else {
+		serrs = make([]error, len(fences))
+		for j, f := range fences {
+			serrs[j] = k.store.Extend(ctx, f.ID, f.Token, k.policy.lease, k.policy.pendingKeep())
+		}
+	}
+	for j, err := range serrs {
+		i, c := sent[j], claims[sent[j]]
+		errs[i] = storeError(ctx, "extend", err)
+		c.report(ctx, StepExtend, started, errs[i])
+		switch {
+		case errs[i] == nil:
+			c.extendedAt(started)
+		case errors.Is(errs[i], ErrLeaseLost):
+			c.endHold(0, nil, errs[i])
+		}
+	}
+	return errs
+}
+
+// fences returns the fence of each claim that belongs to k, and its place in
+// claims; the others are answered in errs.
+func (k *Keeper) fences(claims []*Claim, errs []error) (fences []Fence, sent []int) {
+	fences = make([]Fence, 0, len(claims))
+	sent = make([]int, 0, len(claims))
+	for i, c := range claims {
+		if errs[i] = k.ownClaim(c); errs[i] == nil {
+			fences = append(fences, c.fence())
+			sent = append(sent, i)
+		}
+	}
+	return fences, sent
+}
+
+// ownClaim refuses a claim that is nil or of another Keeper.
+func (k *Keeper) ownClaim(c *Claim) error {
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: nil claim", ErrInvalidConfig)
+	case c.k != k:
+		return fmt.Errorf("%w: a claim of another Keeper", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// fence names the claim for the store.
+func (c *Claim) fence() Fence { return Fence{ID: c.id, Token: c.token} }
+
+// extendedAt moves the claim's lease end, by this process's clock, to the
+// lease from started, when a renewal sent at started got through.
+func (c *Claim) extendedAt(started time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
+		c.leaseEnd = end
+	}
+}

@@ -1,0 +1,141 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestBatchCluster runs the batch API on a real 3-master Redis Cluster, one
+// for all subtests; the last stops a master. The cluster serves the slots it
+// still has when a master is gone (cluster-require-full-coverage no), as a
+// cluster whose master has no replica to fail over to would be configured to
+// keep serving.
+func TestBatchCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+	cc := cl.Client(t, &redis.ClusterOptions{DialTimeout: 250 * time.Millisecond, MaxRedirects: 2})
+	nodes := &nodeCounters{byAddr: map[string]*redistest.Counter{}}
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(nodes.of(c.Options().Addr)) })
+	ctx := context.Background()
+	s, err := NewRedisStore(cc)
+	require.NoError(t, err)
+	require.NoError(t, s.LoadScripts(ctx))
+
+	t.Run("slots as Redis computes them", func(t *testing.T) {
+		for i := range 200 {
+			key := s.RecordKey("s", fmt.Sprint("key-", i))
+			want, err := cc.ClusterKeySlot(ctx, key).Result()
+			require.NoError(t, err)
+			assert.EqualValues(t, want, keySlot(key), key)
+		}
+		assert.EqualValues(t, 12182, keySlot("foo"), "no hash tag: the whole key")
+		assert.EqualValues(t, keySlot("bar"), keySlot("foo{bar}"), "the hash tag")
+	})
+	t.Run("the same answers as the single-key API", func(t *testing.T) {
+		seen := map[string]bool{}
+		for seed := uint64(1); seed <= 2; seed++ {
+			twinRun(t, cc, 20+seed, 300, seen)
+		}
+		assertSawEveryAnswer(t, seen)
+	})
+	t.Run("one round trip per node and step", func(t *testing.T) {
+		k, err := New(s, WithLease(time.Hour))
+		require.NoError(t, err)
+		batch, done := redeliveryBatch(500, 0.2, 3)
+		_, err = Consume(ctx, k, "s", done, func(s string) string { return s }, func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+		perNode := map[string]map[string]int64{}
+		names, step := []string{"claim", "renew", "complete"}, 0
+		batchSteps(t, k, batch, func(f func()) int64 {
+			before := nodes.snapshot()
+			f()
+			for addr, n := range nodes.since(before) {
+				if perNode[addr] == nil {
+					perNode[addr] = map[string]int64{}
+				}
+				perNode[addr][names[step]] = n
+			}
+			step++
+			return 0
+		})
+		masters := 0
+		for addr, steps := range perNode {
+			masters++
+			assert.Equal(t, map[string]int64{"claim": 1, "renew": 1, "complete": 1}, steps, "node %s", addr)
+		}
+		assert.Equal(t, 3, masters, "every master holds part of the batch")
+	})
+	t.Run("a master down fails its keys only", func(t *testing.T) {
+		k, err := New(s, WithLease(time.Hour))
+		require.NoError(t, err)
+		down := cl.Masters[1]
+		downSlots := func(slot uint16) bool {
+			return int(slot) >= redistest.Slots/3 && int(slot) < 2*redistest.Slots/3
+		}
+		var keys []string
+		for i := range 60 {
+			keys = append(keys, fmt.Sprint("down-", i))
+		}
+		down.Stop()
+		res, err := k.BeginBatch(ctx, "s", keys)
+		require.NoError(t, err)
+		var lost, claimed int
+		for i, r := range res {
+			if downSlots(keySlot(s.RecordKey("s", keys[i]))) {
+				assert.ErrorIs(t, r.Err, ErrUnavailable, "%s is on the stopped master", keys[i])
+				lost++
+				continue
+			}
+			require.NoError(t, r.Err, "%s is on a live master", keys[i])
+			assert.NotNil(t, r.Outcome.Claim)
+			claimed++
+		}
+		assert.Positive(t, lost)
+		assert.Positive(t, claimed)
+	})
+}
+
+// nodeCounters counts round trips per Cluster node.
+type nodeCounters struct {
+	mu     sync.Mutex
+	byAddr map[string]*redistest.Counter
+}
+
+func (n *nodeCounters) of(addr string) *redistest.Counter {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c := n.byAddr[addr]
+	if c == nil {
+		c = &redistest.Counter{}
+		n.byAddr[addr] = c
+	}
+	return c
+}
+
+func (n *nodeCounters) snapshot() map[string]int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]int64{}
+	for addr, c := range n.byAddr {
+		out[addr] = c.RoundTrips()
+	}
+	return out
+}
+
+// since returns the round trips of each node that made any since before.
+func (n *nodeCounters) since(before map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for addr, rt := range n.snapshot() {
+		if d := rt - before[addr]; d > 0 {
+			out[addr] = d
+		}
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// redeliveryBatch returns a batch of n message keys of which a share dup are
+// redeliveries of messages handled before (their keys are returned as done,
+// to handle first), the rest new, shuffled.
+func redeliveryBatch(n int, dup float64, seed uint64) (batch, done []string) {
+	rnd := rand.New(rand.NewPCG(seed, 5))
+	redelivered := int(float64(n) * dup)
+	for i := 0; i < n; i++ {
+		key := fmt.Sprintf("msg-%d-%d", seed, i)
+		if i < redelivered {
+			done = append(done, key)
+		}
+		batch = append(batch, key)
+	}
+	rnd.Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+	return batch, done
+}
+
+// TestBatchRoundTrips: a batch of 500 messages, a fifth of them
+// redeliveries, costs one round trip to claim, one to renew and one to
+// complete; Consume, whose handlers end within a third of the lease, two.
+func TestBatchRoundTrips(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		var cnt redistest.Counter
+		b.Client.AddHook(&cnt)
+		k := newKeeper(t, b, WithLease(time.Hour))
+		ctx := context.Background()
+		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		batch, done := redeliveryBatch(500, 0.2, 1)
+		_, err := Consume(ctx, k, "s", done, func(s string) string { return s }, func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+
+		steps := batchSteps(t, k, batch, cnt.Count)
+		assert.Equal(t, map[string]int64{"claim": 1, "renew": 1, "complete": 1}, steps)
+
+		batch, done = redeliveryBatch(500, 0.2, 2)
+		_, err = Consume(ctx, k, "s", done, func(s string) string { return s }, func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+		var res []MessageResult
+		assert.EqualValues(t, 2, cnt.Count(func() {
+			res, err = Consume(ctx, k, "s", batch, func(s string) string { return s }, func(context.Context, string) error { return nil })
+			require.NoError(t, err)
+		}), "Consume: the claim and the completion")
+		for _, r := range res {
+			assert.True(t, r.Ack)
+		}
+	})
+}
+
+// batchSteps claims batch, renews the claims and completes them, and
+// returns the round trips of each step, as count counts them.
+func batchSteps(t *testing.T, k *Keeper, batch []string, count func(func()) int64) map[string]int64 {
+	ctx := context.Background()
+	var res []BatchResult
+	steps := map[string]int64{}
+	steps["claim"] = count(func() {
+		var err error
+		res, err = k.BeginBatch(ctx, "s", batch)
+		require.NoError(t, err)
+	})
+	var claims []*Claim
+	var items []Completion
+	replayed := 0
+	for _, r := range res {
+		require.NoError(t, r.Err)
+		if r.Outcome.Replayed {
+			replayed++
+			continue
+		}
+		claims = append(claims, r.Outcome.Claim)
+		items = append(items, Completion{Claim: r.Outcome.Claim})
+	}
+	require.Equal(t, len(batch)/5, replayed)
+	steps["renew"] = count(func() {
+		for _, err := range k.ExtendBatch(ctx, claims) {
+			require.NoError(t, err)
+		}
+	})
+	steps["complete"] = count(func() {
+		for _, err := range k.CompleteBatch(ctx, items) {
+			require.NoError(t, err)
+		}
+	})
+	return steps
+}
+
+// TestBatchRecordMemory: a message completed by Consume keeps no result, and
+// its record stays within the MEMORY USAGE of a completed record without a
+// result before batches existed: 120 bytes, 136 with a fingerprint.
+func TestBatchRecordMemory(t *testing.T) {
+	b := redistest.Real(t)
+	k := newKeeper(t, b)
+	ctx := context.Background()
+	id := func(s string) string { return s }
+	fps := [][]byte{[]byte(`{"order":1001,"amount":4200}`)}
+	_, err := Consume(ctx, k, "tenant-42", []string{"msg-plain"}, id, func(context.Context, string) error { return nil })
+	require.NoError(t, err)
+	_, err = Consume(ctx, k, "tenant-42", []string{"msg-fp"}, id, func(context.Context, string) error { return nil }, WithFingerprints(fps))
+	require.NoError(t, err)
+	usage := func(key string) int64 {
+		n, err := b.Client.MemoryUsage(ctx, k.store.(*RedisStore).RecordKey("tenant-42", key)).Result()
+		require.NoError(t, err)
+		t.Logf("%s: MEMORY USAGE %d bytes", key, n)
+		return n
+	}
+	assert.LessOrEqual(t, usage("msg-plain"), int64(120))
+	assert.LessOrEqual(t, usage("msg-fp"), int64(136))
+}

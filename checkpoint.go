@@ -1,0 +1,218 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Limits of the checkpoints of one claim; Checkpoint refuses more with an
+// error wrapping ErrInvalidCheckpoint.
+const (
+	// MaxCheckpointName is the longest checkpoint name, in bytes.
+	MaxCheckpointName = 64
+	// MaxCheckpointValue is the longest checkpoint value, in bytes.
+	MaxCheckpointValue = 1024
+	// MaxCheckpoints is how many checkpoints, by distinct name, one record
+	// holds.
+	MaxCheckpoints = 16
+)
+
+// ErrInvalidCheckpoint reports a checkpoint refused before it was written: an
+// empty name, a name or value over its limit, or one name more than
+// MaxCheckpoints.
+var ErrInvalidCheckpoint = errors.New("idem: invalid checkpoint")
+
+// Checkpoint is a recovery point: a step of an operation that has happened,
+// named, with a small value (an id the step produced, say).
+type Checkpoint struct {
+	// Name names the step: 1 to MaxCheckpointName bytes, any bytes.
+	Name string
+	// Value is what the step left to remember, at most MaxCheckpointValue
+	// bytes; may be empty.
+	Value []byte
+}
+
+// Checkpoint records that the claim's operation passed the step name, with a
+// small value, in the record, in one round trip. It is written under the
+// claim's fence: a claim that is no longer the holder gets ErrLeaseLost and
+// nothing is written. Recording a name again replaces its value, and makes it
+// the last.
+//
+// The checkpoints are handed to the next claim of the key when this one is
+// abandoned (its lease runs out: the next claim is Recovered) or released, so
+// that the next attempt continues after the last step done instead of doing
+// it again; they are dropped when the claim completes. So record a checkpoint
+// right after each step whose side effect must not happen twice (a charge, a
+// shipment), and before the next one. A step whose effect happened but whose
+// checkpoint was not recorded (the process died in between) is not known to
+// the next attempt: make that step idempotent, or reconcile it.
+//
+// A released record that holds checkpoints keeps them, and its fingerprint,
+// for as long as a pending one: the next claim with the same fingerprint
+// continues from them, one with another is answered ErrMismatch.
+//
+// The name must be 1 to MaxCheckpointName bytes, the value at most
+// MaxCheckpointValue bytes, and a record holds at most MaxCheckpoints names;
+// anything else is refused with ErrInvalidCheckpoint, nothing written. The
+// store must keep checkpoints (CheckpointStore, as RedisStore does): with
+// another, ErrInvalidConfig. Other errors are those of Extend. Record the
+// checkpoints of one claim one after another, not concurrently.
+func (c *Claim) Checkpoint(ctx context.Context, name string, value []byte) error {
+	cs, ok := c.k.store.(CheckpointStore)
+	if !ok {
+		return fmt.Errorf("%w: the store %T keeps no checkpoints (it is not a CheckpointStore)", ErrInvalidConfig, c.k.store)
+	}
+	if err := c.checkCheckpoint(name, value); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return canceled(ctx, "checkpoint")
+	}
+	err := storeError(ctx, "checkpoint", cs.Checkpoint(ctx, c.id, c.token, name, value))
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		c.endHold(0, nil, err)
+		return err
+	case err != nil:
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checkpoints = append(withoutCheckpoint(c.checkpoints, name), Checkpoint{Name: name, Value: slices.Clone(value)})
+	return nil
+}
+
+// checkCheckpoint refuses a checkpoint over the limits.
+func (c *Claim) checkCheckpoint(name string, value []byte) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: empty name", ErrInvalidCheckpoint)
+	case len(name) > MaxCheckpointName:
+		return fmt.Errorf("%w: name of %d bytes, longer than %d", ErrInvalidCheckpoint, len(name), MaxCheckpointName)
+	case len(value) > MaxCheckpointValue:
+		return fmt.Errorf("%w: value of %d bytes, longer than %d", ErrInvalidCheckpoint, len(value), MaxCheckpointValue)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(withoutCheckpoint(c.checkpoints, name)) >= MaxCheckpoints {
+		return fmt.Errorf("%w: the record holds %d checkpoints, the most it may", ErrInvalidCheckpoint, MaxCheckpoints)
+	}
+	return nil
+}
+
+// Checkpoints returns the record's recovery points, oldest first: those an
+// earlier attempt recorded (when this claim took the key over, Recovered, or
+// after a release), then those this claim recorded. Empty for a fresh key.
+// The slice is the caller's; the values must not be changed.
+func (c *Claim) Checkpoints() []Checkpoint {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.checkpoints)
+}
+
+// Checkpointed returns the value of the checkpoint name and true, if the
+// record holds one (see Checkpoints); nil and false otherwise.
+func (c *Claim) Checkpointed(name string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cp := range c.checkpoints {
+		if cp.Name == name {
+			return cp.Value, true
+		}
+	}
+	return nil, false
+}
+
+// withoutCheckpoint returns cps without the checkpoint name, in a new slice.
+func withoutCheckpoint(cps []Checkpoint, name string) []Checkpoint {
+	out := make([]Checkpoint, 0, len(cps)+1)
+	for _, cp := range cps {
+		if cp.Name != name {
+			out = append(out, cp)
+		}
+	}
+	return out
+}
+
+//go:embed lua/checkpoint.lua
+var checkpointLua string
+
+var checkpointScript = redis.NewScript(checkpointLua)
+
+var _ CheckpointStore = (*RedisStore)(nil)
+
+// Checkpoint implements CheckpointStore: one script, one round trip. With
+// WithReplicas it waits for the replicas as a completion does.
+func (s *RedisStore) Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error {
+	keys := []string{s.key(id)}
+	args := []any{token, name, value, MaxCheckpoints}
+	var cmd *redis.Cmd
+	if s.durable != nil {
+		cmd = s.durable.run(ctx, s.client, "checkpoint", checkpointScript, keys, args...)
+	} else {
+		cmd = checkpointScript.Run(ctx, s.client, keys, args...)
+	}
+	res, err := cmd.Slice()
+	if err != nil {
+		return err
+	}
+	if replyCode(res) == 6 {
+		return fmt.Errorf("%w: the record holds %d checkpoints, the most it may", ErrInvalidCheckpoint, MaxCheckpoints)
+	}
+	return transitionReply(res)
+}
+
+// withCheckpoints sets r's checkpoints from the rest of a claim reply: none,
+// or the record's checkpoints as checkpoint.lua writes them.
+func withCheckpoints(r ClaimReply, rest []any) (ClaimReply, error) {
+	if len(rest) == 0 {
+		return r, nil
+	}
+	tail, ok := rest[0].(string)
+	if !ok {
+		return ClaimReply{}, unexpected(rest)
+	}
+	cps, err := parseCheckpoints(tail)
+	if err != nil {
+		return ClaimReply{}, err
+	}
+	r.Checkpoints = cps
+	return r, nil
+}
+
+// parseCheckpoints reads the checkpoints that follow a pending record's
+// header: LEN ":" NAME LEN ":" VALUE, for each, oldest first.
+func parseCheckpoints(tail string) ([]Checkpoint, error) {
+	var cps []Checkpoint
+	for tail != "" {
+		name, rest, ok1 := cutField(tail)
+		value, rest, ok2 := cutField(rest)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("%w: checkpoints unreadable", ErrCorrupt)
+		}
+		cps = append(cps, Checkpoint{Name: name, Value: []byte(value)})
+		tail = rest
+	}
+	return cps, nil
+}
+
+// cutField cuts LEN ":" BYTES off the front of s; LEN is 1 to 9 decimal
+// digits, as the scripts read it.
+func cutField(s string) (field, rest string, ok bool) {
+	l, rest, ok := strings.Cut(s, ":")
+	if !ok || l == "" || len(l) > 9 || strings.Trim(l, "0123456789") != "" {
+		return "", "", false
+	}
+	n, _ := strconv.Atoi(l)
+	if n > len(rest) {
+		return "", "", false
+	}
+	return rest[:n], rest[n:], true
+}

@@ -1,0 +1,47 @@
+-- batch_extend.lua: extend.lua for many records at once, one answer per record.
+--
+-- KEYS       the record keys
+-- ARGV[1]    new lease from now, in milliseconds
+-- ARGV[2]    time to keep a pending record, in milliseconds (>= lease)
+-- ARGV[2+i]  fencing token of the claim of KEYS[i] (decimal)
+--
+-- Returns an array whose i-th element answers KEYS[i]: 1 extended, 0 lease
+-- lost, or the reason the value at the key is not a record of ours.
+--
+-- The rules are those of extend.lua; the checkpoints are kept. Redis's clock is
+-- read once. Safe to run twice.
+local lease, keep = tonumber(ARGV[1]), ARGV[2]
+local now
+
+local function extend(key, token)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    return 'wrong type'
+  end
+  if not v then
+    return 0
+  end
+  local _, hdr, st, tok, cnt, rec, att, fp =
+    string.find(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
+  if not st then
+    return 'unknown format'
+  end
+  if st ~= 'P' or tok ~= token then
+    return 0
+  end
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  redis.call('SET', key,
+    'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' ..
+    string.format('%d', now + lease * 1000) .. ':' .. att .. ':' .. fp .. ':' .. string.sub(v, hdr + 1),
+    'PX', keep)
+  return 1
+end
+
+local out = {}
+for i = 1, #KEYS do
+  out[i] = extend(KEYS[i], ARGV[2 + i])
+end
+return out

@@ -1,0 +1,71 @@
+-- checkpoint.lua: record a recovery point in a pending record, under its claim's fence.
+--
+-- KEYS[1]  the record key
+-- ARGV[1]  fencing token of the claim (decimal)
+-- ARGV[2]  the checkpoint's name (bytes, not empty)
+-- ARGV[3]  the checkpoint's value (bytes, may be empty)
+-- ARGV[4]  how many checkpoints a record may hold
+--
+-- Returns
+--   {1}          recorded (or already recorded by this same call: a retried call)
+--   {0}          lease lost: the record is gone, released, completed, or held by another token
+--   {5, reason}  the value at the key is not a record of ours; nothing is written
+--   {6}          the record holds as many checkpoints as it may; nothing is written
+--
+-- The checkpoints follow the header of a pending record, in the order they were
+-- recorded, each as LEN ":" NAME LEN ":" VALUE (LEN in decimal). A checkpoint
+-- recorded again under its name replaces the earlier one and becomes the last.
+-- Safe to run twice: the second run writes the same record again. The record's
+-- time to live is kept.
+local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  return {5, 'wrong type'}
+end
+if not v then
+  return {0}
+end
+local _, hdr, st, tok = string.find(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+if not st then
+  return {5, 'unknown format'}
+end
+if st ~= 'P' or tok ~= token then
+  return {0}
+end
+
+local function field(pos)
+  local len = string.match(v, '^(%d+):', pos)
+  if not len or #len > 9 then
+    return nil
+  end
+  local from = pos + #len + 1
+  local to = from + tonumber(len) - 1
+  if to > #v then
+    return nil
+  end
+  return string.sub(v, from, to), to + 1
+end
+
+local kept, count, pos = {}, 1, hdr + 1
+while pos <= #v do
+  local n, at = field(pos)
+  local val, after
+  if n then
+    val, after = field(at)
+  end
+  if not val then
+    return {5, 'checkpoints unreadable'}
+  end
+  if n ~= name then
+    kept[#kept + 1] = string.sub(v, pos, after - 1)
+    count = count + 1
+  end
+  pos = after
+end
+if count > tonumber(ARGV[4]) then
+  return {6}
+end
+kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
+redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'KEEPTTL')
+return {1}

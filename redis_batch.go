@@ -1,0 +1,465 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The batch scripts: each takes one step for many records in one call, with
+// the rules of its single-record script.
+var (
+	//go:embed lua/batch_claim.lua
+	batchClaimLua string
+	//go:embed lua/batch_complete.lua
+	batchCompleteLua string
+	//go:embed lua/batch_release.lua
+	batchReleaseLua string
+	//go:embed lua/batch_extend.lua
+	batchExtendLua string
+
+	batchClaimScript    = redis.NewScript(batchClaimLua)
+	batchCompleteScript = redis.NewScript(batchCompleteLua)
+	batchReleaseScript  = redis.NewScript(batchReleaseLua)
+	batchExtendScript   = redis.NewScript(batchExtendLua)
+)
+
+var _ BatchStore = (*RedisStore)(nil)
+
+// BatchChunk is the most records one batch script call holds. A script holds
+// Redis while it runs, a few microseconds per record, so a larger batch is
+// sent as several calls of BatchChunk records, in one pipeline: other
+// clients' commands wait at most one chunk (well under a millisecond on a
+// current server), and the batch still costs one round trip.
+const BatchChunk = 200
+
+// ClaimBatch implements BatchStore.
+//
+// On a *redis.Client or *redis.Conn, the records go in chunks of BatchChunk,
+// every chunk in one pipeline: one round trip. On a *redis.ClusterClient each
+// call holds records of one slot only (a script may not reach across slots;
+// every record has its own hash tag, so most calls hold one record), and
+// go-redis sends each node's calls in one pipeline, the nodes at once: one
+// round trip per node. On other clients (a Ring, an AutoPipeliner) each call
+// holds one record, all in one pipeline. A node that cannot be reached fails
+// its records only. With WithReplicas, each call is sent with WAIT, as a
+// single claim is, and the calls run a few at a time.
+func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+	out := make([]BatchClaimReply, len(req.IDs))
+	fail := func(i int, err error) { out[i].Err = err }
+	if !isBase64URL(req.Attempt) || req.Attempt == "" {
+		failAll(len(out), fail, fmt.Errorf("%w: attempt must be base64url", ErrInvalidConfig))
+		return out
+	}
+	if req.Fingerprints != nil && len(req.Fingerprints) != len(req.IDs) {
+		failAll(len(out), fail, fmt.Errorf("%w: %d fingerprints for %d ids", ErrInvalidConfig, len(req.Fingerprints), len(req.IDs)))
+		return out
+	}
+	fp := func(i int) string {
+		if req.Fingerprints == nil {
+			return ""
+		}
+		return req.Fingerprints[i]
+	}
+	todo := make([]int, 0, len(req.IDs))
+	seen := make(map[string]struct{}, len(req.IDs))
+	for i, id := range req.IDs {
+		_, dup := seen[id]
+		switch {
+		case dup:
+			fail(i, fmt.Errorf("%w: id %s given twice in one batch", ErrInvalidConfig, id))
+		case !isBase64URL(fp(i)):
+			fail(i, fmt.Errorf("%w: fingerprint must be base64url", ErrInvalidConfig))
+		default:
+			seen[id] = struct{}{}
+			todo = append(todo, i)
+		}
+	}
+	s.runBatch(ctx, &batchStep{
+		op: "claim", script: batchClaimScript, src: batchClaimLua, split: splitClaims,
+		head: []any{req.Attempt, millis(req.Lease), millis(req.Keep)},
+		key:  func(i int) string { return s.key(req.IDs[i]) },
+		args: func(dst []any, i int) []any { return append(dst, fp(i)) },
+		answer: func(i int, res []any, err error) {
+			if err == nil {
+				out[i].Reply, err = claimReply(res)
+			}
+			out[i].Err = err
+		},
+	}, todo)
+	return out
+}
+
+// CompleteBatch implements BatchStore; its calls go as ClaimBatch's do.
+func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+	errs := make([]error, len(items))
+	var keep time.Duration
+	var keepArg any // millis(keep), boxed once for the items that share it
+	s.runBatch(ctx, &batchStep{
+		op: "complete", script: batchCompleteScript, src: batchCompleteLua, split: splitTransitions,
+		key: func(i int) string { return s.key(items[i].ID) },
+		args: func(dst []any, i int) []any {
+			if keepArg == nil || items[i].Keep != keep {
+				keep, keepArg = items[i].Keep, millis(items[i].Keep)
+			}
+			return append(dst, items[i].Token, keepArg, items[i].Value)
+		},
+		answer: transitionAnswers(errs),
+	}, upTo(len(items)))
+	return errs
+}
+
+// ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do.
+func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
+	errs := make([]error, len(claims))
+	s.runBatch(ctx, &batchStep{
+		script: batchReleaseScript, src: batchReleaseLua, split: splitTransitions,
+		head:   []any{millis(keep)},
+		key:    func(i int) string { return s.key(claims[i].ID) },
+		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
+		answer: transitionAnswers(errs),
+	}, upTo(len(claims)))
+	return errs
+}
+
+// ExtendBatch implements BatchStore; its calls go as ClaimBatch's do.
+func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+	errs := make([]error, len(claims))
+	s.runBatch(ctx, &batchStep{
+		op: "extend", script: batchExtendScript, src: batchExtendLua, split: splitTransitions,
+		head:   []any{millis(lease), millis(keep)},
+		key:    func(i int) string { return s.key(claims[i].ID) },
+		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
+		answer: transitionAnswers(errs),
+	}, upTo(len(claims)))
+	return errs
+}
+
+// batchStep is one step for many records: which script, and how each record
+// goes into a call and comes out of its reply.
+type batchStep struct {
+	// op names the step for WithReplicas ("claim", "complete", "extend"), or
+	// is "" for a step that does not wait for replicas.
+	op     string
+	script *redis.Script
+	src    string // the script's source, for EVAL after NOSCRIPT
+	// head are the arguments every call starts with.
+	head []any
+	// key is the Redis key of record i; args appends record i's arguments.
+	key  func(i int) string
+	args func(dst []any, i int) []any
+	// split cuts the flat reply of a call of n records into each record's
+	// reply, as the single-record script would answer it.
+	split func(res []any, n int) ([][]any, error)
+	// answer is told the reply of record i, or the error of its call.
+	answer func(i int, res []any, err error)
+}
+
+// batchCall is one script call of a batch: the records it holds.
+type batchCall struct {
+	records []int
+	keys    []string
+	args    []any
+}
+
+// runBatch takes st for the records todo, and tells st.answer of each.
+func (s *RedisStore) runBatch(ctx context.Context, st *batchStep, todo []int) {
+	if len(todo) == 0 {
+		return
+	}
+	calls := s.batchCalls(st, todo)
+	if s.durable != nil && st.op != "" {
+		s.sendDurable(ctx, st, calls)
+		return
+	}
+	cmds := s.sendCalls(ctx, st, calls)
+	for j, call := range calls {
+		answerCall(st, call, cmds[j].Slice)
+	}
+}
+
+// batchCalls cuts todo into script calls (see ClaimBatch).
+func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
+	var groups [][]int
+	switch s.client.(type) {
+	case *redis.Client, *redis.Conn:
+		groups = [][]int{todo}
+	case *redis.ClusterClient:
+		groups = bySlot(todo, st.key)
+	default:
+		groups = make([][]int, len(todo))
+		for j := range todo {
+			groups[j] = todo[j : j+1 : j+1]
+		}
+	}
+	var calls []batchCall
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), BatchChunk)
+			calls = append(calls, s.batchCall(st, g[:n]))
+			g = g[n:]
+		}
+	}
+	return calls
+}
+
+func (s *RedisStore) batchCall(st *batchStep, records []int) batchCall {
+	c := batchCall{records: records, keys: make([]string, len(records))}
+	c.args = append(make([]any, 0, len(st.head)+3*len(records)), st.head...)
+	for j, i := range records {
+		c.keys[j] = st.key(i)
+		c.args = st.args(c.args, i)
+	}
+	return c
+}
+
+// pipeliner is a client that can pipeline: every go-redis client does.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// sendCalls sends every call, in one pipeline when there are several: EVALSHA,
+// then, for the calls answered NOSCRIPT (which did not run), EVAL in one more.
+func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	p, ok := s.client.(pipeliner)
+	if !ok || len(calls) == 1 {
+		for j, c := range calls {
+			cmds[j] = st.script.Run(ctx, s.client, c.keys, c.args...)
+		}
+		return cmds
+	}
+	pipe := p.Pipeline()
+	for j, c := range calls {
+		cmds[j] = pipe.EvalSha(ctx, st.script.Hash(), c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var again redis.Pipeliner
+	for j, c := range calls {
+		if redis.HasErrorPrefix(cmds[j].Err(), "NOSCRIPT") {
+			if again == nil {
+				again = p.Pipeline()
+			}
+			cmds[j] = again.Eval(ctx, st.src, c.keys, c.args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+	return cmds
+}
+
+// maxDurableCalls bounds the calls a batch with WithReplicas has in flight.
+const maxDurableCalls = 8
+
+// sendDurable sends each call with WAIT after it, as a single step is sent
+// with WithReplicas, a few calls at a time, and answers a record that the
+// script wrote with a *ReplicationError when too few replicas acknowledged
+// it.
+func (s *RedisStore) sendDurable(ctx context.Context, st *batchStep, calls []batchCall) {
+	d := s.durable
+	sem := make(chan struct{}, maxDurableCalls)
+	if _, one := s.client.(*redis.Conn); one {
+		sem = make(chan struct{}, 1) // one connection: one call at a time
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var script *redis.Cmd
+			var wait *redis.IntCmd
+			if cc, ok := s.client.(*redis.ClusterClient); ok {
+				script, wait = d.sendCluster(ctx, cc, st.script, c.keys, c.args)
+			} else {
+				script, wait = d.send(ctx, s.client.(onePipeliner), false, st.script, c.keys, c.args)
+			}
+			answerCall(&batchStep{split: st.split, answer: func(i int, res []any, err error) {
+				if err == nil && replyCode(res) == 1 {
+					err = d.replicated(st.op, wait)
+				}
+				st.answer(i, res, err)
+			}}, c, script.Slice)
+		}()
+	}
+	wg.Wait()
+}
+
+// replicated returns nil if wait saw enough replicas acknowledge the write of
+// op, and the *ReplicationError otherwise.
+func (d *durability) replicated(op string, wait *redis.IntCmd) error {
+	acked, err := wait.Result()
+	if err == nil && acked >= int64(d.replicas) {
+		return nil
+	}
+	if err != nil {
+		acked = 0
+	}
+	return &ReplicationError{Op: op, Acked: int(acked), Wanted: d.replicas, Err: err}
+}
+
+// answerCall tells st.answer of each record of call its part of the reply
+// that result gives.
+func answerCall(st *batchStep, call batchCall, result func() ([]any, error)) {
+	res, err := result()
+	var each [][]any
+	if err == nil {
+		each, err = st.split(res, len(call.records))
+	}
+	for j, i := range call.records {
+		if err != nil {
+			st.answer(i, nil, err)
+			continue
+		}
+		st.answer(i, each[j], nil)
+	}
+}
+
+// splitClaims cuts batch_claim.lua's flat reply into claim.lua's replies.
+func splitClaims(res []any, n int) ([][]any, error) {
+	if len(res) == 0 {
+		return nil, unexpected(res)
+	}
+	now, ok := res[len(res)-1].(int64)
+	if !ok {
+		return nil, unexpected(res[len(res)-1:])
+	}
+	res = res[:len(res)-1]
+	each := make([][]any, 0, n)
+	var fresh []any // the reply of every new record of the call, read only
+	for p := 0; p < len(res); {
+		code, _ := res[p].(int64)
+		if code == 6 {
+			if fresh == nil {
+				fresh = []any{int64(1), now, int64(1), int64(0)}
+			}
+			each = append(each, fresh)
+			p++
+			continue
+		}
+		k := claimFields(code)
+		if k < 0 || p+1+k > len(res) {
+			return nil, unexpected(res[p:])
+		}
+		each = append(each, res[p:p+1+k:p+1+k])
+		p += 1 + k
+	}
+	if len(each) != n {
+		return nil, fmt.Errorf("%w: a batch script answered %d records for %d", ErrCorrupt, len(each), n)
+	}
+	return each, nil
+}
+
+// claimFields is how many fields follow the code of a claim's answer in
+// batch_claim.lua's reply, or -1 for an unknown code.
+func claimFields(code int64) int {
+	switch code {
+	case 1:
+		return 4
+	case 2, 3, 5:
+		return 1
+	case 4:
+		return 0
+	}
+	return -1
+}
+
+// splitTransitions cuts the flat reply of batch_complete.lua,
+// batch_release.lua or batch_extend.lua (1, 0, or a reason) into the replies
+// of complete.lua, release.lua or extend.lua ({1}, {0}, {5, reason}).
+func splitTransitions(res []any, n int) ([][]any, error) {
+	if len(res) != n {
+		return nil, fmt.Errorf("%w: a batch script answered %d records for %d", ErrCorrupt, len(res), n)
+	}
+	each := make([][]any, n)
+	for j, r := range res {
+		switch r {
+		case int64(1):
+			each[j] = replyDone
+		case int64(0):
+			each[j] = replyLost
+		default:
+			if why, ok := r.(string); ok {
+				each[j] = []any{int64(5), why}
+			} else {
+				each[j] = []any{r}
+			}
+		}
+	}
+	return each, nil
+}
+
+// The replies {1} and {0}, shared, read only.
+var replyDone, replyLost = []any{int64(1)}, []any{int64(0)}
+
+// transitionAnswers answers each record of a complete, release or extend step
+// into errs.
+func transitionAnswers(errs []error) func(i int, res []any, err error) {
+	return func(i int, res []any, err error) {
+		if err == nil {
+			err = transitionReply(res)
+		}
+		errs[i] = err
+	}
+}
+
+// bySlot groups records by the Cluster slot of their keys, in the order of
+// their first record.
+func bySlot(todo []int, key func(i int) string) [][]int {
+	at := make(map[uint16]int, len(todo))
+	var groups [][]int
+	for _, i := range todo {
+		slot := keySlot(key(i))
+		g, ok := at[slot]
+		if !ok {
+			g = len(groups)
+			at[slot] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// keySlot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash tag,
+// or of the whole key when it has none, modulo 16384.
+func keySlot(key string) uint16 {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}
+
+// upTo returns 0, 1, ..., n-1.
+func upTo(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+func failAll(n int, fail func(i int, err error), err error) {
+	for i := 0; i < n; i++ {
+		fail(i, err)
+	}
+}
