@@ -10,7 +10,11 @@
 //
 // Do is the generic entry point for any caller (queue consumers, webhook
 // handlers); Keeper.Begin with Claim.Complete and Claim.Release is the
-// lower-level form for callers that need the steps apart.
+// lower-level form for callers that need the steps apart. Consume and the
+// batch calls (Keeper.BeginBatch) serve message consumers in one round trip
+// per batch; Claim.Checkpoint records recovery points that an attempt which
+// takes over an abandoned claim receives. An Observer (WithObserver) is told
+// of every step. The HTTP middleware is package idemhttp.
 //
 // Redis replicates asynchronously: a failover can lose the newest claims and
 // results, and a retry may then run an operation again. See the README.
