@@ -113,6 +113,9 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 	o := h.o
 	h.w = newWorkload(o, k)
 	h.idem = newSide(h.w.doOp, scriptCommands)
+	if o.workload == workloadBatch {
+		h.idem.op = h.w.consumeOp
+	}
 	if o.mode == modeHTTP {
 		hb, err := startHTTP(o, k, h.w.scope, h.w.ran, newBitset())
 		if err != nil {

@@ -46,6 +46,18 @@
 //   - mixed: like first, but a share -dup of operations (default 0.5) repeats
 //     one of the -keys most recent keys, which is then in progress or
 //     completed: the storm of retries a real service sees.
+//   - batch: each operation is one message of a queue consumer's batch.
+//     Every caller calls idem.Consume on a batch of -batch messages (default
+//     100) at a time, one handler after another; a share -dup of each batch
+//     (default 0) redelivers keys the caller handled in its earlier batches
+//     (none in its first), the rest are new. ops/s is then messages/s,
+//     commands_per_op Redis commands per message, redis_usec_per_op Redis
+//     µs per message, the latency percentiles are those of a whole batch,
+//     and round_trips_per_batch says how many round trips a Consume call
+//     took (two on one node: the claim and the completion; one for a batch
+//     all redelivered). A batch has no -baseline: a floor per message,
+//     which is all the baselines are, is not the floor of a batch; compare
+//     with a run of -workload first instead. It goes with -mode do.
 //
 // Baselines (-baseline NAME; none without the flag):
 //
@@ -177,6 +189,7 @@ type options struct {
 	dup          float64
 	body         int
 	workload     string
+	batch        int
 	autopipeline bool
 	apBatches    int
 	apDelay      time.Duration
@@ -215,9 +228,10 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.concurrency, "c", 64, "concurrent callers (goroutines; in -mode http, HTTP clients sharing one keep-alive transport)")
 	fs.DurationVar(&o.duration, "d", 10*time.Second, "how long to measure idem (with -baseline the baseline gets as long again, interleaved)")
 	fs.IntVar(&o.keys, "keys", 10000, "key space: the keys completed before a replay run, or the recent keys that -dup repeats, or the values the get baseline reads")
-	fs.Var(dup, "dup", "share of operations, 0 to 1, that repeat a key instead of using a new one (default: 0 for first, 1 for replay, 0.5 for mixed)")
+	fs.Var(dup, "dup", "share of operations, 0 to 1, that repeat a key instead of using a new one (default: 0 for first, 1 for replay, 0.5 for mixed, 0 for batch, where it is the share of each batch that redelivers keys handled before)")
 	fs.IntVar(&o.body, "body", 200, "size in bytes of each operation's result (in -mode http, of the handler's JSON body)")
-	fs.StringVar(&o.workload, "workload", "first", "first, replay or mixed")
+	fs.StringVar(&o.workload, "workload", "first", "first, replay, mixed or batch")
+	fs.IntVar(&o.batch, "batch", 0, fmt.Sprintf("with -workload batch: messages per idem.Consume call (default %d)", defaultBatch))
 	fs.BoolVar(&o.autopipeline, "autopipeline", false, "send idem's commands through go-redis's AutoPipeliner, which batches concurrent commands into pipelines")
 	fs.IntVar(&o.apBatches, "ap-batches", 2, "with -autopipeline: how many batches may be in flight at once (AutoPipelineOptions.MaxConcurrentBatches; above 1 the batches are unordered, which idem does not mind; go-redis's default is 1)")
 	fs.DurationVar(&o.apDelay, "ap-delay", 200*time.Microsecond, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay; go-redis's default is 0)")
@@ -251,8 +265,13 @@ func (o *options) check(dup share) error {
 		o.dup = defaultTo(o.dup, 1)
 	case "mixed":
 		o.dup = defaultTo(o.dup, 0.5)
+	case workloadBatch:
+		o.dup = defaultTo(o.dup, 0)
 	default:
-		return fmt.Errorf("-workload %q: want first, replay or mixed", o.workload)
+		return fmt.Errorf("-workload %q: want first, replay, mixed or batch", o.workload)
+	}
+	if err := checkBatch(o); err != nil {
+		return err
 	}
 	if err := checkModeAndBaseline(o); err != nil {
 		return err
@@ -278,6 +297,33 @@ func (o *options) check(dup share) error {
 		return fmt.Errorf("-ap-delay %s: want 0 or more", o.apDelay)
 	case o.retention < idem.DefaultLease:
 		return fmt.Errorf("-retention %s: want at least the lease, %s", o.retention, idem.DefaultLease)
+	}
+	return nil
+}
+
+// workloadBatch is the workload of messages handled in batches by
+// idem.Consume.
+const workloadBatch = "batch"
+
+// checkBatch checks -batch, and what goes with -workload batch, and fills in
+// its default.
+func checkBatch(o *options) error {
+	if o.workload != workloadBatch {
+		if o.batch != 0 {
+			return fmt.Errorf("-batch %d: goes with -workload batch", o.batch)
+		}
+		return nil
+	}
+	switch {
+	case o.batch < 0:
+		return fmt.Errorf("-batch %d: want at least 1", o.batch)
+	case o.mode != modeDo:
+		return fmt.Errorf("-workload batch: goes with -mode do, not %s", o.mode)
+	case o.baseline != "":
+		return fmt.Errorf("-baseline %s: -workload batch has no baseline; a floor per message is not the floor of a batch: compare with -workload first", o.baseline)
+	}
+	if o.batch == 0 {
+		o.batch = defaultBatch
 	}
 	return nil
 }

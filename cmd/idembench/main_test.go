@@ -202,6 +202,45 @@ func TestRealRedis(t *testing.T) {
 	}
 }
 
+// assertBatch checks a run of -workload batch -batch 50 -dup 0.2: messages
+// handled and redelivered, none run twice, and a batch costing at most
+// three round trips on one node (claim, completion, and a renewal at most).
+func assertBatch(t *testing.T, res map[string]any) {
+	t.Helper()
+	assertSound(t, res)
+	assert.Equal(t, "batch", res["workload"])
+	assert.EqualValues(t, 50, res["batch_size"])
+	assert.Positive(t, res["batches"])
+	assert.Positive(t, res["executions"])
+	if res["batches"].(float64) > res["concurrency"].(float64) {
+		assert.Positive(t, res["replays"], "some caller ran a second batch, a fifth of which is redelivered")
+	}
+	assert.EqualValues(t, 0, res["in_progress"], "a caller redelivers only keys its earlier batches settled")
+	assert.Positive(t, res["round_trips_per_batch"])
+	assert.LessOrEqual(t, res["round_trips_per_batch"], 3.0)
+	assert.Less(t, res["commands_per_op"], 1.0, "a batch's commands are shared by its messages")
+}
+
+func TestMiniredisBatch(t *testing.T) {
+	code, res, stderr := runJSON(t, "-workload", "batch", "-batch", "50", "-dup", "0.2", "-d", "500ms", "-c", "4")
+	require.Equal(t, 0, code, stderr)
+	assertBatch(t, res)
+}
+
+func TestRealRedisBatch(t *testing.T) {
+	s := redistest.Start(t)
+	code, res, stderr := runJSON(t, "-redis", "redis://"+s.Addr, "-workload", "batch", "-batch", "50", "-dup", "0.2", "-d", "1s", "-c", "8")
+	require.Equal(t, 0, code, stderr)
+	assertBatch(t, res)
+	assertRedisCPU(t, res)
+
+	var stdout, errOut bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"-redis", "redis://" + s.Addr, "-workload", "batch", "-d", "300ms", "-c", "2"}, &stdout, &errOut), errOut.String())
+	for _, want := range []string{"messages/s", "batches of 100 messages", "round trips/batch", "duplicates executed: 0"} {
+		assert.Contains(t, stdout.String(), want)
+	}
+}
+
 // TestRedisCPUCountsScriptsOnce checks that a script's nested commands,
 // which INFO commandstats lists apart from it, are not counted twice.
 func TestRedisCPUCountsScriptsOnce(t *testing.T) {
@@ -268,6 +307,10 @@ func TestBadFlags(t *testing.T) {
 		{"-mode", "http", "-baseline", "get"},
 		{"-baseline", "pair", "-baseline-autopipeline"},
 		{"-autopipeline", "-baseline-autopipeline"},
+		{"-batch", "10"},
+		{"-workload", "batch", "-batch", "-1"},
+		{"-workload", "batch", "-baseline", "pair"},
+		{"-workload", "batch", "-mode", "http"},
 		{"extra"},
 	} {
 		var stdout, stderr bytes.Buffer

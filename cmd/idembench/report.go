@@ -45,6 +45,12 @@ type Result struct {
 	InProgress  int64   `json:"in_progress"`
 	Errors      int64   `json:"errors"`
 	Duplicates  int64   `json:"duplicates"`
+	// BatchSize is -batch with -workload batch, 0 otherwise; Batches counts
+	// the idem.Consume calls, and RoundTripsPerBatch their round trips
+	// each. Ops then counts messages.
+	BatchSize          int     `json:"batch_size,omitempty"`
+	Batches            int64   `json:"batches,omitempty"`
+	RoundTripsPerBatch float64 `json:"round_trips_per_batch,omitempty"`
 	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
 	// the operations its cache answered without Redis; CacheHitRate is
 	// CacheHits over the calls that looked in the cache.
@@ -99,6 +105,12 @@ func (h *harness) result() *Result {
 	res.InProgress = s.inProgress.Load()
 	res.Errors = s.errors.Load()
 	res.Duplicates = h.w.ran.duplicates.Load()
+	if o.workload == workloadBatch {
+		res.BatchSize, res.Batches = o.batch, s.batches.Load()
+		if res.Batches > 0 {
+			res.RoundTripsPerBatch = float64(h.cnt.roundTrips.Load()) / float64(res.Batches)
+		}
+	}
 	res.errorSamples = s.samples()
 	res.CacheEntries = o.cache
 	st := h.k.ReplayCacheStats()
@@ -139,11 +151,19 @@ func printHeader(w io.Writer, o *options, server string) {
 }
 
 func printText(w io.Writer, r *Result) {
-	fmt.Fprintf(w, "idem      %10.0f ops/s   p50 %s  p95 %s  p99 %s   %.2f commands/op  %.3f round trips/op\n",
-		r.OpsPerSec, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp, r.RoundTripsPerOp)
+	unit := "ops/s"
+	if r.BatchSize > 0 {
+		unit = "messages/s"
+	}
+	fmt.Fprintf(w, "idem      %10.0f %s   p50 %s  p95 %s  p99 %s   %.2f commands/op  %.3f round trips/op\n",
+		r.OpsPerSec, unit, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp, r.RoundTripsPerOp)
 	fmt.Fprintf(w, "          %d ops in %.1fs: %d executed, %d replayed, %d in progress, %d errors; duplicates executed: %d\n",
 		r.Ops, r.DurationSec, r.Executions, r.Replays, r.InProgress, r.Errors, r.Duplicates)
 	fmt.Fprintf(w, "          %s\n", costLine(r, r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.AllocsPerOp))
+	if r.BatchSize > 0 {
+		fmt.Fprintf(w, "          batches of %d messages (an op is a message; latency is a batch's): %d batches, %.2f round trips/batch, %.3f commands/message\n",
+			r.BatchSize, r.Batches, r.RoundTripsPerBatch, r.CommandsPerOp)
+	}
 	if r.CacheEntries > 0 {
 		fmt.Fprintf(w, "          replay cache of %d entries: %d hits, hit rate %.3f\n", r.CacheEntries, r.CacheHits, r.CacheHitRate)
 	}

@@ -157,6 +157,8 @@ type worker struct {
 	id  uint64
 	ran bool
 	fn  func(ctx context.Context) ([]byte, error)
+	// batch is the state of -workload batch.
+	batch batchState
 }
 
 func (w *workload) newWorker(s *localStats) *worker {

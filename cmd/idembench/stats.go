@@ -16,6 +16,8 @@ type stats struct {
 	replayed   atomic.Int64
 	inProgress atomic.Int64
 	errors     atomic.Int64
+	// batches counts the calls of idem.Consume of -workload batch.
+	batches    atomic.Int64
 	errSamples map[string]int
 }
 
@@ -31,6 +33,7 @@ func (s *stats) merge(ls *localStats) {
 	s.replayed.Add(ls.replayed)
 	s.inProgress.Add(ls.inProgress)
 	s.errors.Add(ls.errors)
+	s.batches.Add(ls.batches)
 	for m, n := range ls.errSamples {
 		if len(s.errSamples) < 5 {
 			s.errSamples[m] += n
@@ -54,6 +57,7 @@ type localStats struct {
 	replayed   int64
 	inProgress int64
 	errors     int64
+	batches    int64
 	errSamples map[string]int
 }
 
