@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,11 +16,15 @@ import (
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
-// The sequential model of one record, for porcupine. The lease is long (a
-// minute) so that it never runs out within a history: takeover after a lease
-// is proven by the takeover tests, not here.
+// The sequential model of one record, for porcupine. It has no expiry: the
+// lease is long (a minute) so that it never runs out within a history, or,
+// in TestLinearizabilityOutlivesCaller, renewed for as long as the
+// operation runs. Takeover after a lease is proven by the takeover tests,
+// not here.
 
 type linOpKind uint8
 
@@ -274,51 +280,392 @@ func linRun(ctx context.Context, s Store, id string, seed uint64, clients, calls
 // checks each with porcupine against the sequential model of a record.
 func TestLinearizability(t *testing.T) {
 	srv := redistest.Start(t)
-	p, err := faultproxy.New(srv.Addr, 42)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := newFaultProxy(t, srv.Addr, 42)
 	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond})
 	defer c.Close()
 	s, err := NewRedisStore(c, WithPrefix("lin:"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	histories := 200
 	if testing.Short() {
 		histories = 50
 	}
-	var violations, undecided, ops, unknown, retriedReleases int
+	var tally linTally
 	for h := 0; h < histories; h++ {
-		history := linRun(ctx, s, recordID("lin", strconv.Itoa(h)), uint64(h), 3, 6)
-		ops += len(history)
-		for _, op := range history {
-			if op.Output.(linOutput).unknown {
-				unknown++
-			}
-		}
-		switch porcupine.CheckOperationsTimeout(linModel, history, 10*time.Second) {
-		case porcupine.Illegal:
-			violations++
-			if violations <= 3 {
-				t.Errorf("history %d is not linearizable:\n%s", h, linDescribe(history))
-			}
-		case porcupine.Unknown:
-			undecided++
-		case porcupine.Ok:
-			if porcupine.CheckOperationsTimeout(linModelStrict, history, 10*time.Second) == porcupine.Illegal {
-				retriedReleases++
-			}
+		tally.check(t, h, linRun(ctx, s, recordID("lin", strconv.Itoa(h)), uint64(h), 3, 6))
+	}
+	tally.report(t, p)
+}
+
+// linTally sums up the checks of histories.
+type linTally struct {
+	histories, ops, unknown, violations, undecided, retriedReleases int
+}
+
+// check checks one history with porcupine, and fails t if it is not
+// linearizable (or porcupine cannot tell within 10 seconds).
+func (s *linTally) check(t *testing.T, h int, history []porcupine.Operation) {
+	t.Helper()
+	s.histories++
+	s.ops += len(history)
+	for _, op := range history {
+		if op.Output.(linOutput).unknown {
+			s.unknown++
 		}
 	}
+	switch porcupine.CheckOperationsTimeout(linModel, history, 10*time.Second) {
+	case porcupine.Illegal:
+		s.violations++
+		if s.violations <= 3 {
+			assert.Failf(t, "violation", "history %d is not linearizable:\n%s", h, linDescribe(history))
+		}
+	case porcupine.Unknown:
+		s.undecided++
+	case porcupine.Ok:
+		if porcupine.CheckOperationsTimeout(linModelStrict, history, 10*time.Second) == porcupine.Illegal {
+			s.retriedReleases++
+		}
+	}
+}
+
+func (s *linTally) report(t *testing.T, p *faultproxy.Proxy) {
+	t.Helper()
 	t.Logf("linearizability: %d histories, %d calls (%d with unknown outcome), %d violations, %d undecided, %d linearizable only because a retried Release answered ErrLeaseLost after releasing; proxy %+v",
-		histories, ops, unknown, violations, undecided, retriedReleases, p.Stats())
-	if violations != 0 || undecided != 0 {
-		t.Fatalf("%d of %d histories not linearizable, %d undecided", violations, histories, undecided)
+		s.histories, s.ops, s.unknown, s.violations, s.undecided, s.retriedReleases, p.Stats())
+	require.Zero(t, s.violations+s.undecided, "%d of %d histories not linearizable, %d undecided", s.violations, s.histories, s.undecided)
+}
+
+// linRecorder is a Store that passes every call on and records it as an
+// operation of a porcupine history, whatever made it: Begin, Do, Complete,
+// Release, Extend, or KeepAlive's renewals. The client of an operation is
+// the linClientKey of the call's context.
+type linRecorder struct {
+	Store
+	base time.Time
+	mu   sync.Mutex
+	ops  []porcupine.Operation
+}
+
+type linClientKey struct{}
+
+func newLinRecorder(s Store) *linRecorder { return &linRecorder{Store: s, base: time.Now()} }
+
+func (r *linRecorder) since() int64 { return time.Since(r.base).Nanoseconds() }
+
+// add records a call made at call that answered out and err: ErrLeaseLost is
+// an answer; any other error leaves the outcome unknown.
+func (r *linRecorder) add(ctx context.Context, in linInput, call int64, out linOutput, err error) {
+	ret := r.since()
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLeaseLost):
+		out = linOutput{leaseLost: true}
+	default:
+		out, ret = linOutput{unknown: true}, linUnknownReturn
 	}
+	client, _ := ctx.Value(linClientKey{}).(int)
+	r.mu.Lock()
+	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+	r.mu.Unlock()
+}
+
+func (r *linRecorder) history() []porcupine.Operation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ops)
+}
+
+func (r *linRecorder) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+	call := r.since()
+	rep, err := r.Store.Claim(ctx, id, req)
+	r.add(ctx, linInput{kind: linClaim, fp: req.Fingerprint, attempt: req.Attempt}, call,
+		linOutput{status: rep.Status, token: rep.Token, attempt: rep.Attempt, recovered: rep.Recovered, value: string(rep.Value)}, err)
+	return rep, err
+}
+
+func (r *linRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+	call := r.since()
+	err := r.Store.Complete(ctx, id, token, value, keep)
+	r.add(ctx, linInput{kind: linComplete, token: token, value: string(value)}, call, linOutput{}, err)
+	return err
+}
+
+func (r *linRecorder) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
+	call := r.since()
+	err := r.Store.Release(ctx, id, token, keep)
+	r.add(ctx, linInput{kind: linRelease, token: token}, call, linOutput{}, err)
+	return err
+}
+
+func (r *linRecorder) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	call := r.since()
+	err := r.Store.Extend(ctx, id, token, lease, keep)
+	r.add(ctx, linInput{kind: linExtend, token: token}, call, linOutput{}, err)
+	return err
+}
+
+// linGone is how the caller of one Keeper call goes away in
+// TestLinearizabilityCallerGone.
+type linGone int
+
+const (
+	linStays        linGone = iota // the caller stays
+	linGoneAsSent                  // it goes as the store call starts: nothing is sent
+	linGoneAnswered                // it goes once the store answered, before idem reads the answer
+	linGoneFails                   // it goes as the store call fails on a reset connection
+	linGoneTimer                   // a timer ends it at a random point of the call
+	linOutlived                    // it had gone; the call is made on context.WithoutCancel of its context
+	linGoneModes
+)
+
+// TestLinearizabilityCallerGone records histories of Begin, Complete,
+// Release and Extend, made through a Keeper, on one record, through the
+// fault proxy of TestLinearizability, with callers that go away at random
+// points of their calls: as the command is sent, once Redis answered but
+// before idem read the answer, as the call fails, at a random moment, or
+// before a call that an operation makes on context.WithoutCancel after its
+// caller left. Every store call the Keeper makes is recorded and each history
+// is checked against the model of a record. Every answer is typed; a caller
+// that went away before the answer was read gets its cancellation, never
+// ErrUnavailable; a call made on context.WithoutCancel never answers with a
+// cancellation.
+func TestLinearizabilityCallerGone(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newFaultProxy(t, srv.Addr, 43)
+	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond})
+	defer c.Close()
+	s, err := NewRedisStore(c, WithPrefix("lingone:"))
+	require.NoError(t, err)
+	histories := 150
+	if testing.Short() {
+		histories = 40
+	}
+	var (
+		tally   linTally
+		mu      sync.Mutex
+		answers = map[string]int{}
+		fired   = map[linGone]int{}
+	)
+	for h := 0; h < histories; h++ {
+		rec := newLinRecorder(s)
+		k, err := New(goneStore{rec}, WithLease(time.Minute), WithRetention(time.Minute))
+		require.NoError(t, err)
+		key := strconv.Itoa(h)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for cl := 0; cl < 3; cl++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(uint64(h), uint64(cl)))
+				var held *Claim
+				<-start
+				for i := 0; i < 8; i++ {
+					mode := linStays
+					if x := r.IntN(10); x >= 4 {
+						mode = linGone(1 + r.IntN(int(linGoneModes)-1))
+					}
+					ctx, g := linGoneContext(mode, r)
+					ctx = context.WithValue(ctx, linClientKey{}, cl)
+					var err error
+					switch x := r.IntN(10); {
+					case held == nil || x < 4:
+						fp := "A"
+						if r.IntN(10) == 0 {
+							fp = "B"
+						}
+						var out Outcome
+						out, err = k.Begin(ctx, "lin", key, WithFingerprint([]byte(fp)))
+						if err == nil && out.Claim != nil {
+							held = out.Claim
+						}
+					case x < 7:
+						err = held.Complete(ctx, []byte(fmt.Sprintf("c%d-%d", cl, i)), time.Minute)
+					case x < 8:
+						err = held.Release(ctx)
+					default:
+						err = held.Extend(ctx)
+					}
+					g.cancel()
+					kind := errKind(err)
+					wentBefore := g.fired.Load() && (mode == linGoneAsSent || mode == linGoneFails)
+					mu.Lock()
+					answers[kind]++
+					if g.fired.Load() {
+						fired[mode]++
+					}
+					mu.Unlock()
+					switch {
+					case !slices.Contains([]string{"", "in progress", "mismatch", "lease lost", "unavailable", "canceled"}, kind):
+						assert.Failf(t, "violation", "history %d, client %d, mode %d: %s error: %v", h, cl, mode, kind, err)
+					case wentBefore && !isGoneErr(err):
+						assert.Failf(t, "violation", "history %d, client %d: the caller went away as its call was sent, and got %v; want its cancellation", h, cl, err)
+					case mode == linGoneAnswered && g.fired.Load() && errors.Is(err, ErrUnavailable):
+						assert.Failf(t, "violation", "history %d, client %d: the caller went away before idem read the answer, and got ErrUnavailable: %v", h, cl, err)
+					case (mode == linStays || mode == linOutlived) && isGoneErr(err) && err != nil:
+						assert.Failf(t, "violation", "history %d, client %d, mode %d: a call whose context did not end answered %v", h, cl, mode, err)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		tally.check(t, h, rec.history())
+	}
+	t.Logf("answers: %s; callers gone: %v", sortedCounts(answers), fired)
+	for mode := linGoneAsSent; mode <= linGoneFails; mode++ {
+		assert.Positive(t, fired[mode], "mode %d never happened", mode)
+	}
+	tally.report(t, p)
+}
+
+// linGoneContext returns the context of a call in mode, and its callerGone.
+func linGoneContext(mode linGone, r *rand.Rand) (context.Context, *callerGone) {
+	bg := context.Background()
+	switch mode {
+	case linGoneAsSent:
+		return withCallerGone(bg, goneBeforeStore, goneOnAny)
+	case linGoneAnswered:
+		return withCallerGone(bg, goneAfterStore, goneOnAny)
+	case linGoneFails:
+		return withCallerGone(bg, goneStoreFails, goneOnAny)
+	}
+	ctx, g := withCallerGone(bg, 0, goneOnAny)
+	switch mode {
+	case linGoneTimer:
+		time.AfterFunc(time.Duration(r.Int64N(int64(500*time.Microsecond))), g.cancel)
+	case linOutlived:
+		g.cancel()
+		return context.WithoutCancel(ctx), g
+	}
+	return ctx, g
+}
+
+// TestLinearizabilityOutlivesCaller records histories of Do on one record,
+// through a fault proxy, from callers that go away while their operation
+// runs: the operation outlives its caller by two to three leases (it goes on
+// after its context was cancelled, on context.WithoutCancel, then returns a
+// value), or gives up, while the other callers ask for the key every quarter
+// of a lease. Every store call is recorded, the renewals of KeepAlive
+// included. The model of a record has no expiry: a claim that took the
+// record over from a holder that was still renewing (Recovered) is not
+// linearizable. So each history checks that renewals kept the lease for as
+// long as the operation ran, whatever its caller did, besides a counter of
+// live runs (never above one) and that every caller that got a result got
+// the same one.
+//
+// go-redis retries up to ten times here, so that no call's outcome stays
+// unknown: an orphaned claim, never renewed, would expire and be taken
+// over, which the model (without expiry) cannot tell from a bug.
+func TestLinearizabilityOutlivesCaller(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newFaultProxy(t, srv.Addr, 44)
+	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 10, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond, PoolSize: 64})
+	defer c.Close()
+	s, err := NewRedisStore(c, WithPrefix("linout:"))
+	require.NoError(t, err)
+	const lease = faultLease
+	histories := 10
+	if testing.Short() {
+		histories = 4
+	}
+	type result struct {
+		rec      *linRecorder
+		overlaps int32
+		values   map[string]int
+		outlived int
+	}
+	results := make([]result, histories)
+	var wg sync.WaitGroup
+	for h := range results {
+		res := &results[h]
+		res.rec = newLinRecorder(s)
+		res.values = map[string]int{}
+		k, err := New(goneStore{res.rec}, WithLease(lease), WithRetention(time.Minute))
+		require.NoError(t, err)
+		var live, overlaps, runs atomic.Int32
+		var mu sync.Mutex
+		var hw sync.WaitGroup
+		for cl := 0; cl < 3; cl++ {
+			hw.Add(1)
+			go func() {
+				defer hw.Done()
+				r := rand.New(rand.NewPCG(uint64(h), uint64(cl)+100))
+				for try := 0; try < 100; try++ {
+					mode := r.IntN(8)
+					var ctx context.Context
+					var g *callerGone
+					switch mode {
+					case 6:
+						ctx, g = withCallerGone(context.Background(), goneBeforeStore, goneOnClaim)
+					case 7:
+						ctx, g = withCallerGone(context.Background(), goneAfterStore, goneOnClaim)
+					default:
+						ctx, g = withCallerGone(context.Background(), 0, goneOnAny)
+					}
+					ctx = context.WithValue(ctx, linClientKey{}, cl)
+					v, err := Do(ctx, k, "lin", "k"+strconv.Itoa(h), func(opCtx context.Context) (string, error) {
+						if live.Add(1) > 1 {
+							overlaps.Add(1)
+						}
+						defer live.Add(-1)
+						if runs.Add(1) == 1 {
+							mode = 3 // every history has one
+						}
+						switch mode {
+						case 3, 4: // the caller leaves, the operation goes on
+							g.cancel()
+							<-opCtx.Done()
+							mu.Lock()
+							res.outlived++
+							mu.Unlock()
+							time.Sleep(2*lease + time.Duration(r.Int64N(int64(lease))))
+						case 5: // the caller leaves, the operation gives up
+							g.cancel()
+							<-opCtx.Done()
+							return "", opCtx.Err()
+						default:
+							time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
+						}
+						return fmt.Sprintf("c%d-%d", cl, try), nil
+					}, WithFingerprint([]byte("A")))
+					g.cancel()
+					if kind := errKind(err); !slices.Contains([]string{"", "in progress", "canceled"}, kind) {
+						assert.Failf(t, "violation", "history %d, client %d: %s error: %v", h, cl, kind, err)
+					}
+					if err == nil {
+						mu.Lock()
+						res.values[v]++
+						mu.Unlock()
+						return
+					}
+					time.Sleep(lease/5 + time.Duration(r.Int64N(int64(lease/10))))
+				}
+				assert.Failf(t, "violation", "history %d, client %d never got a result", h, cl)
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hw.Wait()
+			res.overlaps = overlaps.Load()
+		}()
+	}
+	wg.Wait()
+	var tally linTally
+	outlived := 0
+	for h, res := range results {
+		assert.Zero(t, res.overlaps, "history %d: the operation ran twice at once", h)
+		assert.Len(t, res.values, 1, "history %d: callers got different results: %v", h, res.values)
+		outlived += res.outlived
+		tally.check(t, h, res.rec.history())
+	}
+	assert.Positive(t, outlived, "no operation outlived its caller")
+	t.Logf("%d operations outlived their caller by two to three leases", outlived)
+	tally.report(t, p)
 }
 
 func linDescribe(history []porcupine.Operation) string {
@@ -358,6 +705,11 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 			op(0, linInput{kind: linComplete, token: 10, value: "x"}, linOutput{}, 2, 3),
 			op(1, claim("b"), linOutput{status: StatusCompleted, token: 10, attempt: 1, value: "y"}, 4, 5),
 		},
+		"taken over while its holder renews": {
+			op(0, claim("a"), claimed(10, 1), 0, 1),
+			op(0, linInput{kind: linExtend, token: 10}, linOutput{}, 2, 3),
+			op(1, claim("b"), linOutput{status: StatusClaimed, token: 11, attempt: 2, recovered: true}, 4, 5),
+		},
 		"not seen after completion": {
 			op(0, claim("a"), claimed(10, 1), 0, 1),
 			op(0, linInput{kind: linComplete, token: 10, value: "x"}, linOutput{}, 2, 3),
@@ -366,7 +718,7 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 	}
 	for name, h := range cases {
 		if porcupine.CheckOperations(linModel, h) || porcupine.CheckOperations(linModelStrict, h) {
-			t.Errorf("%s: the model accepts it", name)
+			assert.Failf(t, "violation", "%s: the model accepts it", name)
 		}
 	}
 	ok := []porcupine.Operation{
@@ -376,7 +728,7 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 		op(1, claim("b"), linOutput{status: StatusCompleted, token: 10, attempt: 1, value: "x"}, 5, 6),
 	}
 	if !porcupine.CheckOperations(linModel, ok) || !porcupine.CheckOperations(linModelStrict, ok) {
-		t.Error("the model refuses a linearizable history")
+		assert.Fail(t, "the model refuses a linearizable history")
 	}
 	// A Release whose reply was lost, retried after another claim took the
 	// record: it released, yet answers ErrLeaseLost.
@@ -386,6 +738,6 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 		op(1, claim("b"), claimed(11, 2), 3, 4),
 	}
 	if !porcupine.CheckOperations(linModel, retried) || porcupine.CheckOperations(linModelStrict, retried) {
-		t.Error("the retried Release is not told apart")
+		assert.Fail(t, "the retried Release is not told apart")
 	}
 }
