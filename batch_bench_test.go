@@ -172,6 +172,9 @@ func TestRedisCPUReadsInfo(t *testing.T) {
 //
 //	go test -run '^$' -bench BenchmarkMessagesAlternating -benchtime 10x .
 func BenchmarkMessagesAlternating(b *testing.B) {
+	if testing.Short() {
+		b.Skip("runs one-second slices per op: run it without -short")
+	}
 	srv := redistest.Start(b)
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4 * *benchWorkers})

@@ -93,6 +93,11 @@ func replay[T any](k *Keeper, out Outcome) (T, error) {
 
 func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {
 	opCtx, stop := c.KeepAlive(ContextWithClaim(ctx, c))
+	if errors.Is(context.Cause(opCtx), ErrLeaseLost) {
+		// The claim came back too late to hold the key: fn does not run.
+		var zero T
+		return zero, stop()
+	}
 	finished := false
 	defer func() {
 		if finished {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -575,15 +574,6 @@ func (s goneStore) Extend(ctx context.Context, id string, token int64, lease, ke
 	return aroundGone(ctx, goneOnExtend, func() error { return s.Store.Extend(ctx, id, token, lease, keep) })
 }
 
-// knownBug skips t unless IDEM_KNOWN_BUGS=1: the test reproduces a bug of
-// the library that is not fixed yet, and fails until it is.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("IDEM_KNOWN_BUGS") != "1" {
-		t.Skipf("known bug, not fixed yet (IDEM_KNOWN_BUGS=1 runs this reproduction): %s", what)
-	}
-}
-
 // TestFaults runs Do from several workers on a few keys through a fault
 // proxy that cuts connections, drops replies after the server executed the
 // command, delays replies past the client's read timeout, or closes every
@@ -945,7 +935,10 @@ func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix s
 	}
 }
 
-// TestLateClaimRunsOnAnExpiredLease reproduces a bug: a claim answered late
+// TestLateClaimIsRenewedBeforeItRuns guards a fixed bug: KeepAlive now
+// renews a claim that has less than a third of its lease left before the
+// operation starts (and the operation does not start if the lease is lost).
+// The bug: a claim answered late
 // (its reply delayed past the read timeout, then go-redis's retry answered
 // by the script's same-attempt path, which neither checks nor renews the
 // lease) reaches Do after its lease has run out by the process's own clock.
@@ -954,8 +947,7 @@ func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix s
 // caller takes the key over (Recovered) and runs it beside the first.
 // The same happens, in a narrower window, to a claim answered after two
 // thirds of its lease: its first renewal comes after the lease ended.
-func TestLateClaimRunsOnAnExpiredLease(t *testing.T) {
-	knownBug(t, "Do runs fn on a claim whose lease ran out before Begin returned; the first renewal is due lease/3 after, by then another caller has the key")
+func TestLateClaimIsRenewedBeforeItRuns(t *testing.T) {
 	b := redistest.Real(t)
 	rs, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
@@ -987,8 +979,9 @@ func TestLateClaimRunsOnAnExpiredLease(t *testing.T) {
 	}
 }
 
-// TestSlowFailedRenewalLosesTheLease reproduces a bug: after a renewal
-// fails, KeepAlive schedules the next one a full third of a lease after the
+// TestSlowFailedRenewalKeepsTheLease guards a fixed bug: after a failed
+// renewal, KeepAlive now tries again within a third of what is left of the
+// lease. The bug: after a renewal failed, KeepAlive scheduled the next one a full third of a lease after the
 // failure returned, whatever is left of the lease. A renewal that fails
 // slowly (every try of go-redis waits out its read timeout) thus leaves the
 // lease to run out unrenewed although the outage was far shorter than the
@@ -998,8 +991,7 @@ func TestLateClaimRunsOnAnExpiredLease(t *testing.T) {
 // go-redis's defaults (read timeout 3s, 3 retries: a failed command takes
 // over 12s) and idem's default lease (30s, renewed every 10s), one failed
 // renewal is enough.
-func TestSlowFailedRenewalLosesTheLease(t *testing.T) {
-	knownBug(t, "one slowly failed renewal loses the lease: the next is due lease/3 after the failure, after the lease ended")
+func TestSlowFailedRenewalKeepsTheLease(t *testing.T) {
 	b := redistest.Real(t)
 	rs, err := NewRedisStore(b.Client)
 	require.NoError(t, err)

@@ -33,10 +33,26 @@ func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() e
 		cancel: cancel,
 		every:  max(c.k.policy.lease/3, time.Millisecond),
 	}
+	// A claim whose answer came late (a slow or resent claim) may have
+	// less than a third of its lease left, or none, by this process's
+	// clock: renew it before the operation starts, so that no other
+	// attempt can take the key over while it runs. If that says the lease
+	// is lost, the operation's context is cancelled before it starts.
+	if c.localLeaseEnd().Sub(c.k.now()) < ka.every {
+		started := c.k.startStep()
+		if lost, _ := c.renewal(ka.ctx); lost != nil {
+			c.report(ka.ctx, StepLease, started, lost)
+			ka.lost = lost
+			cancel(lost)
+		}
+	}
 	// A timer, not a goroutine: an operation shorter than a third of the
 	// lease (most of them) costs no goroutine and no renewal.
 	ka.mu.Lock()
 	ka.t = time.AfterFunc(ka.every, ka.renew)
+	if ka.lost != nil {
+		ka.t.Stop()
+	}
 	ka.mu.Unlock()
 	return opCtx, ka.stop
 }
@@ -74,7 +90,7 @@ func (ka *keepAlive) renew() {
 	defer ka.running.Done()
 
 	started := ka.c.k.startStep()
-	lost := ka.c.renewal(ka.ctx)
+	lost, next := ka.c.renewal(ka.ctx)
 	if lost != nil {
 		ka.c.report(ka.ctx, StepLease, started, lost)
 	}
@@ -85,7 +101,7 @@ func (ka *keepAlive) renew() {
 		ka.lost = lost
 		ka.cancel(lost)
 	case !ka.stopped:
-		ka.t.Reset(ka.every)
+		ka.t.Reset(next)
 	}
 }
 
@@ -105,21 +121,26 @@ func (ka *keepAlive) stop() error {
 	return ka.lost
 }
 
-// renewal extends the lease once, and returns an error wrapping ErrLeaseLost
-// if the claim is no longer the holder: the store says so, or the renewal
-// failed and the lease has run out by this process's clock.
-func (c *Claim) renewal(ctx context.Context) error {
+// renewal extends the lease once, and returns an error wrapping
+// ErrLeaseLost if the claim is no longer the holder (the store says so, or
+// the renewal failed and the lease has run out by this process's clock),
+// and when to renew next: a third of the lease after a renewal that went
+// through; after one that failed, a third of what is left of the lease, so
+// that a slow failure shorter than the lease does not let it run out.
+func (c *Claim) renewal(ctx context.Context) (lost error, next time.Duration) {
+	every := max(c.k.policy.lease/3, time.Millisecond)
 	err := c.Extend(ctx)
 	if err == nil {
-		return nil
+		return nil, every
 	}
 	if errors.Is(err, ErrLeaseLost) {
-		return fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired"))
+		return fmt.Errorf("%w: %w", ErrLeaseLost, errors.New("the claim was taken over, released or expired")), 0
 	}
-	if c.k.now().Before(c.localLeaseEnd()) {
-		return nil // the next renewal may get through in time
+	left := c.localLeaseEnd().Sub(c.k.now())
+	if left > 0 {
+		return nil, max(min(every, left/3), time.Millisecond) // the next renewal may get through in time
 	}
-	lost := fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
+	lost = fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
 	c.endHold(0, nil, lost)
-	return lost
+	return lost, 0
 }

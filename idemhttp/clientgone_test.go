@@ -19,7 +19,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,15 +186,6 @@ func (s *cgCountStore) Extend(ctx context.Context, id string, token int64, lease
 	return err
 }
 
-// cgKnownBug skips t unless IDEM_KNOWN_BUGS=1: t reproduces a bug that is
-// not fixed yet, and fails until it is.
-func cgKnownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("IDEM_KNOWN_BUGS") != "1" {
-		t.Skipf("known bug, not fixed yet (IDEM_KNOWN_BUGS=1 runs this reproduction): %s", what)
-	}
-}
-
 // cgBody is a request body large enough that the client's transport sends
 // its first part before the rest is written.
 var cgBody = strings.Repeat("0123456789abcdef", 8<<10) // 128 KiB
@@ -268,7 +258,6 @@ func TestClientGoneMidRequest(t *testing.T) {
 // checked gets 499 and EventCanceled. Nothing runs either way; the event
 // miscounts a client that left as a client error.
 func TestClientGoneMidRequestIsCanceled(t *testing.T) {
-	cgKnownBug(t, "a client gone mid-body is EventInvalid/400, not EventCanceled/499")
 	k, _ := cgKeeper(t, redistest.Miniredis(t), time.Minute, nil)
 	srv := newCGServer(t, k, func(w http.ResponseWriter, r *http.Request) {})
 	require.ErrorIs(t, cgMidBody(t, srv, "k1", "mid-body"), context.Canceled)

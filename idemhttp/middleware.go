@@ -234,8 +234,12 @@ func (m *middleware) keyMissing() problem {
 	return p
 }
 
-// bodyProblem refuses a request whose body could not be read.
-func (m *middleware) bodyProblem(err error) verdict {
+// bodyProblem refuses a request whose body could not be read: a client that
+// went away while sending it is cancelled, not a bad request.
+func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
+	if r.Context().Err() != nil {
+		return verdict{kind: EventCanceled, err: err, problem: m.canceledProblem()}
+	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
 		return verdict{kind: EventTooLarge, err: err, problem: problem{
@@ -277,10 +281,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		// The client is gone: whether the request ran before cannot matter
 		// to it, and running it unguarded (fail-open) would let its retry
 		// run it again.
-		m.refuse(w, ev, EventCanceled, err, problem{
-			Type: ProblemCanceled, Title: "Request cancelled", Status: StatusClientClosedRequest,
-			Detail: "The request was cancelled before its " + m.keyName() + " could be checked, so it was not run. Retry it with the same " + m.keyName() + ".",
-		})
+		m.canceled(w, ev, err)
 	case m.failOpen:
 		ev.Kind, ev.Err = EventFailOpen, err
 		m.emit(ev)
@@ -300,6 +301,19 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
 	d := min(m.retryAfter, leaseLeft)
 	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// canceled answers a request whose client went away before its key could be
+// checked: nothing ran.
+func (m *middleware) canceled(w http.ResponseWriter, ev Event, err error) {
+	m.refuse(w, ev, EventCanceled, err, m.canceledProblem())
+}
+
+func (m *middleware) canceledProblem() problem {
+	return problem{
+		Type: ProblemCanceled, Title: "Request cancelled", Status: StatusClientClosedRequest,
+		Detail: "The request was cancelled before its " + m.keyName() + " could be checked, so it was not run. Retry it with the same " + m.keyName() + ".",
+	}
 }
 
 // corrupt answers a record that cannot be read.
@@ -367,6 +381,17 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	m.emit(ev)
 
 	ctx, stop := cl.KeepAlive(idem.ContextWithClaim(r.Context(), cl))
+	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
+		// The claim came back too late to hold the key: another attempt
+		// may hold it now, and the handler does not run.
+		lost := stop()
+		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(m.retryAfter), 10))
+		m.refuse(w, ev, EventLeaseLost, lost, problem{
+			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
+			Detail: "A request with this " + m.keyName() + " is being handled by another attempt. Retry later to get its response.",
+		})
+		return
+	}
 	c := &capture{w: w, limit: m.responseLimit, outer: w.Header().Clone()}
 	finished := false
 	defer func() {

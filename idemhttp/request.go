@@ -70,7 +70,7 @@ func (m *middleware) identify(r *http.Request) (key string, body []byte, v verdi
 		return key, nil, v
 	}
 	if body, err = m.readBody(r); err != nil {
-		return key, nil, m.bodyProblem(err)
+		return key, nil, m.bodyProblem(r, err)
 	}
 	return key, body, verdict{}
 }
@@ -79,7 +79,7 @@ func (m *middleware) identify(r *http.Request) (key string, body []byte, v verdi
 func (m *middleware) identifyByFunc(r *http.Request) (string, []byte, verdict) {
 	body, err := m.readBody(r)
 	if err != nil {
-		return "", nil, m.bodyProblem(err)
+		return "", nil, m.bodyProblem(r, err)
 	}
 	restoreBody(r, body) // for a function that reads r.Body, as some webhook libraries do
 	key, err := m.keyFunc(r, body)
