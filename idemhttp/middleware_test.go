@@ -901,16 +901,25 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		require.True(t, ok)
 		s := seen{token: c.Token(), attempt: c.Attempt(), recovered: c.Recovered()}
 		if run == 1 {
-			<-r.Context().Done()
-			s.cause = context.Cause(r.Context())
+			select { // bounded, so that a first request that never ran fails the test instead of hanging it
+			case <-r.Context().Done():
+				s.cause = context.Cause(r.Context())
+			case <-time.After(10 * time.Second):
+				assert.Fail(t, "the first holder's context was never cancelled")
+			}
 		}
 		seenBy <- s
 		fmt.Fprintf(w, "run %d", run)
 	})
 
-	firstDone := make(chan *httptest.ResponseRecorder)
+	firstDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { firstDone <- a.do(postKey("k1", "a")) }()
 	a.await(t, EventClaimed)
+	select {
+	case rec := <-firstDone:
+		require.Failf(t, "the first request ended before its handler ran", "%d %s", rec.Code, rec.Body)
+	default:
+	}
 	env.Advance(lease + 100*time.Millisecond) // the first holder's lease runs out unrenewed
 
 	second := a.do(postKey("k1", "a"))
