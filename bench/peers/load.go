@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/internal/histogram"
 )
 
 // The workloads.
@@ -33,7 +35,7 @@ func (k seededKeys) next(r *rand.Rand) string { return k[r.IntN(len(k))] }
 
 // load is what one cell measured, with the calls of its warm-up.
 type load struct {
-	hist    histogram
+	hist    histogram.Histogram
 	ops     int64         // successful calls measured
 	elapsed time.Duration // from the start of the measurement to its last call's end
 	calls   int64         // successful calls, warm-up included
@@ -92,7 +94,7 @@ func driveOne(ctx context.Context, p peer, ks keySource, seed uint64, start, end
 		}
 		cl.calls++
 		if !t0.Before(start) {
-			cl.hist.record(t1.Sub(t0))
+			cl.hist.Record(t1.Sub(t0))
 			cl.ops++
 			cl.last = t1
 		}
@@ -112,7 +114,7 @@ func (l *load) fail(err error) {
 
 // merge adds a caller's load to l, whose measurement started at start.
 func (l *load) merge(cl *callerLoad, start time.Time) {
-	l.hist.add(&cl.hist)
+	l.hist.Add(&cl.hist)
 	l.ops += cl.ops
 	l.calls += cl.calls
 	l.errors += cl.errors

@@ -325,13 +325,3 @@ func TestOperationCounts(t *testing.T) {
 	assert.EqualValues(t, 1, tl.repeats.Load())
 	assert.EqualValues(t, 1, op.foreign.Load())
 }
-
-func TestHistogram(t *testing.T) {
-	var h histogram
-	assert.Zero(t, h.quantile(0.5))
-	for i := 1; i <= 100; i++ {
-		h.record(time.Duration(i) * time.Microsecond)
-	}
-	assert.InEpsilon(t, 50, h.quantile(0.5), 0.05)
-	assert.InEpsilon(t, 99, h.quantile(0.99), 0.05)
-}

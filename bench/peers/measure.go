@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/internal/histogram"
 )
 
 // seedParallel bounds how many calls at once complete the keys of a replay
@@ -188,14 +190,14 @@ type cellResult struct {
 	// every round's calls, and the counts are sums.
 	RoundsOpsPerSec []float64 `json:"rounds_ops_per_sec,omitempty"`
 
-	hist *histogram
+	hist *histogram.Histogram
 }
 
 func newCellResult(spec peerSpec, w string, callers int, l *load, t *tally) cellResult {
 	return cellResult{
 		Peer: spec.name, Label: spec.label, Workload: w, Callers: callers,
 		Ops: l.ops, Seconds: l.elapsed.Seconds(), OpsPerSec: float64(l.ops) / max(l.elapsed, time.Nanosecond).Seconds(),
-		P50us: l.hist.quantile(0.50), P99us: l.hist.quantile(0.99),
+		P50us: l.hist.Quantile(0.50), P99us: l.hist.Quantile(0.99),
 		Errors: l.errors, ErrorSamples: l.errorSamples(),
 		Executions: t.executions.Load(), Repeats: t.repeats.Load(),
 		hist: &l.hist,
@@ -236,8 +238,8 @@ func (c *cellResult) add(o cellResult) {
 	c.ErrorSamples = append(c.ErrorSamples, o.ErrorSamples...)[:min(5, len(c.ErrorSamples)+len(o.ErrorSamples))]
 	c.Executions += o.Executions
 	c.Repeats += o.Repeats
-	c.hist.add(o.hist)
-	c.P50us, c.P99us = c.hist.quantile(0.50), c.hist.quantile(0.99)
+	c.hist.Add(o.hist)
+	c.P50us, c.P99us = c.hist.Quantile(0.50), c.hist.Quantile(0.99)
 }
 
 // median returns the median of vs, which it sorts.

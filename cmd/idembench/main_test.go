@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -334,20 +333,6 @@ func TestBitsetCountsDuplicates(t *testing.T) {
 	assert.False(t, b.mark(1<<31))
 	assert.True(t, b.mark(1))
 	assert.EqualValues(t, 2, b.duplicates.Load())
-}
-
-func TestHistogramQuantiles(t *testing.T) {
-	var h histogram
-	for i := 1; i <= 1000; i++ {
-		h.record(time.Duration(i) * time.Microsecond)
-	}
-	for q, want := range map[float64]float64{0.5: 500, 0.95: 950, 0.99: 990} {
-		assert.InEpsilon(t, want, h.quantile(q), 0.04, "q%v", q)
-	}
-	var empty histogram
-	assert.Zero(t, empty.quantile(0.5))
-	h.record(time.Hour) // beyond the last bucket: counted in it
-	assert.Positive(t, h.quantile(1))
 }
 
 func TestCluster(t *testing.T) {

@@ -93,7 +93,7 @@ func (h *harness) result() *Result {
 	res.Ops = s.ops()
 	res.DurationSec = s.elapsed.Seconds()
 	res.OpsPerSec = rate(res.Ops, s.elapsed)
-	res.P50us, res.P95us, res.P99us = s.hist.quantile(0.50), s.hist.quantile(0.95), s.hist.quantile(0.99)
+	res.P50us, res.P95us, res.P99us = s.hist.Quantile(0.50), s.hist.Quantile(0.95), s.hist.Quantile(0.99)
 	if res.Ops > 0 {
 		res.CommandsPerOp = float64(h.cnt.commands.Load()) / float64(res.Ops)
 		res.RoundTripsPerOp = float64(h.cnt.roundTrips.Load()) / float64(res.Ops)
@@ -122,7 +122,7 @@ func (h *harness) result() *Result {
 	if b := h.base; b != nil {
 		res.BaselineOps = b.stats.ops()
 		res.BaselineOpsPerSec = rate(res.BaselineOps, b.stats.elapsed)
-		res.BaselineP50us, res.BaselineP99us = b.stats.hist.quantile(0.50), b.stats.hist.quantile(0.99)
+		res.BaselineP50us, res.BaselineP99us = b.stats.hist.Quantile(0.50), b.stats.hist.Quantile(0.99)
 		res.BaselineRedisUsecPerOp, res.BaselineRedisCPUUsecPerOp, res.BaselineAllocsPerOp = b.cost.perOp(res.BaselineOps)
 		res.redisMeasured = res.redisMeasured && b.cost.redis
 		if res.BaselineOpsPerSec > 0 {

@@ -2,16 +2,16 @@ package main
 
 import (
 	"fmt"
-	"math"
-	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/internal/histogram"
 )
 
 // stats is what one side (idem or baseline) of a run measured.
 type stats struct {
 	elapsed    time.Duration
-	hist       histogram
+	hist       histogram.Histogram
 	executed   atomic.Int64
 	replayed   atomic.Int64
 	inProgress atomic.Int64
@@ -28,7 +28,7 @@ func (s *stats) ops() int64 {
 }
 
 func (s *stats) merge(ls *localStats) {
-	s.hist.add(&ls.hist)
+	s.hist.Add(&ls.hist)
 	s.executed.Add(ls.executed)
 	s.replayed.Add(ls.replayed)
 	s.inProgress.Add(ls.inProgress)
@@ -51,7 +51,7 @@ func (s *stats) samples() []string {
 
 // localStats is one goroutine's share of a slice, merged at its end.
 type localStats struct {
-	hist       histogram
+	hist       histogram.Histogram
 	done       atomic.Int64 // operations finished, for the progress line
 	executed   int64
 	replayed   int64
@@ -61,7 +61,7 @@ type localStats struct {
 	errSamples map[string]int
 }
 
-func (ls *localStats) record(d time.Duration) { ls.hist.record(d) }
+func (ls *localStats) record(d time.Duration) { ls.hist.Record(d) }
 
 func (ls *localStats) fail(err error) {
 	ls.errors++
@@ -78,60 +78,6 @@ func rate(n int64, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / d.Seconds()
-}
-
-// histogram counts durations in buckets about 3% wide: exact below 64ns,
-// then 32 buckets per power of two, up to about 18 minutes.
-type histogram struct {
-	counts [64 + 35*32]uint64
-	n      uint64
-}
-
-func bucket(ns uint64) int {
-	if ns < 64 {
-		return int(ns)
-	}
-	shift := bits.Len64(ns) - 6 // >= 1
-	i := 64 + (shift-1)*32 + int(ns>>shift) - 32
-	return min(i, len(histogram{}.counts)-1)
-}
-
-// bucketMid returns the middle of bucket i, in nanoseconds.
-func bucketMid(i int) float64 {
-	if i < 64 {
-		return float64(i)
-	}
-	shift := (i-64)/32 + 1
-	lo := uint64(32+(i-64)%32) << shift
-	return float64(lo) + float64(uint64(1)<<shift)/2
-}
-
-func (h *histogram) record(d time.Duration) {
-	h.counts[bucket(uint64(max(d, 0)))]++
-	h.n++
-}
-
-func (h *histogram) add(o *histogram) {
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	h.n += o.n
-}
-
-// quantile returns the q-quantile in microseconds, or 0 without samples.
-func (h *histogram) quantile(q float64) float64 {
-	if h.n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(q * float64(h.n)))
-	var seen uint64
-	for i, c := range h.counts {
-		seen += c
-		if seen >= rank && c > 0 {
-			return bucketMid(i) / 1000
-		}
-	}
-	return bucketMid(len(h.counts)-1) / 1000
 }
 
 // bitset records which keys ran, and counts the keys that ran again.

@@ -1,4 +1,6 @@
-package main
+// Package histogram counts latencies for the load tools (cmd/idembench,
+// bench/peers) in fixed buckets, cheaply enough for every operation.
+package histogram
 
 import (
 	"math"
@@ -6,10 +8,9 @@ import (
 	"time"
 )
 
-// histogram counts durations in buckets about 3% wide: exact below 64 ns,
-// then 32 buckets per power of two, up to about 18 minutes. The zero value is
-// empty and ready.
-type histogram struct {
+// Histogram counts durations in buckets about 3% wide: exact below 64ns,
+// then 32 buckets per power of two, up to about 18 minutes.
+type Histogram struct {
 	counts [64 + 35*32]uint64
 	n      uint64
 }
@@ -18,9 +19,9 @@ func bucket(ns uint64) int {
 	if ns < 64 {
 		return int(ns)
 	}
-	shift := bits.Len64(ns) - 6 // at least 1
+	shift := bits.Len64(ns) - 6 // >= 1
 	i := 64 + (shift-1)*32 + int(ns>>shift) - 32
-	return min(i, len(histogram{}.counts)-1)
+	return min(i, len(Histogram{}.counts)-1)
 }
 
 // bucketMid returns the middle of bucket i, in nanoseconds.
@@ -33,20 +34,22 @@ func bucketMid(i int) float64 {
 	return float64(lo) + float64(uint64(1)<<shift)/2
 }
 
-func (h *histogram) record(d time.Duration) {
+// Record counts one duration; a negative one counts as zero.
+func (h *Histogram) Record(d time.Duration) {
 	h.counts[bucket(uint64(max(d, 0)))]++
 	h.n++
 }
 
-func (h *histogram) add(o *histogram) {
+// Add counts every duration of o.
+func (h *Histogram) Add(o *Histogram) {
 	for i, c := range o.counts {
 		h.counts[i] += c
 	}
 	h.n += o.n
 }
 
-// quantile returns the q-quantile in microseconds, or 0 without samples.
-func (h *histogram) quantile(q float64) float64 {
+// Quantile returns the q-quantile in microseconds, or 0 without samples.
+func (h *Histogram) Quantile(q float64) float64 {
 	if h.n == 0 {
 		return 0
 	}
@@ -54,7 +57,7 @@ func (h *histogram) quantile(q float64) float64 {
 	var seen uint64
 	for i, c := range h.counts {
 		seen += c
-		if seen >= rank {
+		if seen >= rank && c > 0 {
 			return bucketMid(i) / 1000
 		}
 	}
