@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
@@ -50,17 +49,7 @@ func (g *guarded) serve(r *http.Request) *httptest.ResponseRecorder {
 // after ten seconds.
 func (g *guarded) next(t *testing.T, kind EventKind) Event {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case ev := <-g.events:
-			if ev.Kind == kind {
-				return ev
-			}
-		case <-timeout:
-			require.Failf(t, "timed out", "no %s event", kind)
-		}
-	}
+	return awaitEvent(t, g.events, kind)
 }
 
 // post is a POST to target with body and header name, value pairs.

@@ -141,10 +141,17 @@ func (a *app) lastEvent() EventKind {
 // after ten seconds.
 func (a *app) await(t *testing.T, kind EventKind) Event {
 	t.Helper()
+	return awaitEvent(t, a.events, kind)
+}
+
+// awaitEvent returns the next event of kind from events, skipping others; it
+// fails the test after ten seconds.
+func awaitEvent(t *testing.T, events <-chan Event, kind EventKind) Event {
+	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
-		case ev := <-a.events:
+		case ev := <-events:
 			if ev.Kind == kind {
 				return ev
 			}
