@@ -65,6 +65,14 @@ type Checkpoint struct {
 // another, ErrInvalidConfig. Other errors are those of Extend. Record the
 // checkpoints of one claim one after another, not concurrently.
 func (c *Claim) Checkpoint(ctx context.Context, name string, value []byte) error {
+	started := c.k.startStep()
+	err := c.checkpoint(ctx, name, value)
+	c.report(ctx, StepCheckpoint, started, err)
+	return err
+}
+
+// checkpoint records one checkpoint; see Checkpoint.
+func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error {
 	cs, ok := c.k.store.(CheckpointStore)
 	if !ok {
 		return fmt.Errorf("%w: the store %T keeps no checkpoints (it is not a CheckpointStore)", ErrInvalidConfig, c.k.store)

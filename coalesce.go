@@ -256,7 +256,7 @@ func (sh *flightShard) finish(c *Claim, kind byte, body []byte, err error) {
 	if err == nil && kind != 0 && fl.joined > 0 {
 		fl.completed = true
 		// The caller of Complete may reuse its slice once it returns.
-		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, kind: kind}
+		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, attempt: c.attempt, kind: kind}
 		fl.result.Err, _ = replayedFinal(kind, fl.result.Value) // sealed by this process: readable
 	}
 	if fl.done != nil {

@@ -64,6 +64,14 @@ var _ Forgetter = (*RedisStore)(nil)
 // cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
 // Store does not implement Forgetter.
 func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Record, error) {
+	started := k.startStep()
+	r, err := k.forget(ctx, scope, key, force)
+	k.reportRecord(ctx, StepForget, scope, started, r, err)
+	return r, err
+}
+
+// forget removes the record of (scope, key); see Forget.
+func (k *Keeper) forget(ctx context.Context, scope, key string, force bool) (Record, error) {
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}

@@ -103,7 +103,8 @@ type Outcome struct {
 	// when Replayed, or of Claim.
 	Token int64
 
-	kind byte // envelope kind of Value
+	kind    byte // envelope kind of Value
+	attempt int  // when Replayed: the attempt count of the completing claim
 }
 
 // Begin claims (scope, key) for one run of an operation, in one round trip.
@@ -150,8 +151,14 @@ func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...Option) (
 // a claim went.
 func (k *Keeper) reportClaim(ctx context.Context, scope, id string, started time.Time, info *CallInfo, out Outcome, err error) {
 	ev := Event{Step: StepClaim, Result: claimResult(out, err), Scope: scope, ID: id, Token: out.Token, Err: err}
-	if c := out.Claim; c != nil {
+	var ip *InProgressError
+	switch c := out.Claim; {
+	case c != nil:
 		ev.Attempt, ev.Recovered = c.attempt, c.recovered
+	case out.Replayed:
+		ev.Attempt = out.attempt
+	case err != nil && errors.As(err, &ip):
+		ev.LeaseLeft = ip.RetryAfter
 	}
 	if info != nil {
 		*info = CallInfo{Replayed: out.Replayed, Token: ev.Token, Attempt: ev.Attempt, Recovered: ev.Recovered}
@@ -178,7 +185,7 @@ func claimResult(out Outcome, err error) Result {
 // errorResult classes an error of a step.
 func errorResult(err error) Result {
 	switch {
-	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig):
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidCheckpoint):
 		return ResultInvalid
 	case errors.Is(err, ErrInProgress):
 		return ResultInProgress
@@ -292,7 +299,7 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time) (Outcome, e
 		if err != nil {
 			return Outcome{}, err
 		}
-		out := Outcome{Replayed: true, Value: body, Token: r.Token, kind: kind}
+		out := Outcome{Replayed: true, Value: body, Token: r.Token, attempt: r.Attempt, kind: kind}
 		if out.Err, err = replayedFinal(kind, body); err != nil {
 			return Outcome{}, err
 		}

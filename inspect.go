@@ -159,6 +159,14 @@ var _ Inspector = (*RedisStore)(nil)
 // errors.ErrUnsupported when the Keeper's Store does not implement
 // Inspector.
 func (k *Keeper) Inspect(ctx context.Context, scope, key string) (Record, error) {
+	started := k.startStep()
+	r, err := k.inspect(ctx, scope, key)
+	k.reportRecord(ctx, StepInspect, scope, started, r, err)
+	return r, err
+}
+
+// inspect reads the record of (scope, key); see Inspect.
+func (k *Keeper) inspect(ctx context.Context, scope, key string) (Record, error) {
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}

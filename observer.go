@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// Observer is told of every step a Keeper takes: each claim (Begin, Do),
-// completion, release, lease extension and lease loss, once per call. It
+// Observer is told of every step a Keeper takes: each claim (Begin, Do,
+// BeginBatch), completion, release, lease extension, lease loss, checkpoint,
+// inspection and forget, once per call; and of every request a layer on
+// top of the Keeper answers (idemhttp, idemgrpc), through Keeper.Report. It
 // runs on the caller's goroutine, so it must be quick and safe for
 // concurrent use. Set it with WithObserver; without one, nothing is
 // measured or reported.
@@ -54,11 +56,26 @@ const (
 	StepExtend
 	// StepLease: KeepAlive found the lease lost (Result is ResultLeaseLost).
 	StepLease
+	// StepCheckpoint: a claim recorded a checkpoint (Claim.Checkpoint).
+	StepCheckpoint
+	// StepInspect: Keeper.Inspect read a record (ResultDone, whatever state
+	// the record is in).
+	StepInspect
+	// StepForget: Keeper.Forget removed a record (ResultDone, also when
+	// there was none), or was refused (ResultInProgress).
+	StepForget
+	// StepRequest: a layer on top of the Keeper (the idemhttp middleware,
+	// the idemgrpc interceptor) answered a request. It is reported once per
+	// request, after the steps the request took, with the request's
+	// outcome as Result, the answer as Status, and the whole request as
+	// Took.
+	StepRequest
 )
 
 var stepNames = [...]string{
 	StepClaim: "claim", StepComplete: "complete", StepRelease: "release",
-	StepExtend: "extend", StepLease: "lease",
+	StepExtend: "extend", StepLease: "lease", StepCheckpoint: "checkpoint",
+	StepInspect: "inspect", StepForget: "forget", StepRequest: "request",
 }
 
 // String returns the step's name, such as "claim".
@@ -89,17 +106,33 @@ const (
 	ResultUnavailable
 	// ResultCanceled: the caller's context ended first.
 	ResultCanceled
-	// ResultDone: a completion, release or extension went through.
+	// ResultDone: a completion, release, extension, checkpoint, inspection
+	// or forget went through; for StepRequest, the operation ran and its
+	// result was stored.
 	ResultDone
 	// ResultLeaseLost: the claim is no longer the holder.
 	ResultLeaseLost
+	// ResultReleased (StepRequest): the operation ran and the key was
+	// released, so that a retry runs it again.
+	ResultReleased
+	// ResultFailOpen (StepRequest): the store could not answer and the
+	// operation ran unguarded, as the layer was told to (idemhttp's
+	// WithFailOpen).
+	ResultFailOpen
+	// ResultTooLarge (StepRequest): the request was over the layer's size
+	// limit; the store was not asked.
+	ResultTooLarge
+	// ResultRefused (StepRequest): the layer's scope or key function
+	// refused the request; Err is its error.
+	ResultRefused
 )
 
 var resultNames = [...]string{
 	ResultClaimed: "claimed", ResultRecovered: "recovered", ResultReplayed: "replayed",
 	ResultInProgress: "in_progress", ResultMismatch: "mismatch", ResultInvalid: "invalid",
 	ResultCorrupt: "corrupt", ResultUnavailable: "unavailable", ResultCanceled: "canceled",
-	ResultDone: "done", ResultLeaseLost: "lease_lost",
+	ResultDone: "done", ResultLeaseLost: "lease_lost", ResultReleased: "released",
+	ResultFailOpen: "fail_open", ResultTooLarge: "too_large", ResultRefused: "refused",
 }
 
 // String returns the result's name, such as "replayed".
@@ -120,17 +153,27 @@ type Event struct {
 	// key): the client's key itself is never reported.
 	Scope, ID string
 	// Token, Attempt and Recovered describe the claim (see Claim); for a
-	// replay, Token is the completing claim's. Zero when there is none.
+	// replay, Token and Attempt are the completing claim's. Zero when there
+	// is none.
 	Token     int64
 	Attempt   int
 	Recovered bool
+	// LeaseLeft is, for ResultInProgress, the time left on the holder's
+	// lease as the store reported it; zero otherwise.
+	LeaseLeft time.Duration
+	// Status is, for StepRequest, what the request was answered: an HTTP
+	// status (idemhttp), a gRPC code (idemgrpc); for an operation that
+	// ran, the status it answered. Zero for the other steps, and for a
+	// request whose handler panicked.
+	Status int
 	// Took is how long the step took: for a claim, the whole of Begin
 	// (waits included; a caller coalesced in the process waits for the
 	// leader's answer instead of a round trip); for the other steps, the
 	// store's round trip.
 	Took time.Duration
 	// Held is how long the claim had been held, for a completion, a
-	// release and a lease loss: the time the operation was in progress.
+	// release, a lease loss, and a StepRequest whose operation ran: the
+	// time the operation was in progress.
 	Held time.Duration
 	// Err is the error behind the result, if any.
 	Err error
@@ -154,6 +197,36 @@ type CallInfo struct {
 // another signature. Applies to a call.
 func WithCallInfo(info *CallInfo) Option {
 	return Option{name: "WithCallInfo", to: toCall, set: func(s *settings) { s.info = info }}
+}
+
+// Report tells the Keeper's Observer of ev, a step taken by a layer on top
+// of the Keeper: idemhttp and idemgrpc report a StepRequest for every
+// request they answer, so that one Observer sees every step. It does
+// nothing when the Keeper has no Observer.
+func (k *Keeper) Report(ctx context.Context, ev Event) {
+	if k.observer != nil {
+		k.observer.Observe(ctx, ev)
+	}
+}
+
+// reportRecord tells the Observer, if any, how an Inspect or a Forget of
+// the record of (scope, key) went; r is the record as the step found it.
+func (k *Keeper) reportRecord(ctx context.Context, step Step, scope string, started time.Time, r Record, err error) {
+	if k.observer == nil {
+		return
+	}
+	ev := Event{
+		Step: step, Result: ResultDone, Scope: scope, ID: r.ID,
+		Token: r.Token, Attempt: r.Attempt, Recovered: r.Recovered,
+		Took: k.now().Sub(started), Err: err,
+	}
+	if err != nil {
+		ev.Result = errorResult(err)
+	}
+	if ev.Result == ResultInProgress {
+		ev.LeaseLeft = r.LeaseLeft
+	}
+	k.observer.Observe(ctx, ev)
 }
 
 // startStep returns the time a step starts when there is an Observer to
@@ -181,7 +254,7 @@ func (c *Claim) report(ctx context.Context, step Step, started time.Time, err er
 	if err != nil {
 		ev.Result = errorResult(err)
 	}
-	if step != StepExtend {
+	if step == StepComplete || step == StepRelease || step == StepLease {
 		ev.Held = now.Sub(c.claimedAt)
 	}
 	k.observer.Observe(ctx, ev)

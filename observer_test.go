@@ -79,6 +79,21 @@ func TestObserverSeesEveryOutcomeOnce(t *testing.T) {
 				require.NoError(t, out.Claim.Extend(ctx))
 				require.NoError(t, out.Claim.Release(ctx))
 			}, []string{"claim:claimed", "claim:in_progress", "extend:done", "release:done"}},
+			{"checkpoints, inspect, forget refused then forced", func() {
+				out, err := k.Begin(ctx, "s", "g")
+				require.NoError(t, err)
+				require.NoError(t, out.Claim.Checkpoint(ctx, "step", []byte("1")))
+				require.ErrorIs(t, out.Claim.Checkpoint(ctx, "", nil), ErrInvalidCheckpoint)
+				_, err = k.Inspect(ctx, "s", "g")
+				require.NoError(t, err)
+				_, err = k.Forget(ctx, "s", "g", false)
+				require.ErrorIs(t, err, ErrInProgress)
+				_, err = k.Forget(ctx, "s", "g", true)
+				require.NoError(t, err)
+				_, err = k.Inspect(ctx, "s", "")
+				require.ErrorIs(t, err, ErrInvalidKey)
+			}, []string{"claim:claimed", "checkpoint:done", "checkpoint:invalid", "inspect:done",
+				"forget:in_progress", "forget:done", "inspect:invalid"}},
 			{"recovered, and the old holder's completion refused", func() {
 				old, err := k.Begin(ctx, "s", "c")
 				require.NoError(t, err)
@@ -121,6 +136,19 @@ func TestObserverSeesEveryOutcomeOnce(t *testing.T) {
 			assert.NotZero(t, ev.Token)
 		}
 		assert.GreaterOrEqual(t, evs[1].Held, time.Duration(0))
+		assert.Equal(t, 1, evs[2].Attempt, "a replay names the attempt that completed")
+		assert.Equal(t, 1, info.Attempt)
+
+		// A claim refused for a live lease says how much of it is left.
+		_, err = k.Begin(ctx, "s", "h")
+		require.NoError(t, err)
+		_, err = k.Begin(ctx, "s", "h")
+		require.ErrorIs(t, err, ErrInProgress)
+		evs = rec.take()
+		require.Len(t, evs, 2)
+		assert.Equal(t, ResultInProgress, evs[1].Result)
+		assert.Positive(t, evs[1].LeaseLeft)
+		assert.LessOrEqual(t, evs[1].LeaseLeft, lease)
 
 		b.Stop()
 		_, err = k.Begin(ctx, "s", "f")

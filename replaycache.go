@@ -114,6 +114,7 @@ type cacheShard struct {
 type cacheEntry struct {
 	id, fp     string
 	token      int64
+	attempt    int
 	kind       byte
 	value      []byte
 	expires    time.Time
@@ -185,7 +186,7 @@ func (c *replayCache) get(id, fp string, now time.Time) (Outcome, bool) {
 		return Outcome{}, false
 	}
 	c.hits.Add(1)
-	out := Outcome{Replayed: true, Value: make([]byte, len(e.value)), Token: e.token, kind: e.kind}
+	out := Outcome{Replayed: true, Value: make([]byte, len(e.value)), Token: e.token, attempt: e.attempt, kind: e.kind}
 	copy(out.Value, e.value)
 	out.Err, _ = replayedFinal(e.kind, out.Value) // it opened when the entry was put
 	return out, true
@@ -193,13 +194,13 @@ func (c *replayCache) get(id, fp string, now time.Time) (Outcome, bool) {
 
 // put keeps a copy of value, the completed result of id for fingerprint fp,
 // until expires, unless it is too large for its shard.
-func (c *replayCache) put(id, fp string, token int64, kind byte, value []byte, expires time.Time) {
+func (c *replayCache) put(id, fp string, token int64, attempt int, kind byte, value []byte, expires time.Time) {
 	s := c.shard(id)
 	size := int64(len(value)+len(id)+len(fp)) + cacheEntryOverhead
 	if size > s.maxBytes {
 		return
 	}
-	e := &cacheEntry{id: id, fp: fp, token: token, kind: kind, value: append([]byte(nil), value...), expires: expires, size: size}
+	e := &cacheEntry{id: id, fp: fp, token: token, attempt: attempt, kind: kind, value: append([]byte(nil), value...), expires: expires, size: size}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.m[id]; old != nil {
@@ -262,7 +263,7 @@ func (k *Keeper) cacheStored(c *Claim, kind byte, body []byte, retention time.Du
 	if k.cache == nil || !c.fpKnown {
 		return
 	}
-	k.cache.put(c.id, c.fp, c.token, kind, body, sent.Add(min(retention, k.cache.age)))
+	k.cache.put(c.id, c.fp, c.token, c.attempt, kind, body, sent.Add(min(retention, k.cache.age)))
 }
 
 // cacheReplayed fills the cache, if the Keeper has one, with out, a replay
@@ -275,5 +276,5 @@ func (k *Keeper) cacheReplayed(id, fp string, out *Outcome, seen time.Time) {
 	if out.kind == kindError || out.kind == kindFinal {
 		keep = k.policy.errorRetention
 	}
-	k.cache.put(id, fp, out.Token, out.kind, out.Value, seen.Add(min(keep, k.cache.age)))
+	k.cache.put(id, fp, out.Token, out.attempt, out.kind, out.Value, seen.Add(min(keep, k.cache.age)))
 }

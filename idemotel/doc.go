@@ -15,14 +15,17 @@
 //
 // The share of replays is idem.steps{idem.step="claim", idem.result="replayed"}
 // over idem.steps{idem.step="claim"}; the HTTP middleware's 422s are
-// idem.steps{idem.step="claim", idem.result="mismatch"}.
+// idem.steps{idem.step="request", idem.result="mismatch"} (the middleware
+// reports one request step per request, after the steps it took).
 //
 // Spans: one per step, named idem.claim, idem.complete, idem.release,
-// idem.extend and idem.lease, a child of the span in the step's context,
-// with idem.result, idem.scope, idem.id (the record's digest), idem.token,
-// idem.attempt and idem.recovered. A step whose result is corrupt,
-// unavailable or lease_lost ends with status Error and error.type set to
-// the result.
+// idem.extend, idem.lease, idem.checkpoint, idem.inspect, idem.forget and
+// idem.request, a child of the span in the step's context, with
+// idem.result, idem.scope, idem.id (the record's digest), idem.token,
+// idem.attempt and idem.recovered, and idem.status for a request (the HTTP
+// status or gRPC code answered). A step whose result is corrupt,
+// unavailable, lease_lost or fail_open ends with status Error and
+// error.type set to the result.
 //
 // TraceAttrs gives idem.SlogObserver the trace and span ids of a call:
 //

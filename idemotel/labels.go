@@ -15,6 +15,7 @@ const (
 	keyToken     = attribute.Key("idem.token")
 	keyAttempt   = attribute.Key("idem.attempt")
 	keyRecovered = attribute.Key("idem.recovered")
+	keyStatus    = attribute.Key("idem.status")
 	keyErrorType = attribute.Key("error.type")
 )
 
@@ -41,7 +42,7 @@ func newLabel(step idem.Step, result idem.Result) *label {
 
 // labelTable holds a label for every (step, result) below its bounds, which
 // leave room above idem's steps and results.
-type labelTable [8][16]*label
+type labelTable [12][20]*label
 
 func newLabelTable() labelTable {
 	var t labelTable

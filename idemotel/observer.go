@@ -78,7 +78,7 @@ var (
 func (in *instruments) create(m metric.Meter) error {
 	var errs [4]error
 	in.steps, errs[0] = m.Int64Counter("idem.steps", metric.WithUnit("{step}"),
-		metric.WithDescription("Steps of an idem Keeper (claim, complete, release, extend, lease), by step and result."))
+		metric.WithDescription("Steps of an idem Keeper (claim, complete, release, extend, lease, checkpoint, inspect, forget) and requests of the layers on it, by step and result."))
 	in.stepDuration, errs[1] = m.Float64Histogram("idem.step.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long a step took: a claim's whole Begin, waits included; the store's round trip for the other steps."),
 		metric.WithExplicitBucketBoundaries(stepBuckets...))

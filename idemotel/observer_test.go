@@ -161,7 +161,8 @@ func TestSpanAttributes(t *testing.T) {
 	}, spanAttrs(spans[1]))
 	assert.Equal(t, map[string]any{
 		"idem.result": "replayed", "idem.scope": "tenant", "idem.id": id, "idem.token": token,
-	}, spanAttrs(spans[2]), "a replay holds no claim: the completing claim's token, no attempt")
+		"idem.attempt": int64(1), "idem.recovered": false,
+	}, spanAttrs(spans[2]), "a replay names the completing claim: its token and attempt")
 }
 
 // A claim taken over after its lease ran out says so on its span.

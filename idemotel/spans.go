@@ -28,7 +28,7 @@ func (o *Observer) span(ctx context.Context, ev idem.Event, l *label, end time.T
 }
 
 // spanAttributes are the attributes of ev's span: the result, scope and
-// record id always; the token when there is one (for a replay, the
+// record id always; the status a request was answered (StepRequest); the token when there is one (for a replay, the
 // completing claim's); the attempt and whether it recovered when the call
 // held a claim.
 func spanAttributes(ev idem.Event, l *label) []attribute.KeyValue {
@@ -39,15 +39,18 @@ func spanAttributes(ev idem.Event, l *label) []attribute.KeyValue {
 	if ev.Attempt != 0 {
 		attrs = append(attrs, keyAttempt.Int(ev.Attempt), keyRecovered.Bool(ev.Recovered))
 	}
+	if ev.Status != 0 {
+		attrs = append(attrs, keyStatus.Int(ev.Status))
+	}
 	return attrs
 }
 
 // failed reports whether a result is a failure of the system, whose span
-// ends with status Error: a corrupt record, an unavailable store, a lost
-// lease. A client's error (mismatch, invalid key), an answer (in progress)
+// ends with status Error: a corrupt record, an unavailable store (also
+// when a request ran unguarded for it), a lost lease. A client's error (mismatch, invalid key), an answer (in progress)
 // and the caller's own cancellation are not.
 func failed(r idem.Result) bool {
-	return r == idem.ResultCorrupt || r == idem.ResultUnavailable || r == idem.ResultLeaseLost
+	return r == idem.ResultCorrupt || r == idem.ResultUnavailable || r == idem.ResultLeaseLost || r == idem.ResultFailOpen
 }
 
 // errorText is the status description of a failed step.
