@@ -31,18 +31,29 @@ func ValidateKey(key string) error {
 // idLen is the length of a record id: 16 bytes of SHA-256, base64url.
 const idLen = 22
 
+// RecordID returns the id of the record of (scope, key): the digest under
+// which a Store keeps it, as Event.ID and Record.ID name it, so that an
+// operator or a log can tie an id to a key they know. The key is not
+// checked (see ValidateKey).
+func RecordID(scope, key string) string { return recordID(scope, key) }
+
 // recordID is the fixed-length digest of (scope, key) under which a record is
 // stored. Raw client keys never reach the store. The scope's length is hashed
 // first so that ("ab", "c") and ("a", "bc") differ.
 func recordID(scope, key string) string {
+	var id [idLen]byte
+	putRecordID(&id, scope, key)
+	return string(id[:])
+}
+
+// putRecordID writes the record id of (scope, key) into id.
+func putRecordID(id *[idLen]byte, scope, key string) {
 	// Hash from a buffer on the stack when (scope, key) fits in it.
 	var stack [512]byte
 	b := binary.BigEndian.AppendUint64(stack[:0], uint64(len(scope)))
 	b = append(append(b, scope...), key...)
 	sum := sha256.Sum256(b)
-	var id [idLen]byte
 	base64.RawURLEncoding.Encode(id[:], sum[:16])
-	return string(id[:])
 }
 
 // fingerprintLen is how many bytes of a fingerprint's SHA-256 are stored.

@@ -1,10 +1,12 @@
 package idemhttp_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
@@ -54,13 +56,19 @@ func ExampleNew() {
 	// charges: 1
 }
 
-// Count outcomes for metrics with a hook.
-func ExampleWithHook() {
-	keeper, done := newKeeper()
+// Count the middleware's outcomes for metrics: the Keeper's Observer is told
+// of every request (idem.StepRequest) and of the Keeper's own steps.
+func ExampleNew_observer() {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	keeper, done := newKeeper(idem.WithObserver(idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		counts[ev.Step.String()+" "+ev.Result.String()]++
+	})))
 	defer done()
 
-	counts := map[idemhttp.EventKind]int{} // a real hook must be safe for concurrent use
-	guard, err := idemhttp.New(keeper, idemhttp.WithHook(func(ev idemhttp.Event) { counts[ev.Kind]++ }))
+	guard, err := idemhttp.New(keeper)
 	if err != nil {
 		panic(err)
 	}
@@ -74,25 +82,27 @@ func ExampleWithHook() {
 		}
 		h.ServeHTTP(httptest.NewRecorder(), req)
 	}
-	for _, k := range []idemhttp.EventKind{idemhttp.EventClaimed, idemhttp.EventStored, idemhttp.EventReplayed, idemhttp.EventInvalid} {
-		fmt.Printf("%s: %d\n", k, counts[k])
+	for _, name := range []string{"claim claimed", "claim replayed", "complete done", "request done", "request replayed", "request invalid"} {
+		fmt.Printf("%s: %d\n", name, counts[name])
 	}
 	// Output:
-	// claimed: 2
-	// stored: 2
-	// replayed: 1
-	// invalid: 1
+	// claim claimed: 2
+	// claim replayed: 1
+	// complete done: 2
+	// request done: 2
+	// request replayed: 1
+	// request invalid: 1
 }
 
-// newKeeper returns a Keeper on an embedded miniredis, and a function that
-// stops both.
-func newKeeper() (*idem.Keeper, func()) {
+// newKeeper returns a Keeper with opts on an embedded miniredis, and a
+// function that stops both.
+func newKeeper(opts ...idem.Option) (*idem.Keeper, func()) {
 	m := miniredis.NewMiniRedis()
 	if err := m.Start(); err != nil {
 		panic(err)
 	}
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	keeper, err := idem.NewRedis(client)
+	keeper, err := idem.NewRedis(client, opts...)
 	if err != nil {
 		panic(err)
 	}

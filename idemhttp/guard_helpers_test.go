@@ -19,17 +19,18 @@ import (
 type guarded struct {
 	h      http.Handler
 	runs   atomic.Int64
-	events chan Event
+	events tap
 }
 
 // newGuarded guards handler with opts on a Keeper on b (with keeperOpts);
 // the handler's runs are counted before it is called.
 func newGuarded(t *testing.T, b *redistest.Backend, keeperOpts []idem.Option, handler http.HandlerFunc, opts ...Option) *guarded {
 	t.Helper()
-	k, err := idem.NewRedis(b.Client, keeperOpts...)
-	require.NoError(t, err)
-	g := &guarded{events: make(chan Event, 1024)}
-	mw, err := New(k, append([]Option{WithHook(func(ev Event) { g.events <- ev })}, opts...)...)
+	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
+		return idem.NewRedis(b.Client, append(keeperOpts, observe)...)
+	})
+	g := &guarded{events: tapOf(t, k)}
+	mw, err := New(k, opts...)
 	require.NoError(t, err)
 	g.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.runs.Add(1)
@@ -47,7 +48,7 @@ func (g *guarded) serve(r *http.Request) *httptest.ResponseRecorder {
 
 // next returns the next event of kind, skipping others; it fails the test
 // after ten seconds.
-func (g *guarded) next(t *testing.T, kind EventKind) Event {
+func (g *guarded) next(t *testing.T, kind idem.Result) idem.Event {
 	t.Helper()
 	return awaitEvent(t, g.events, kind)
 }

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem"
+
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,7 +42,7 @@ func TestKeyFuncRedeliveryRunsOnce(t *testing.T) {
 		first := g.serve(post("/webhooks/stripe", delivery))
 		require.Equal(t, http.StatusOK, first.Code, "body: %s", first.Body)
 		assert.Equal(t, delivery, first.Body.String(), "the handler gets the whole body")
-		assert.Equal(t, "evt_1", g.next(t, EventClaimed).Key)
+		assert.Equal(t, idem.RecordID("", "evt_1"), g.next(t, idem.ResultClaimed).ID)
 
 		again := g.serve(post("/webhooks/stripe", delivery, DefaultKeyHeader, "ignored"))
 		assert.Equal(t, http.StatusOK, again.Code)
@@ -90,18 +92,18 @@ func TestKeyFuncAnswers(t *testing.T) {
 		body    string
 		status  int
 		problem string // "": the handler's answer
-		event   EventKind
+		event   idem.Result
 	}{
-		{name: "no key, required", keyFunc: eventID, body: `{"type":"ping"}`, status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+		{name: "no key, required", keyFunc: eventID, body: `{"type":"ping"}`, status: 400, problem: ProblemKeyMissing, event: idem.ResultInvalid},
 		{name: "no key, not required: unguarded", keyFunc: eventID, opts: []Option{WithKeyRequired(false)}, body: `{"type":"ping"}`, status: 200},
-		{name: "an invalid key", keyFunc: eventID, body: `{"id":"evt\n1"}`, status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "refused by the function", keyFunc: eventID, body: `not json`, status: 400, problem: ProblemKeyRefused, event: EventRefused},
+		{name: "an invalid key", keyFunc: eventID, body: `{"id":"evt\n1"}`, status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "refused by the function", keyFunc: eventID, body: `not json`, status: 400, problem: ProblemKeyRefused, event: idem.ResultRefused},
 		{name: "refused with a status", keyFunc: func(*http.Request, []byte) (string, error) {
 			return "", Refuse(http.StatusUnauthorized, "The signature does not verify.")
-		}, body: `{"id":"evt_1"}`, status: 401, problem: ProblemKeyRefused, event: EventRefused},
+		}, body: `{"id":"evt_1"}`, status: 401, problem: ProblemKeyRefused, event: idem.ResultRefused},
 		{name: "body over the limit: the function is not asked", keyFunc: func(*http.Request, []byte) (string, error) {
 			panic("asked")
-		}, opts: []Option{WithBodyLimit(4)}, body: `{"id":"evt_1"}`, status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
+		}, opts: []Option{WithBodyLimit(4)}, body: `{"id":"evt_1"}`, status: 413, problem: ProblemBodyTooLarge, event: idem.ResultTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := redistest.Miniredis(t)

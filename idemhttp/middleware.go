@@ -36,7 +36,7 @@ const (
 const cleanupTimeout = 5 * time.Second
 
 // StatusClientClosedRequest is the status the middleware answers (and reports
-// in its Event) for a request whose client went away before its key could be
+// as the Status of its idem.StepRequest) for a request whose client went away before its key could be
 // checked: 499, as nginx logs it. No standard status says "the client left".
 const StatusClientClosedRequest = 499
 
@@ -62,7 +62,7 @@ const unavailableRetryAfter = "1"
 //     413), and given back to the handler unchanged.
 //   - With WithKeyFunc, the key is what the key function reads from the
 //     request and its body (a webhook's event id), after the body is read;
-//     the function may refuse the request (EventRefused, the status its
+//     the function may refuse the request (ResultRefused, the status its
 //     error names, default 400).
 //   - A record is named by the tenant (WithScope; default none) and the
 //     key, as Stripe names them: the same key under two tenants is two
@@ -116,8 +116,37 @@ const unavailableRetryAfter = "1"
 //   - The record cannot be read (ErrCorrupt): 500; nothing is overwritten.
 //
 // Every answer of the middleware's own is an RFC 9457 application/problem+json
-// body with type (the Problem constants), title, status and detail. WithHook
-// reports each outcome.
+// body with type (the Problem constants), title, status and detail.
+//
+// The middleware reports to the Keeper's Observer (idem.WithObserver), so
+// that one Observer sees every step of every request: the Keeper's own
+// steps as they happen (the claim, the completion or release, renewals, a
+// lease lost), then, once per guarded request, an idem.StepRequest whose
+// Result is the request's outcome, Status the status answered (the
+// handler's when it ran; 0 when it panicked, or ran fail-open), Took the
+// whole request, and Held how long the handler ran:
+//
+//	ResultDone         the handler ran; its response was stored
+//	ResultReleased     the handler ran; the key was released (store policy,
+//	                   a client gone without a success, a panic: Err says so)
+//	ResultReplayed     a stored response was replayed
+//	ResultInProgress   409: another request holds the key (LeaseLeft is set)
+//	ResultMismatch     422: the key was used with another request
+//	ResultLeaseLost    the claim was lost: before the handler (409), or
+//	                   after it, when its response could not be stored
+//	ResultUnavailable  503 before the handler; after it, the response
+//	                   could not be stored nor released
+//	ResultFailOpen     the store failed and the handler runs unguarded
+//	                   (reported before it runs)
+//	ResultInvalid      400: no key, an unusable key, an unreadable body
+//	ResultTooLarge     413: the body is over the limit
+//	ResultCorrupt      500: the record could not be read
+//	ResultCanceled     499: the client went away before the key was checked
+//	ResultRefused      the scope or key function refused the request
+//
+// A request that passes through unguarded reports nothing. The Observer is
+// given the request's context, and the event carries the scope and the
+// record's id (idem.RecordID), never the client's key.
 //
 // The capture given to the handler supports http.ResponseController through
 // Unwrap, http.Flusher and io.ReaderFrom. A hijacked connection bypasses it:
@@ -159,32 +188,31 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	}
-	ev := Event{Request: r}
+	rep := m.newReport(r.Context())
 	key, body, v := m.identify(r)
-	ev.Key = key
 	switch {
 	case v.pass:
 		next.ServeHTTP(w, r)
 		return
 	case v.kind != 0:
-		m.refuse(w, ev, v.kind, v.err, v.problem)
+		m.refuse(w, &rep, v.kind, v.err, v.problem)
 		return
 	}
 	scope, err := m.scope(r)
 	if err != nil {
-		m.refuse(w, ev, EventRefused, err, refusal(err, ProblemScopeRefused,
+		m.refuse(w, &rep, idem.ResultRefused, err, refusal(err, ProblemScopeRefused,
 			"This request could not be tied to a tenant or account, so it was not run."))
 		return
 	}
-	ev.Scope = scope
+	rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
 	out, err := m.begin(r, scope, key, body)
 	switch {
 	case err != nil:
-		m.fail(next, w, r, ev, err)
+		m.fail(next, w, r, &rep, err)
 	case out.Replayed:
-		m.replay(w, ev, out)
+		m.replay(w, &rep, out)
 	default:
-		m.run(next, w, r, ev, out.Claim)
+		m.run(next, w, r, &rep, out.Claim)
 	}
 }
 
@@ -238,57 +266,55 @@ func (m *middleware) keyMissing() problem {
 // went away while sending it is cancelled, not a bad request.
 func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
 	if r.Context().Err() != nil {
-		return verdict{kind: EventCanceled, err: err, problem: m.canceledProblem()}
+		return verdict{kind: idem.ResultCanceled, err: err, problem: m.canceledProblem()}
 	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge) {
-		return verdict{kind: EventTooLarge, err: err, problem: problem{
+		return verdict{kind: idem.ResultTooLarge, err: err, problem: problem{
 			Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: "A request with an " + m.keyName() + " may have a body of at most " + strconv.FormatInt(m.bodyLimit, 10) + " bytes.",
 		}}
 	}
-	return verdict{kind: EventInvalid, err: err, problem: problem{
+	return verdict{kind: idem.ResultInvalid, err: err, problem: problem{
 		Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 		Detail: "The request body could not be read: " + err.Error() + ".",
 	}}
 }
 
 // fail answers an error of Begin.
-func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, ev Event, err error) {
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *report, err error) {
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
-		m.refuse(w, ev, EventMismatch, err, problem{
+		m.refuse(w, rep, idem.ResultMismatch, err, problem{
 			Type: ProblemMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
 			Detail: "This " + m.keyName() + " was first used with another request (another method, path or body). Send a new key for a new request.",
 		})
 	case errors.As(err, &busy):
-		secs := m.retryAfterSeconds(busy.RetryAfter)
-		ev.RetryAfter, ev.LeaseLeft = time.Duration(secs)*time.Second, busy.RetryAfter
-		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-		m.refuse(w, ev, EventConflict, err, problem{
+		rep.ev.LeaseLeft = busy.RetryAfter
+		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(busy.RetryAfter), 10))
+		m.refuse(w, rep, idem.ResultInProgress, err, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "A request with this " + m.keyName() + " is still being handled. Retry later to get its response.",
 		})
 	case errors.Is(err, idem.ErrInvalidKey):
-		m.refuse(w, ev, EventInvalid, err, problem{
+		m.refuse(w, rep, idem.ResultInvalid, err, problem{
 			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
 			Detail: err.Error(),
 		})
 	case errors.Is(err, idem.ErrCorrupt):
-		m.corrupt(w, ev, err)
+		m.corrupt(w, rep, err)
 	case r.Context().Err() != nil:
 		// The client is gone: whether the request ran before cannot matter
 		// to it, and running it unguarded (fail-open) would let its retry
 		// run it again.
-		m.canceled(w, ev, err)
+		m.canceled(w, rep, err)
 	case m.failOpen:
-		ev.Kind, ev.Err = EventFailOpen, err
-		m.emit(ev)
+		m.emit(rep, idem.ResultFailOpen, 0, err) // before the handler, which may panic
 		next.ServeHTTP(w, r)
 	default:
 		w.Header().Set("Retry-After", unavailableRetryAfter)
-		m.refuse(w, ev, EventUnavailable, err, problem{
+		m.refuse(w, rep, idem.ResultUnavailable, err, problem{
 			Type: ProblemUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.keyName() + ".",
 		})
@@ -305,8 +331,8 @@ func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
 
 // canceled answers a request whose client went away before its key could be
 // checked: nothing ran.
-func (m *middleware) canceled(w http.ResponseWriter, ev Event, err error) {
-	m.refuse(w, ev, EventCanceled, err, m.canceledProblem())
+func (m *middleware) canceled(w http.ResponseWriter, rep *report, err error) {
+	m.refuse(w, rep, idem.ResultCanceled, err, m.canceledProblem())
 }
 
 func (m *middleware) canceledProblem() problem {
@@ -317,18 +343,17 @@ func (m *middleware) canceledProblem() problem {
 }
 
 // corrupt answers a record that cannot be read.
-func (m *middleware) corrupt(w http.ResponseWriter, ev Event, err error) {
-	m.refuse(w, ev, EventCorrupt, err, problem{
+func (m *middleware) corrupt(w http.ResponseWriter, rep *report, err error) {
+	m.refuse(w, rep, idem.ResultCorrupt, err, problem{
 		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
 		Detail: "The stored record of this " + m.keyName() + " cannot be read, so the request was not run.",
 	})
 }
 
 // refuse answers p and reports it.
-func (m *middleware) refuse(w http.ResponseWriter, ev Event, kind EventKind, err error, p problem) {
-	ev.Kind, ev.Status, ev.Err = kind, p.Status, err
+func (m *middleware) refuse(w http.ResponseWriter, rep *report, result idem.Result, err error, p problem) {
 	writeProblem(w, p)
-	m.emit(ev)
+	m.emit(rep, result, p.Status, err)
 }
 
 // bodyHeaders describe a body; a replay whose body was not kept drops them.
@@ -338,11 +363,11 @@ var bodyHeaders = []string{
 }
 
 // replay answers the stored response.
-func (m *middleware) replay(w http.ResponseWriter, ev Event, out idem.Outcome) {
-	ev.Token = out.Token
+func (m *middleware) replay(w http.ResponseWriter, rep *report, out idem.Outcome) {
+	rep.ev.Token = out.Token
 	var s storedResponse
 	if err := s.unmarshal(out.Value); err != nil {
-		m.corrupt(w, ev, err)
+		m.corrupt(w, rep, err)
 		return
 	}
 	h := w.Header()
@@ -351,7 +376,6 @@ func (m *middleware) replay(w http.ResponseWriter, ev Event, out idem.Outcome) {
 	}
 	h.Set(ReplayedHeader, "true")
 	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
-	ev.Kind, ev.Status = EventReplayed, s.Status
 	switch s.Fate {
 	case bodyKept:
 		if bodyAllowed(s.Status) {
@@ -370,15 +394,13 @@ func (m *middleware) replay(w http.ResponseWriter, ev Event, out idem.Outcome) {
 		}
 		writeProblem(w, problem{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail})
 	}
-	m.emit(ev)
+	m.emit(rep, idem.ResultReplayed, s.Status, nil)
 }
 
 // run runs the handler under the claim, then stores its response or
 // releases the key.
-func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, ev Event, cl *idem.Claim) {
-	ev.Token, ev.Attempt, ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
-	ev.Kind = EventClaimed
-	m.emit(ev)
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *report, cl *idem.Claim) {
+	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 
 	ctx, stop := cl.KeepAlive(idem.ContextWithClaim(r.Context(), cl))
 	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
@@ -386,13 +408,14 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		// may hold it now, and the handler does not run.
 		lost := stop()
 		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(m.retryAfter), 10))
-		m.refuse(w, ev, EventLeaseLost, lost, problem{
+		m.refuse(w, rep, idem.ResultLeaseLost, lost, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "A request with this " + m.keyName() + " is being handled by another attempt. Retry later to get its response.",
 		})
 		return
 	}
 	c := &capture{w: w, limit: m.responseLimit, outer: w.Header().Clone()}
+	rep.ran = time.Now()
 	finished := false
 	defer func() {
 		if finished {
@@ -402,61 +425,53 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		stop()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 		defer cancel()
-		m.settled(ev, EventReleased, errPanicked, cl.Release(cctx))
+		m.settled(rep, idem.ResultReleased, 0, errPanicked, cl.Release(cctx))
 	}()
 	next.ServeHTTP(c, r.WithContext(ctx))
 	finished = true
 
 	lost := stop()
 	resp := c.response()
-	ev.Status = resp.Status
 	if lost != nil {
-		ev.Kind, ev.Err = EventLeaseLost, lost
-		m.emit(ev)
+		m.emit(rep, idem.ResultLeaseLost, resp.Status, lost)
 		return
 	}
 	// A handler that returns after its client went away without a success
 	// most likely gave up: let the retry run it again.
 	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
-	m.settle(r, ev, cl, resp, gaveUp)
+	m.settle(r, rep, cl, resp, gaveUp)
 }
 
 // settle stores the handler's response under the claim, or releases the key
 // when the store policy says so, the handler gave up, or the response cannot
 // be encoded; then it reports what happened.
-func (m *middleware) settle(r *http.Request, ev Event, cl *idem.Claim, resp *storedResponse, gaveUp bool) {
+func (m *middleware) settle(r *http.Request, rep *report, cl *idem.Claim, resp *storedResponse, gaveUp bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancel()
 	if gaveUp || !m.store(resp.Status) {
-		m.settled(ev, EventReleased, nil, cl.Release(ctx))
+		m.settled(rep, idem.ResultReleased, resp.Status, nil, cl.Release(ctx))
 		return
 	}
 	value, err := resp.marshal()
 	if err != nil {
-		m.settled(ev, EventReleased, err, cl.Release(ctx))
+		m.settled(rep, idem.ResultReleased, resp.Status, err, cl.Release(ctx))
 		return
 	}
 	var retention time.Duration // the Keeper's
 	if resp.Status >= 400 && resp.Status < 500 {
 		retention = m.k.ErrorRetention()
 	}
-	m.settled(ev, EventStored, nil, cl.Complete(ctx, value, retention))
+	m.settled(rep, idem.ResultDone, resp.Status, nil, cl.Complete(ctx, value, retention))
 }
 
-// settled reports kind, or the lease loss or store failure that prevented it.
-func (m *middleware) settled(ev Event, kind EventKind, note, err error) {
-	ev.Kind, ev.Err = kind, note
+// settled reports result, or the lease loss or store failure that
+// prevented it, for a handler that answered status.
+func (m *middleware) settled(rep *report, result idem.Result, status int, note, err error) {
 	switch {
 	case errors.Is(err, idem.ErrLeaseLost):
-		ev.Kind, ev.Err = EventLeaseLost, err
+		result, note = idem.ResultLeaseLost, err
 	case err != nil:
-		ev.Kind, ev.Err = EventUnavailable, err
+		result, note = idem.ResultUnavailable, err
 	}
-	m.emit(ev)
-}
-
-func (m *middleware) emit(ev Event) {
-	if m.hook != nil {
-		m.hook(ev)
-	}
+	m.emit(rep, result, status, note)
 }

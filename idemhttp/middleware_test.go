@@ -88,14 +88,14 @@ type app struct {
 	keeper *idem.Keeper
 	runs   atomic.Int64
 	h      http.Handler
-	events chan Event
+	events tap
 }
 
 func newKeeper(t testing.TB, env *redistest.Backend, opts ...idem.Option) *idem.Keeper {
 	t.Helper()
-	k, err := idem.NewRedis(env.Client, opts...)
-	require.NoError(t, err)
-	return k
+	return tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
+		return idem.NewRedis(env.Client, append(opts, observe)...)
+	})
 }
 
 // newMWApp guards handler (mwAnswer() if nil) with the options, on k (a new
@@ -108,8 +108,7 @@ func newApp(t *testing.T, env *redistest.Backend, k *idem.Keeper, handler handle
 	if handler == nil {
 		handler = answer()
 	}
-	a := &app{env: env, keeper: k, events: make(chan Event, 1024)}
-	opts = append([]Option{WithHook(func(ev Event) { a.events <- ev })}, opts...)
+	a := &app{env: env, keeper: k, events: tapOf(t, k)}
 	mw, err := New(k, opts...)
 	require.NoError(t, err)
 	a.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -125,12 +124,12 @@ func (a *app) do(r *http.Request) *httptest.ResponseRecorder {
 }
 
 // lastEvent returns the kind of the newest event so far, or 0.
-func (a *app) lastEvent() EventKind {
-	var k EventKind
+func (a *app) lastEvent() idem.Result {
+	var k idem.Result
 	for {
 		select {
 		case ev := <-a.events:
-			k = ev.Kind
+			k = ev.Result
 		default:
 			return k
 		}
@@ -139,20 +138,20 @@ func (a *app) lastEvent() EventKind {
 
 // await returns the next event of kind, skipping others; it fails the test
 // after ten seconds.
-func (a *app) await(t *testing.T, kind EventKind) Event {
+func (a *app) await(t *testing.T, kind idem.Result) idem.Event {
 	t.Helper()
 	return awaitEvent(t, a.events, kind)
 }
 
 // awaitEvent returns the next event of kind from events, skipping others; it
 // fails the test after ten seconds.
-func awaitEvent(t *testing.T, events <-chan Event, kind EventKind) Event {
+func awaitEvent(t *testing.T, events <-chan idem.Event, kind idem.Result) idem.Event {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
 		case ev := <-events:
-			if ev.Kind == kind {
+			if ev.Result == kind {
 				return ev
 			}
 		case <-timeout:
@@ -206,7 +205,7 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		problem string            // the problem type, or "" for a handler's answer
 		body    string            // the handler's body
 		runs    int64
-		event   EventKind // the last event; 0 for none
+		event   idem.Result // the last event; 0 for none
 	}
 	first := func(req func() *http.Request) func(*testing.T, *app) {
 		return func(t *testing.T, a *app) { a.do(req()) }
@@ -225,52 +224,52 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		{name: "unguarded method passes through", req: func() *http.Request { return request(http.MethodGet, "/x", "") },
 			status: 201, header: fresh, body: run1, runs: 1},
 		{name: "first request runs the handler", req: post("k1", "a"),
-			status: 201, header: map[string]string{ReplayedHeader: "", "X-Run": "1"}, body: run1, runs: 1, event: EventStored},
+			status: 201, header: map[string]string{ReplayedHeader: "", "X-Run": "1"}, body: run1, runs: 1, event: idem.ResultDone},
 		{name: "repeat replays", before: first(post("k1", "a")), req: post("k1", "a"),
-			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+			status: 201, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed},
 		{name: "missing key", req: func() *http.Request { return request(http.MethodPost, "/x", "a") },
-			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+			status: 400, problem: ProblemKeyMissing, event: idem.ResultInvalid},
 		{name: "optional key missing passes through", opts: []Option{WithKeyRequired(false)},
 			before: func(t *testing.T, a *app) { a.do(request(http.MethodPost, "/x", "a")) },
 			req:    func() *http.Request { return request(http.MethodPost, "/x", "a") },
 			status: 201, header: fresh, body: run2, runs: 2},
 		{name: "optional key present is guarded", opts: []Option{WithKeyRequired(false)},
 			before: first(post("k1", "a")), req: post("k1", "a"),
-			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
-		{name: "empty key", req: post("", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "key of 256 bytes", req: post(strings.Repeat("k", 256), "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "key of 255 bytes", req: post(strings.Repeat("k", 255), "a"), status: 201, body: run1, runs: 1, event: EventStored},
-		{name: "control character in key", req: post("a\tb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "DEL in key", req: post("a\x7fb", "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+			status: 201, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed},
+		{name: "empty key", req: post("", "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "key of 256 bytes", req: post(strings.Repeat("k", 256), "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "key of 255 bytes", req: post(strings.Repeat("k", 255), "a"), status: 201, body: run1, runs: 1, event: idem.ResultDone},
+		{name: "control character in key", req: post("a\tb", "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "DEL in key", req: post("a\x7fb", "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
 		{name: "two key headers", req: func() *http.Request {
 			return request(http.MethodPost, "/x", "a", DefaultKeyHeader, "k1", DefaultKeyHeader, "k2")
-		}, status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "unterminated quoted key", req: post(`"k1`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "quoted key with a bad escape", req: post(`"k\1"`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
-		{name: "empty quoted key", req: post(`""`, "a"), status: 400, problem: ProblemKeyInvalid, event: EventInvalid},
+		}, status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "unterminated quoted key", req: post(`"k1`, "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "quoted key with a bad escape", req: post(`"k\1"`, "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
+		{name: "empty quoted key", req: post(`""`, "a"), status: 400, problem: ProblemKeyInvalid, event: idem.ResultInvalid},
 		{name: "quoted key is its content", before: first(post("k\"1", "a")), req: post(`"k\"1"`, "a"),
-			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+			status: 201, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed},
 		{name: "body above the limit", opts: []Option{WithBodyLimit(8)}, req: post("k1", "123456789"),
-			status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
+			status: 413, problem: ProblemBodyTooLarge, event: idem.ResultTooLarge},
 		{name: "body above the limit, no Content-Length", opts: []Option{WithBodyLimit(8)},
 			req: func() *http.Request {
 				r := postKey("k1", "")
 				r.Body, r.ContentLength = io.NopCloser(strings.NewReader("123456789")), -1
 				return r
-			}, status: 413, problem: ProblemBodyTooLarge, event: EventTooLarge},
+			}, status: 413, problem: ProblemBodyTooLarge, event: idem.ResultTooLarge},
 		{name: "body at the limit", opts: []Option{WithBodyLimit(8)}, req: post("k1", "12345678"),
-			status: 201, body: run1, runs: 1, event: EventStored},
+			status: 201, body: run1, runs: 1, event: idem.ResultDone},
 		{name: "same key, other body", before: first(post("k1", "a")), req: post("k1", "b"),
-			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+			status: 422, problem: ProblemMismatch, runs: 1, event: idem.ResultMismatch},
 		{name: "same key, other query", before: first(post("k1", "a")),
 			req:    func() *http.Request { return request(http.MethodPost, "/x?dry=1", "a", DefaultKeyHeader, "k1") },
-			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+			status: 422, problem: ProblemMismatch, runs: 1, event: idem.ResultMismatch},
 		{name: "same key, other method is refused", before: first(post("k1", "a")),
 			req:    func() *http.Request { return request(http.MethodPatch, "/x", "a", DefaultKeyHeader, "k1") },
-			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+			status: 422, problem: ProblemMismatch, runs: 1, event: idem.ResultMismatch},
 		{name: "same key, other path is refused", before: first(post("k1", "a")),
 			req:    func() *http.Request { return request(http.MethodPost, "/y", "a", DefaultKeyHeader, "k1") },
-			status: 422, problem: ProblemMismatch, runs: 1, event: EventMismatch},
+			status: 422, problem: ProblemMismatch, runs: 1, event: idem.ResultMismatch},
 		{name: "same key, other tenant is another record", opts: []Option{WithScope(func(r *http.Request) (string, error) { return r.Header.Get("Tenant"), nil })},
 			before: first(post("k1", "a")),
 			req: func() *http.Request {
@@ -278,45 +277,45 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 				r.Header.Set("Tenant", "t2")
 				return r
 			},
-			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+			status: 201, header: fresh, body: run2, runs: 2, event: idem.ResultDone},
 		{name: "handler reads the whole body", handler: echo, req: post("k1", "the body"),
-			status: 201, body: "the body", runs: 1, event: EventStored},
+			status: 201, body: "the body", runs: 1, event: idem.ResultDone},
 		{name: "fingerprint reading r.Body leaves it whole",
 			opts: []Option{WithFingerprint(func(r *http.Request, body []byte) []byte {
 				b, _ := io.ReadAll(r.Body)
 				return b
 			})},
-			handler: echo, req: post("k1", "the body"), status: 201, body: "the body", runs: 1, event: EventStored},
+			handler: echo, req: post("k1", "the body"), status: 201, body: "the body", runs: 1, event: idem.ResultDone},
 		{name: "custom fingerprint may ignore the body",
 			opts:   []Option{WithFingerprint(func(r *http.Request, body []byte) []byte { return []byte(r.Method) })},
 			before: first(post("k1", "a")), req: post("k1", "b"),
-			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+			status: 201, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed},
 		{name: "custom key header", opts: []Option{WithKeyHeader("x-request-id")},
 			before: func(t *testing.T, a *app) { a.do(request(http.MethodPost, "/x", "a", "X-Request-Id", "k1")) },
 			req:    func() *http.Request { return request(http.MethodPost, "/x", "a", "X-Request-Id", "k1") },
-			status: 201, header: replayed, body: run1, runs: 1, event: EventReplayed},
+			status: 201, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed},
 		{name: "custom key header, default one ignored", opts: []Option{WithKeyHeader("X-Request-Id")},
-			req: post("k1", "a"), status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+			req: post("k1", "a"), status: 400, problem: ProblemKeyMissing, event: idem.ResultInvalid},
 		{name: "custom methods: POST passes", opts: []Option{WithMethods(http.MethodPut)},
 			before: first(func() *http.Request { return request(http.MethodPost, "/x", "a") }),
 			req:    func() *http.Request { return request(http.MethodPost, "/x", "a") },
 			status: 201, header: fresh, body: run2, runs: 2},
 		{name: "custom methods: PUT guarded", opts: []Option{WithMethods(http.MethodPut)},
 			req:    func() *http.Request { return request(http.MethodPut, "/x", "a") },
-			status: 400, problem: ProblemKeyMissing, event: EventInvalid},
+			status: 400, problem: ProblemKeyMissing, event: idem.ResultInvalid},
 		{name: "204 replays without a body", handler: answer(204), before: first(post("k1", "a")), req: post("k1", "a"),
-			status: 204, header: map[string]string{ReplayedHeader: "true", "Content-Length": ""}, runs: 1, event: EventReplayed},
+			status: 204, header: map[string]string{ReplayedHeader: "true", "Content-Length": ""}, runs: 1, event: idem.ResultReplayed},
 		{name: "custom store policy releases 404",
 			opts:    []Option{WithStorePolicy(func(s int) bool { return s < 300 })},
 			handler: answer(404, 201), before: first(post("k1", "a")), req: post("k1", "a"),
-			status: 201, header: fresh, body: run2, runs: 2, event: EventStored},
+			status: 201, header: fresh, body: run2, runs: 2, event: idem.ResultDone},
 		{name: "store unavailable", before: func(t *testing.T, a *app) { a.env.Stop() }, req: post("k1", "a"),
-			status: 503, header: map[string]string{"Retry-After": "1"}, problem: ProblemUnavailable, event: EventUnavailable},
+			status: 503, header: map[string]string{"Retry-After": "1"}, problem: ProblemUnavailable, event: idem.ResultUnavailable},
 		{name: "store unavailable, fail open", opts: []Option{WithFailOpen(true)},
 			before: func(t *testing.T, a *app) { a.env.Stop() }, req: post("k1", "a"),
-			status: 201, header: fresh, body: run1, runs: 1, event: EventFailOpen},
+			status: 201, header: fresh, body: run1, runs: 1, event: idem.ResultFailOpen},
 		{name: "record not ours", before: func(t *testing.T, a *app) { corruptAll(t, a, "garbage") }, req: post("k1", "a"),
-			status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
+			status: 500, problem: ProblemCorrupt, runs: 1, event: idem.ResultCorrupt},
 		{name: "record of another type", before: func(t *testing.T, a *app) {
 			ctx := context.Background()
 			a.do(postKey("k1", "a"))
@@ -324,24 +323,24 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 			require.NoError(t, err)
 			require.NoError(t, a.env.Client.Del(ctx, keys...).Err())
 			require.NoError(t, a.env.Client.HSet(ctx, keys[0], "f", "v").Err())
-		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, runs: 1, event: EventCorrupt},
+		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, runs: 1, event: idem.ResultCorrupt},
 		{name: "stored response unreadable", before: func(t *testing.T, a *app) {
 			r := postKey("k1", "a")
 			out, err := a.keeper.Begin(context.Background(), "", "k1",
 				idem.WithFingerprint(requestFingerprint(r, defaultFingerprint(r, []byte("a")))))
 			require.NoError(t, err)
 			require.NoError(t, out.Claim.Complete(context.Background(), []byte{0x93, 1, 2}, 0))
-		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: EventCorrupt},
+		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: idem.ResultCorrupt},
 	}
 	for _, status := range []int{500, 502, 503, 408, 409, 425, 429} {
 		rows = append(rows, row{name: fmt.Sprintf("%d is released", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
-			status: 201, header: fresh, body: run2, runs: 2, event: EventStored})
+			status: 201, header: fresh, body: run2, runs: 2, event: idem.ResultDone})
 	}
 	for _, status := range []int{200, 202, 301, 303, 400, 403, 404, 410, 422} {
 		rows = append(rows, row{name: fmt.Sprintf("%d is stored", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
-			status: status, header: replayed, body: run1, runs: 1, event: EventReplayed})
+			status: status, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed})
 	}
 	for _, tc := range rows {
 		t.Run(tc.name, func(t *testing.T) {
@@ -381,7 +380,7 @@ func testInProgress(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	})
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- a.do(postKey("k1", "a")) }()
-	claimed := a.await(t, EventClaimed)
+	claimed := a.await(t, idem.ResultClaimed)
 	assert.Equal(t, 1, claimed.Attempt)
 
 	rec := a.do(postKey("k1", "a"))
@@ -389,9 +388,8 @@ func testInProgress(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	secs, err := strconv.Atoi(rec.Header().Get("Retry-After"))
 	require.NoError(t, err, "Retry-After is whole seconds")
 	assert.Equal(t, 1, secs, "Retry-After is the short hint (DefaultRetryAfter), not the lease left")
-	conflict := a.await(t, EventConflict)
+	conflict := a.await(t, idem.ResultInProgress)
 	assert.Equal(t, http.StatusConflict, conflict.Status)
-	assert.Equal(t, time.Second, conflict.RetryAfter)
 	assert.True(t, conflict.LeaseLeft > 0 && conflict.LeaseLeft <= idem.DefaultLease)
 
 	close(gate)
@@ -686,7 +684,7 @@ func testOversized(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	first = send(65)
 	assert.Equal(t, http.StatusCreated, first.Code)
 	assert.Equal(t, strings.Repeat("a", 32)+strings.Repeat("b", 33), first.Body.String())
-	assert.Equal(t, EventStored, a.lastEvent())
+	assert.Equal(t, idem.ResultDone, a.lastEvent())
 	for range 2 {
 		rec = send(65)
 		p := checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusCreated, ProblemBodyNotKept)
@@ -716,7 +714,7 @@ func testFlushed(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		first := send()
 		assert.True(t, first.Flushed)
 		assert.Equal(t, "data: 1\n\ndata: 2\n\n", first.Body.String())
-		assert.Equal(t, EventStored, a.lastEvent(), "a streamed response is stored, not released")
+		assert.Equal(t, idem.ResultDone, a.lastEvent(), "a streamed response is stored, not released")
 		rec := send()
 		p := checkProblem(t, rec.Code, rec.Header(), rec.Body.Bytes(), http.StatusOK, ProblemBodyNotKept)
 		assert.Contains(t, p.Detail, "streamed")
@@ -794,7 +792,7 @@ func testPanic(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		a.do(postKey("k1", "a"))
 	}()
 	assert.Equal(t, "boom 1", got)
-	ev := a.await(t, EventReleased)
+	ev := a.await(t, idem.ResultReleased)
 	assert.ErrorIs(t, ev.Err, errPanicked)
 
 	// Through a server: net/http recovers it, the client sees the
@@ -803,12 +801,12 @@ func testPanic(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	defer srv.Close()
 	res := send(srv.Client(), clientPost(t, srv.URL+"/x", "k1", "a"))
 	assert.Error(t, res.err)
-	a.await(t, EventReleased)
+	a.await(t, idem.ResultReleased)
 	res = send(srv.Client(), clientPost(t, srv.URL+"/x", "k1", "a"))
 	require.NoError(t, res.err)
 	assert.Equal(t, http.StatusCreated, res.status)
 	assert.Equal(t, "{\"run\":3}\n", string(res.body))
-	claimed := a.await(t, EventClaimed)
+	claimed := a.await(t, idem.ResultClaimed)
 	assert.Equal(t, 3, claimed.Attempt)
 	assert.False(t, claimed.Recovered, "a released key is claimed afresh")
 	assert.EqualValues(t, 3, a.runs.Load())
@@ -840,7 +838,7 @@ func testClientGoneReleases(t *testing.T, newEnv func(testing.TB) *redistest.Bac
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
 	disconnect(t, srv, started)
-	ev := a.await(t, EventReleased)
+	ev := a.await(t, idem.ResultReleased)
 	assert.Equal(t, http.StatusOK, ev.Status)
 
 	res := send(srv.Client(), clientPost(t, srv.URL, "k1", "a"))
@@ -861,7 +859,7 @@ func testClientGoneStores(t *testing.T, newEnv func(testing.TB) *redistest.Backe
 	srv := httptest.NewServer(a.h)
 	defer srv.Close()
 	disconnect(t, srv, started)
-	ev := a.await(t, EventStored)
+	ev := a.await(t, idem.ResultDone)
 	assert.Equal(t, http.StatusCreated, ev.Status)
 
 	res := send(srv.Client(), clientPost(t, srv.URL, "k1", "a"))
@@ -893,8 +891,9 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	store := &stallStore{Store: rs}
 	store.stalled.Store(true)
 	const lease = 300 * time.Millisecond
-	k, err := idem.New(store, idem.WithLease(lease))
-	require.NoError(t, err)
+	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
+		return idem.New(store, idem.WithLease(lease), observe)
+	})
 
 	type seen struct {
 		token     int64
@@ -921,7 +920,7 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 
 	firstDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { firstDone <- a.do(postKey("k1", "a")) }()
-	a.await(t, EventClaimed)
+	a.await(t, idem.ResultClaimed)
 	select {
 	case rec := <-firstDone:
 		require.Failf(t, "the first request ended before its handler ran", "%d %s", rec.Code, rec.Body)
@@ -934,7 +933,7 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	s2 := <-seenBy
 	assert.True(t, s2.recovered, "the takeover is marked recovered")
 	assert.Equal(t, 2, s2.attempt)
-	assert.Equal(t, EventStored, a.await(t, EventStored).Kind)
+	assert.Equal(t, idem.ResultDone, a.await(t, idem.ResultDone).Result)
 
 	store.stalled.Store(false) // the first holder's next renewal finds it lost
 	first := <-firstDone
@@ -943,7 +942,7 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	assert.Equal(t, 1, s1.attempt)
 	assert.Greater(t, s2.token, s1.token, "fencing tokens increase")
 	assert.Equal(t, "run 1", first.Body.String(), "the first client got its own answer")
-	ev := a.await(t, EventLeaseLost)
+	ev := a.await(t, idem.ResultLeaseLost)
 	assert.ErrorIs(t, ev.Err, idem.ErrLeaseLost)
 
 	rec := a.do(postKey("k1", "a"))
@@ -959,7 +958,7 @@ func testStoreLostAfterHandler(t *testing.T, newEnv func(testing.TB) *redistest.
 	})
 	rec := a.do(postKey("k1", "a"))
 	assert.Equal(t, http.StatusCreated, rec.Code, "the client gets the handler's answer")
-	ev := a.await(t, EventUnavailable)
+	ev := a.await(t, idem.ResultUnavailable)
 	assert.Equal(t, http.StatusCreated, ev.Status)
 	assert.ErrorIs(t, ev.Err, idem.ErrUnavailable)
 }
@@ -1074,17 +1073,6 @@ func TestRequestFingerprintsAreDistinct(t *testing.T) {
 	b := httptest.NewRequest("POST", "/v1/x?q=2", nil)
 	b.URL.Path = "/x"
 	assert.Equal(t, requestFingerprint(a, nil), requestFingerprint(b, nil))
-}
-
-func TestEventKindNames(t *testing.T) {
-	names := map[string]bool{}
-	for k := EventClaimed; k <= EventCanceled; k++ {
-		name := k.String()
-		assert.NotContains(t, name, "EventKind(", "kind %d has a name", k)
-		assert.False(t, names[name], "%q named twice", name)
-		names[name] = true
-	}
-	assert.Equal(t, "EventKind(99)", EventKind(99).String())
 }
 
 // mwDiscard is a ResponseWriter that throws the response away.

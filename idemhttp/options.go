@@ -43,7 +43,7 @@ func WithKeyRequired(required bool) Option {
 // middleware refuses the request before Redis is touched, with the status
 // and detail of a *RefusedError (see Refuse), or 400 and a generic detail
 // for any other error, whose text is not shown to the client. The handler
-// does not run; the hook gets EventRefused with the error. The function is
+// does not run; the Keeper's Observer is told ResultRefused with the error. The function is
 // called only for a request the middleware guards: a guarded method, with a
 // key, whose body was read.
 //
@@ -152,13 +152,6 @@ func WithFailOpen(open bool) Option {
 	return func(m *middleware) { m.failOpen = open }
 }
 
-// WithHook sets a function called with every outcome, for logs and metrics.
-// It is called synchronously on the request's goroutine, so it must be quick
-// and safe for concurrent use. Default: none.
-func WithHook(hook func(Event)) Option {
-	return func(m *middleware) { m.hook = hook }
-}
-
 // middleware holds the settings of New; it is read-only once made.
 type middleware struct {
 	k             *idem.Keeper
@@ -174,7 +167,6 @@ type middleware struct {
 	wait          time.Duration
 	retryAfter    time.Duration
 	failOpen      bool
-	hook          func(Event)
 }
 
 func (m *middleware) validate() error {

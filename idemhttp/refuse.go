@@ -9,8 +9,8 @@ import (
 // RefusedError is an error with which a scope function (WithScope) or a key
 // function (WithKeyFunc) refuses a request: the middleware answers Status with
 // an application/problem+json body whose detail is Detail. The handler does
-// not run, Redis is not touched, and the hook gets EventRefused with the
-// error. A function may return any other error: that answers 400 with a
+// not run, Redis is not touched, and the Keeper's Observer is told of a
+// StepRequest with ResultRefused and the error. A function may return any other error: that answers 400 with a
 // generic detail.
 type RefusedError struct {
 	// Status is the status answered, from 400 to 599; any other value, zero
@@ -19,7 +19,7 @@ type RefusedError struct {
 	// Detail is the problem's detail, shown to the client; empty: a generic
 	// sentence.
 	Detail string
-	// Err is the cause, for the hook (Event.Err) and logs; it is not shown to
+	// Err is the cause, for the Observer (idem.Event.Err) and logs; it is not shown to
 	// the client. May be nil.
 	Err error
 }

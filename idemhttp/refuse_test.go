@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,10 +45,10 @@ func TestScopeRefusal(t *testing.T) {
 			} else {
 				assert.NotContains(t, p.Detail, "10.0.0.5", "the error's own text is not shown")
 			}
-			ev := g.next(t, EventRefused)
+			ev := g.next(t, idem.ResultRefused)
 			assert.Equal(t, tc.status, ev.Status)
-			assert.Equal(t, "k", ev.Key)
 			assert.Empty(t, ev.Scope)
+			assert.Empty(t, ev.ID, "a refused request names no record")
 			assert.ErrorIs(t, ev.Err, tc.err)
 			if tc.wantErrIs != nil {
 				assert.ErrorIs(t, ev.Err, tc.wantErrIs)
@@ -78,7 +79,7 @@ func TestScopeAskedOnlyOfGuardedRequests(t *testing.T) {
 
 	assert.Equal(t, http.StatusOK, g.serve(post("/pay", "a", DefaultKeyHeader, "k", "X-Tenant", "acme")).Code)
 	assert.Equal(t, int32(1), asked.Load())
-	ev := g.next(t, EventStored)
+	ev := g.next(t, idem.ResultDone)
 	assert.Equal(t, "acme", ev.Scope)
 }
 

@@ -52,7 +52,7 @@ func writeField(h io.Writer, s string) {
 // value), pass the request through unguarded, or refuse it with problem.
 type verdict struct {
 	pass    bool
-	kind    EventKind // of a refusal; 0 otherwise
+	kind    idem.Result // of a refusal; 0 otherwise
 	err     error
 	problem problem
 }
@@ -85,7 +85,7 @@ func (m *middleware) identifyByFunc(r *http.Request) (string, []byte, verdict) {
 	key, err := m.keyFunc(r, body)
 	restoreBody(r, body)
 	if err != nil {
-		return key, body, verdict{kind: EventRefused, err: err, problem: refusal(err, ProblemKeyRefused,
+		return key, body, verdict{kind: idem.ResultRefused, err: err, problem: refusal(err, ProblemKeyRefused,
 			"This request could not be accepted, so it was not run.")}
 	}
 	present := key != ""
@@ -103,7 +103,7 @@ func (m *middleware) checkKey(present bool, err error) verdict {
 	case !present && !m.required:
 		return verdict{pass: true}
 	case !present || err != nil:
-		return verdict{kind: EventInvalid, err: err, problem: m.keyProblem(present, err)}
+		return verdict{kind: idem.ResultInvalid, err: err, problem: m.keyProblem(present, err)}
 	}
 	return verdict{}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"sort"
@@ -76,8 +77,8 @@ func (l *ledger) snapshot() map[string][]charge {
 
 // newAPI is the payments API: POST /payments guarded by the middleware, GET
 // /payments listing the ledger.
-func newAPI(k *idem.Keeper, l *ledger, work time.Duration, hook func(idemhttp.Event)) (http.Handler, error) {
-	guard, err := idemhttp.New(k, idemhttp.WithHook(hook))
+func newAPI(k *idem.Keeper, l *ledger, work time.Duration) (http.Handler, error) {
+	guard, err := idemhttp.New(k)
 	if err != nil {
 		return nil, err
 	}
@@ -140,15 +141,17 @@ func pay(l *ledger, work time.Duration) http.Handler {
 	})
 }
 
-// eventCounts counts the middleware's events by kind.
+// eventCounts is an Observer that counts the middleware's requests by
+// outcome (the idem.StepRequest events).
 type eventCounts struct {
 	n [32]atomic.Int64
 }
 
-func (c *eventCounts) add(ev idemhttp.Event) {
-	if int(ev.Kind) < len(c.n) {
-		c.n[ev.Kind].Add(1)
+// Observe implements idem.Observer.
+func (c *eventCounts) Observe(_ context.Context, ev idem.Event) {
+	if ev.Step == idem.StepRequest && int(ev.Result) < len(c.n) {
+		c.n[ev.Result].Add(1)
 	}
 }
 
-func (c *eventCounts) get(k idemhttp.EventKind) int64 { return c.n[k].Load() }
+func (c *eventCounts) get(r idem.Result) int64 { return c.n[r].Load() }

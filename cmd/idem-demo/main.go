@@ -86,14 +86,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer closeRedis()
-	keeper, err := newKeeper(client)
+	events := &eventCounts{}
+	keeper, err := newKeeper(client, events)
 	if err != nil {
 		fmt.Fprintf(stderr, "idem-demo: %v\n", err)
 		return 2
 	}
 	book := newLedger()
-	events := &eventCounts{}
-	api, err := newAPI(keeper, book, cfg.Work, events.add)
+	api, err := newAPI(keeper, book, cfg.Work)
 	if *unguarded {
 		api = unguardedAPI(book, cfg.Work)
 	}
@@ -193,15 +193,16 @@ func openRedis(ctx context.Context, url string) (*redis.Client, string, func(), 
 }
 
 // newKeeper keeps this run's records under a prefix of their own, for ten
-// minutes, so that runs against a shared Redis neither meet nor linger.
-func newKeeper(c *redis.Client) (*idem.Keeper, error) {
+// minutes, so that runs against a shared Redis neither meet nor linger. It
+// tells obs of its steps and the middleware's requests.
+func newKeeper(c *redis.Client, obs idem.Observer) (*idem.Keeper, error) {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	store, err := idem.NewRedisStore(c, idem.WithPrefix("idem-demo:"+hex.EncodeToString(id[:])+":"))
 	if err != nil {
 		return nil, err
 	}
-	return idem.New(store, idem.WithRetention(10*time.Minute))
+	return idem.New(store, idem.WithRetention(10*time.Minute), idem.WithObserver(obs))
 }
 
 func randomSeed() uint64 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -35,9 +36,9 @@ func guardedAPI(t *testing.T, book *ledger, events *eventCounts) http.Handler {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { c.Close() })
-	k, err := newKeeper(c)
+	k, err := newKeeper(c, events)
 	require.NoError(t, err)
-	api, err := newAPI(k, book, smallStorm().Work, events.add)
+	api, err := newAPI(k, book, smallStorm().Work)
 	require.NoError(t, err)
 	return api
 }
@@ -59,7 +60,7 @@ func TestStormChargesEachPaymentOnce(t *testing.T) {
 	assert.Equal(t, cfg.Payments, rep.MissingKey, "each request without a key: 400")
 	assert.GreaterOrEqual(t, rep.Replays, cfg.Payments, "each resend is a replay")
 	assert.Equal(t, rep.Fresh+rep.Replays, v.Answers)
-	assert.EqualValues(t, cfg.Payments, events.get(idemhttp.EventStored))
+	assert.EqualValues(t, cfg.Payments, events.get(idem.ResultDone))
 
 	var out bytes.Buffer
 	printTable(&out, cfg, rep, v, events, time.Second)

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem"
 )
 
 // printTable prints what the storm did and what the ledger says.
@@ -33,7 +33,7 @@ func printTable(w io.Writer, cfg stormConfig, rep *stormReport, v verdict, ev *e
 	if rep.Errors > 0 {
 		row("other transport errors, retried", rep.Errors, "")
 	}
-	row("released for a retry", ev.get(idemhttp.EventReleased), "(the client left before the charge)")
+	row("released for a retry", ev.get(idem.ResultReleased), "(the client left before the charge)")
 	row("latency p50 / p99", round(percentile(lat, 50))+" / "+round(percentile(lat, 99)), "")
 	row("wall time", round(took), "")
 	fmt.Fprintln(w)
