@@ -259,3 +259,14 @@ func (c *Claim) report(ctx context.Context, step Step, started time.Time, err er
 	}
 	k.observer.Observe(ctx, ev)
 }
+
+// ResultOf is the Result an Observer is told for err, an error of a
+// Keeper's call (Begin, Do, Complete, Release, Extend, Checkpoint, Inspect,
+// Forget): ResultDone for nil. A layer on top of a Keeper uses it to report
+// its requests (Keeper.Report) in the Keeper's own terms.
+func ResultOf(err error) Result {
+	if err == nil {
+		return ResultDone
+	}
+	return errorResult(err)
+}

@@ -187,3 +187,14 @@ func TestNoObserverReadsNoClock(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, reads, "one read per store claim")
 }
+
+// ResultOf classes an error as the Observer is told it.
+func TestResultOf(t *testing.T) {
+	assert.Equal(t, ResultDone, ResultOf(nil))
+	assert.Equal(t, ResultMismatch, ResultOf(ErrMismatch))
+	assert.Equal(t, ResultInProgress, ResultOf(&InProgressError{RetryAfter: time.Second}))
+	assert.Equal(t, ResultLeaseLost, ResultOf(ErrLeaseLost))
+	assert.Equal(t, ResultCanceled, ResultOf(context.Canceled))
+	assert.Equal(t, ResultInvalid, ResultOf(ErrInvalidKey))
+	assert.Equal(t, ResultUnavailable, ResultOf(ErrUnavailable))
+}

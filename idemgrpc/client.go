@@ -122,7 +122,7 @@ func (c *client) validate() error {
 // key, as many times as the retry rules allow.
 func (c *client) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	var info CallInfo
-	defer report(opts, &info)
+	defer tellInfo(opts, &info)
 	if !c.methods.guards(method) {
 		info.Attempts = 1
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -148,8 +148,8 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 	}
 }
 
-// report copies info to every Info option of the call.
-func report(opts []grpc.CallOption, info *CallInfo) {
+// tellInfo copies info to every Info option of the call.
+func tellInfo(opts []grpc.CallOption, info *CallInfo) {
 	for _, o := range opts {
 		if opt, ok := o.(infoOption); ok && opt.dst != nil {
 			*opt.dst = *info

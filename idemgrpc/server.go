@@ -77,6 +77,14 @@ const cleanupTimeout = 5 * time.Second
 // The interceptor's own answers but Canceled, DeadlineExceeded and the
 // tenant function's carry an ErrorInfo detail of domain ErrorDomain and one
 // of the Reason constants.
+//
+// The interceptor reports to the Keeper's Observer (idem.WithObserver): the
+// Keeper's own steps as they happen, then one idem.StepRequest per guarded
+// call, whose Result is its outcome (ResultDone, ResultReleased,
+// ResultReplayed, ResultInProgress, ResultMismatch, ResultLeaseLost,
+// ResultUnavailable, ResultInvalid, ResultCorrupt, ResultCanceled,
+// ResultRefused), Status the gRPC code answered, Took the whole call and
+// Held how long the handler ran.
 func UnaryServerInterceptor(k *idem.Keeper, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	if k == nil {
 		return nil, invalid("nil Keeper")
@@ -133,7 +141,8 @@ func (s *server) validate() error {
 
 // intercept handles one call: it passes through what it does not guard,
 // refuses a call it cannot guard, then claims the key and answers what the
-// claim says (refuse, replay, or run).
+// claim says (refuse, replay, or run). It reports the call's outcome to the
+// Keeper's Observer.
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if !s.methods.guards(info.FullMethod) {
 		return handler(ctx, req)
@@ -142,40 +151,45 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !present && !s.required {
 		return handler(ctx, req)
 	}
+	rep := newReport(s.k, ctx)
 	if !present || err != nil {
-		return nil, s.keyAnswer(present, err)
+		return nil, rep.answer(idem.ResultInvalid, err, s.keyAnswer(present, err))
 	}
-	out, err := s.begin(ctx, info.FullMethod, key, req)
+	out, result, cause, err := s.begin(ctx, &rep, info.FullMethod, key, req)
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, rep.answer(result, cause, err)
 	case out.Replayed:
-		return replay(ctx, out)
+		rep.ev.Token = out.Token
+		resp, result, err := replay(ctx, out)
+		return resp, rep.answer(result, nil, err)
 	}
-	return s.run(ctx, req, handler, out.Claim)
+	return s.run(ctx, &rep, req, handler, out.Claim)
 }
 
 // begin names the call's record, fingerprints its request and claims the
-// key. Its error is the call's answer.
-func (s *server) begin(ctx context.Context, fullMethod, key string, req any) (idem.Outcome, error) {
+// key. On an error it returns the call's outcome, its cause, and the answer.
+func (s *server) begin(ctx context.Context, rep *report, fullMethod, key string, req any) (idem.Outcome, idem.Result, error, error) {
 	tenant, err := s.tenant(ctx)
 	if err != nil {
-		return idem.Outcome{}, tenantAnswer(err)
+		return idem.Outcome{}, idem.ResultRefused, err, tenantAnswer(err)
 	}
 	fp, err := fingerprint(req)
 	if err != nil {
-		return idem.Outcome{}, answer(codes.Internal, ReasonNotFingerprintable, err.Error(), 0)
+		return idem.Outcome{}, idem.ResultInvalid, err, answer(codes.Internal, ReasonNotFingerprintable, err.Error(), 0)
 	}
 	opts := []idem.Option{idem.WithFingerprint(fp)}
 	if s.waitSet {
 		opts = append(opts, idem.WithWait(s.wait))
 	}
 	// A full method holds no space, so the first space ends it.
-	out, err := s.k.Begin(ctx, fullMethod+" "+tenant, key, opts...)
+	scope := fullMethod + " " + tenant
+	rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	out, err := s.k.Begin(ctx, scope, key, opts...)
 	if err != nil {
-		return out, s.beginError(err)
+		return out, idem.ResultOf(err), err, s.beginError(err)
 	}
-	return out, nil
+	return out, 0, nil, nil
 }
 
 // fingerprint is the request's full message name, its length first, then
@@ -195,27 +209,33 @@ func fingerprint(req any) ([]byte, error) {
 	return fp, nil
 }
 
-// replay answers the stored record, marked as replayed.
-func replay(ctx context.Context, out idem.Outcome) (any, error) {
+// replay answers the stored record, marked as replayed, and says whether it
+// was one (ResultReplayed) or could not be read (ResultCorrupt).
+func replay(ctx context.Context, out idem.Outcome) (any, idem.Result, error) {
 	if out.Err != nil { // a final error stored by idem.Do, not a record of ours
-		return nil, corruptAnswer()
+		return nil, idem.ResultCorrupt, corruptAnswer()
 	}
 	r, err := unmarshalRecord(out.Value)
 	if err != nil {
-		return nil, corruptAnswer()
+		return nil, idem.ResultCorrupt, corruptAnswer()
 	}
 	resp, err := r.answer()
 	if errors.Is(err, idem.ErrCorrupt) {
-		return nil, corruptAnswer()
+		return nil, idem.ResultCorrupt, corruptAnswer()
 	}
 	_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true")) // fails only outside a gRPC server
-	return resp, err
+	return resp, idem.ResultReplayed, err
 }
+
+// errPanicked is the Err of the ResultReleased of a panicking handler.
+var errPanicked = errors.New("idemgrpc: the handler panicked; the key was released")
 
 // run runs the handler under the claim, then stores its answer or releases
 // the key, and gives the handler's answer to the client.
-func (s *server) run(ctx context.Context, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
+func (s *server) run(ctx context.Context, rep *report, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
+	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 	hctx, stop := cl.KeepAlive(idem.ContextWithClaim(ctx, cl))
+	rep.ran = time.Now()
 	finished := false
 	defer func() {
 		if finished {
@@ -225,28 +245,29 @@ func (s *server) run(ctx context.Context, req any, handler grpc.UnaryHandler, cl
 		stop()
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
-		_ = cl.Release(cctx)
+		result, cause := settled(idem.ResultReleased, errPanicked, cl.Release(cctx))
+		rep.answer(result, cause, nil)
 	}()
 	resp, err := handler(hctx, req)
 	finished = true
 	if lost := stop(); lost != nil {
-		return resp, err // another attempt may hold the key: store nothing, release nothing
+		// Another attempt may hold the key: store nothing, release nothing.
+		return resp, rep.answer(idem.ResultLeaseLost, lost, err)
 	}
-	s.settle(ctx, cl, resp, err)
-	return resp, err
+	result, cause := s.settle(ctx, cl, resp, err)
+	return resp, rep.answer(result, cause, err)
 }
 
 // settle stores the handler's answer under the claim, or releases the key
 // when the store policy says so or the handler gave up on a client that
-// went away.
-func (s *server) settle(ctx context.Context, cl *idem.Claim, resp any, err error) {
+// went away; it returns the call's outcome and its cause.
+func (s *server) settle(ctx context.Context, cl *idem.Claim, resp any, err error) (idem.Result, error) {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	code := statusOf(err).Code()
 	gaveUp := ctx.Err() != nil && code != codes.OK
 	if gaveUp || !s.store(code) {
-		_ = cl.Release(cctx)
-		return
+		return settled(idem.ResultReleased, nil, cl.Release(cctx))
 	}
 	rec := answerRecord(resp, err)
 	value, merr := rec.marshal()
@@ -258,7 +279,20 @@ func (s *server) settle(ctx context.Context, cl *idem.Claim, resp any, err error
 	if code != codes.OK {
 		retention = s.k.ErrorRetention()
 	}
-	_ = cl.Complete(cctx, value, retention) // the client gets the handler's answer either way
+	// The client gets the handler's answer either way.
+	return settled(idem.ResultDone, nil, cl.Complete(cctx, value, retention))
+}
+
+// settled is result with note, or the lease loss or store failure (err)
+// that prevented it.
+func settled(result idem.Result, note, err error) (idem.Result, error) {
+	switch {
+	case errors.Is(err, idem.ErrLeaseLost):
+		return idem.ResultLeaseLost, err
+	case err != nil:
+		return idem.ResultUnavailable, err
+	}
+	return result, note
 }
 
 // statusOf is the status gRPC answers for a handler's error: the status it
