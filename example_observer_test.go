@@ -35,7 +35,7 @@ func ExampleSlogObserver() {
 	// Output:
 	// level=DEBUG msg="idem claim: claimed" idem.step=claim idem.result=claimed idem.scope=tenant-1 idem.attempt=1 idem.recovered=false
 	// level=DEBUG msg="idem complete: done" idem.step=complete idem.result=done idem.scope=tenant-1 idem.attempt=1 idem.recovered=false
-	// level=DEBUG msg="idem claim: replayed" idem.step=claim idem.result=replayed idem.scope=tenant-1 idem.attempt=0 idem.recovered=false
+	// level=DEBUG msg="idem claim: replayed" idem.step=claim idem.result=replayed idem.scope=tenant-1 idem.attempt=1 idem.recovered=false
 }
 
 // Tell a replay from a run without another signature.

@@ -8,12 +8,15 @@ import (
 // SlogObserver returns an Observer that logs every step through logger,
 // with the attributes idem.step, idem.result, idem.scope, idem.id (the
 // record's digest: client keys are never logged), idem.token, idem.attempt,
-// idem.recovered, idem.took, idem.held and the error.
+// idem.recovered, idem.took, and when they are set idem.held,
+// idem.lease_left, idem.status (a request's answer) and the error.
 //
 // Levels: replays, claims, in-progress answers, cancellations and steps
-// that went through at Debug; mismatches and invalid keys (client errors)
-// at Info; a recovered claim (an earlier attempt may have partly run), a
-// lost lease and an unavailable store at Warn; a corrupt record at Error.
+// that went through at Debug; mismatches, invalid keys, bodies over the
+// limit and refused requests (client errors) at Info; a recovered claim (an
+// earlier attempt may have partly run), a lost lease, an unavailable store
+// and a request run unguarded for it (fail open) at Warn; a corrupt record
+// at Error.
 //
 // The call's context is handed to the logger (Logger.LogAttrs), so a handler
 // that reads trace ids from the context (an OpenTelemetry bridge) correlates
@@ -42,6 +45,12 @@ func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog
 		if ev.Held > 0 {
 			attrs = append(attrs, slog.Duration("idem.held", ev.Held))
 		}
+		if ev.LeaseLeft > 0 {
+			attrs = append(attrs, slog.Duration("idem.lease_left", ev.LeaseLeft))
+		}
+		if ev.Status != 0 {
+			attrs = append(attrs, slog.Int("idem.status", ev.Status))
+		}
 		if ev.Err != nil {
 			attrs = append(attrs, slog.String("error", ev.Err.Error()))
 		}
@@ -57,9 +66,9 @@ func slogLevel(ev Event) slog.Level {
 	switch ev.Result {
 	case ResultCorrupt:
 		return slog.LevelError
-	case ResultRecovered, ResultLeaseLost, ResultUnavailable:
+	case ResultRecovered, ResultLeaseLost, ResultUnavailable, ResultFailOpen:
 		return slog.LevelWarn
-	case ResultMismatch, ResultInvalid:
+	case ResultMismatch, ResultInvalid, ResultTooLarge, ResultRefused:
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug
