@@ -56,9 +56,11 @@ const (
 //   - The request is sent again, up to MaxAttempts times in all (default 5),
 //     after a network error (a TLS certificate that does not verify
 //     excepted) and after 409 Conflict (the key is in progress), 429 Too Many
-//     Requests and 503 Service Unavailable. Any other status, 422 and every
-//     other 4xx included, is returned at once: those answers do not change
-//     on a retry.
+//     Requests, 503 Service Unavailable, and 502 Bad Gateway and 504 Gateway
+//     Timeout: a proxy's answers that say the server's own answer, if any,
+//     was lost, which the same key safely asks for again. Any other status,
+//     500, 422 and every other 4xx included, is returned at once: a server
+//     that keeps its answers per key gives the same one on a retry.
 //   - Before a retry it waits for the response's Retry-After (seconds or an
 //     HTTP date), plus a jitter of up to Backoff; without one, for an
 //     exponential backoff with jitter: Backoff (default 100 ms), doubled for
@@ -217,7 +219,8 @@ func (t *Transport) retryDelay(resp *http.Response, err error, attempt int) (tim
 		return t.backoff(attempt), retryableError(err)
 	}
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	case http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable,
+		http.StatusBadGateway, http.StatusGatewayTimeout:
 	default:
 		return 0, false
 	}

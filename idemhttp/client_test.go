@@ -112,17 +112,20 @@ func TestTransportKeepsOneKeyAcrossRetries(t *testing.T) {
 		reply{status: 503, header: []string{"Retry-After", "1"}},
 		reply{status: 409, header: []string{"Retry-After", "2"}},
 		reply{status: 429},
+		reply{status: 502},
+		reply{status: 504},
 		reply{status: 201, header: []string{ReplayedHeader, "true"}},
 	)
+	tr.MaxAttempts = 7
 	req := newPost(`{"amount":100}`)
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 
 	assert.Equal(t, 201, resp.StatusCode)
-	assert.Equal(t, 5, Attempts(resp))
+	assert.Equal(t, 7, Attempts(resp))
 	assert.True(t, Replayed(resp))
-	require.Len(t, base.keys, 5)
+	require.Len(t, base.keys, 7)
 	assert.Regexp(t, uuidV4, base.keys[0], "a new key is a version 4 UUID")
 	for i := range base.keys {
 		assert.Equal(t, base.keys[0], base.keys[i], "attempt %d carries the first key", i+1)
@@ -130,9 +133,9 @@ func TestTransportKeepsOneKeyAcrossRetries(t *testing.T) {
 	}
 	assert.Equal(t, base.keys[0], resp.Request.Header.Get(DefaultKeyHeader), "the response's request carries the key")
 	assert.Empty(t, req.Header.Get(DefaultKeyHeader), "the caller's request is not modified")
-	assert.Equal(t, 3, base.closed, "the bodies of the answers retried are closed")
+	assert.Equal(t, 5, base.closed, "the bodies of the answers retried are closed")
 
-	require.Len(t, *waits, 4)
+	require.Len(t, *waits, 6)
 	assert.InDelta(t, 75*time.Millisecond, (*waits)[0], float64(25*time.Millisecond), "backoff: a random half of Backoff, plus half")
 	assert.GreaterOrEqual(t, (*waits)[1], time.Second, "Retry-After is honoured")
 	assert.LessOrEqual(t, (*waits)[1], time.Second+DefaultBackoff, "plus at most Backoff of jitter")
@@ -142,7 +145,7 @@ func TestTransportKeepsOneKeyAcrossRetries(t *testing.T) {
 }
 
 func TestTransportNeverRetriesOtherStatuses(t *testing.T) {
-	for _, status := range []int{200, 201, 302, 400, 401, 404, 408, 422, 425, 500, 502, 504} {
+	for _, status := range []int{200, 201, 302, 400, 401, 404, 408, 422, 425, 500, 501, 505} {
 		tr, base, waits := newScripted(reply{status: status}, reply{status: 201})
 		resp, err := tr.RoundTrip(newPost("x"))
 		require.NoError(t, err)
