@@ -109,6 +109,54 @@ var formatV1 = []struct {
 		assert.True(t, ok)
 		assert.Equal(t, "ch_1", string(v))
 	}},
+	// Added with the short form of a completed record, which complete.lua
+	// writes: "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" RECOVERED ":" PAYLOAD, the
+	// token in base 36 ("gqll7vatq8" is 1700000000000000).
+	{"short completed bytes", "i1C::gqll7vatq8:1:0:\x01bshipped", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		assert.True(t, out.Replayed)
+		assert.Equal(t, "shipped", string(out.Value))
+		assert.EqualValues(t, 1700000000000000, out.Token)
+	}},
+	{"short completed value of Do", "i1C::gqll7vatq8:2:1:\x01v\x2a", func(t *testing.T, k *Keeper, key string) {
+		v, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 42, v)
+	}},
+	{"short completed final error of Do", "i1C::gqll7vatq8:1:0:\x01ecard declined", func(t *testing.T, k *Keeper, key string) {
+		_, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		var final *FinalError
+		require.ErrorAs(t, err, &final)
+		assert.True(t, final.Replayed)
+		assert.Equal(t, "card declined", err.Error())
+	}},
+	{"short completed coded final error of Do", "i1C::gqll7vatq8:1:0:\x01E" + codedFinalV1, func(t *testing.T, k *Keeper, key string) {
+		_, err := Do(context.Background(), k, "s", key, func(context.Context) (int, error) { return 0, nil })
+		var final *FinalError
+		require.ErrorAs(t, err, &final)
+		assert.Equal(t, "card_declined", final.Code)
+	}},
+	{"short completed with a fingerprint", "i1C:" + fingerprintDigest([]byte("body")) + ":gqll7vatq8:1:0:\x01bok", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
+		assert.ErrorIs(t, err, ErrMismatch)
+		_, err = k.Begin(context.Background(), "s", key)
+		assert.ErrorIs(t, err, ErrMismatch, "no fingerprint against one")
+		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(out.Value))
+	}},
+	{"short completed, recovered, inspected", "i1C::gqll7vatq8:3:1:\x01bok", func(t *testing.T, k *Keeper, key string) {
+		r, err := k.Inspect(context.Background(), "s", key)
+		require.NoError(t, err)
+		assert.Equal(t, StateCompleted, r.State)
+		assert.EqualValues(t, 1700000000000000, r.Token)
+		assert.Equal(t, 3, r.Attempt)
+		assert.True(t, r.Recovered)
+		assert.False(t, r.Fingerprint)
+		assert.Equal(t, StoredBytes, r.Stored)
+		assert.Equal(t, 2, r.Size)
+	}},
 }
 
 // codedFinalV1 is the body of a kind 'E' record: [message, code, details].

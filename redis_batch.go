@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -107,7 +108,7 @@ func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion)
 			if keepArg == nil || items[i].Keep != keep {
 				keep, keepArg = items[i].Keep, millis(items[i].Keep)
 			}
-			return append(dst, items[i].Token, keepArg, items[i].Value)
+			return append(dst, items[i].Token, strconv.FormatInt(items[i].Token, 36), keepArg, items[i].Value)
 		},
 		answer: transitionAnswers(errs),
 	}, upTo(len(items)))
@@ -210,7 +211,7 @@ func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
 
 func (s *RedisStore) batchCall(st *batchStep, records []int) batchCall {
 	c := batchCall{records: records, keys: make([]string, len(records))}
-	c.args = append(make([]any, 0, len(st.head)+3*len(records)), st.head...)
+	c.args = append(make([]any, 0, len(st.head)+4*len(records)), st.head...)
 	for j, i := range records {
 		c.keys[j] = st.key(i)
 		c.args = st.args(c.args, i)

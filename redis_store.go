@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,6 +53,8 @@ type RedisStore struct {
 	prefix string
 	// durable is the setting of WithReplicas; nil: no waiting.
 	durable *durability
+	// boxes holds the script arguments of the durations the store is given.
+	boxes millisBoxes
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -130,15 +134,37 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if !isBase64URL(req.Fingerprint) || !isBase64URL(req.Attempt) || req.Attempt == "" {
 		return ClaimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
 	}
-	res, err := s.runScript(ctx, claimScript, []string{s.key(id)},
-		req.Fingerprint, req.Attempt, millis(req.Lease), millis(req.Keep)).Slice()
+	args := s.evalArgs(claimEval, id, 4)
+	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep))
+	res, err := s.eval(ctx, claimEval, args).Result()
 	if err != nil {
 		return ClaimReply{}, err
 	}
-	return claimReply(res)
+	return claimAnswer(res)
 }
 
-// claimReply reads what claim.lua, or one record of batch_claim.lua, answered.
+// claimAnswer reads what claim.lua answered: a new claim's token, a
+// completed record, the lease left of another attempt (negated), or a table.
+func claimAnswer(res any) (ClaimReply, error) {
+	switch r := res.(type) {
+	case int64:
+		if r < 0 {
+			return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(-r) * time.Millisecond}, nil
+		}
+		if r > 0 {
+			return ClaimReply{Status: StatusClaimed, Token: r, Attempt: 1}, nil
+		}
+	case string:
+		return parseCompleted(r)
+	case []any:
+		return claimReply(r)
+	}
+	return ClaimReply{}, unexpected(res)
+}
+
+// claimReply reads a table claim.lua answered, or one record of
+// batch_claim.lua's reply in the same shape ({2, record} and {3,
+// lease_left_ms} are batch_claim.lua's only).
 func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {
 	case 1:
@@ -170,51 +196,152 @@ func claimReply(res []any) (ClaimReply, error) {
 	return ClaimReply{}, unexpected(res)
 }
 
-// parseCompleted splits a completed record,
-// "i1C" TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" PAYLOAD,
-// whose header the script has already matched.
+// parseCompleted reads a completed record, of either form:
+//
+//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD   (complete.lua writes it)
+//	"i1C" TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" PAYLOAD
+//
+// The script has compared the fingerprint; the rest of the header is checked
+// here. The Value is the payload, sharing the memory of rec: rec must be a
+// reply go-redis read, which nothing else holds (go-redis makes the string of
+// a bulk reply from a buffer of its own).
 func parseCompleted(rec string) (ClaimReply, error) {
 	r := ClaimReply{Status: StatusCompleted}
 	rest, ok := strings.CutPrefix(rec, "i1C")
-	var fields [6]string
-	for i := 0; ok && i < len(fields); i++ {
-		fields[i], rest, ok = strings.Cut(rest, ":")
-	}
 	if !ok {
-		return r, fmt.Errorf("%w: completed record header", ErrCorrupt)
+		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
 	}
-	tok, err1 := strconv.ParseInt(fields[0], 10, 64)
-	n, err2 := strconv.Atoi(fields[1])
-	if err1 != nil || err2 != nil {
-		return r, fmt.Errorf("%w: completed record header", ErrCorrupt)
+	var err error
+	if short, ok := strings.CutPrefix(rest, ":"); ok {
+		rest, err = r.shortHeader(short)
+	} else {
+		rest, err = r.longHeader(rest)
 	}
-	r.Token, r.Attempt, r.Value = tok, n, []byte(rest)
+	if err != nil {
+		return ClaimReply{Status: StatusCompleted}, err
+	}
+	r.Value = unsafe.Slice(unsafe.StringData(rest), len(rest))
 	return r, nil
+}
+
+// shortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" off the front of
+// s into r and returns what follows.
+func (r *ClaimReply) shortHeader(s string) (string, error) {
+	var f [4]string // fingerprint, token, attempt, recovered
+	s, ok := cutFields(s, f[:])
+	if !ok || !isBase64URL(f[0]) || !isBase36(f[1]) || !isDigits(f[2]) || f[3] != "0" && f[3] != "1" {
+		return "", fmt.Errorf("%w: unknown format", ErrCorrupt)
+	}
+	tok, err1 := parseToken36(f[1])
+	n, err2 := strconv.Atoi(f[2])
+	if err1 != nil || err2 != nil || len(f[2]) > 9 || n < 1 {
+		return "", fmt.Errorf("%w: token or attempt count out of range", ErrCorrupt)
+	}
+	r.Token, r.Attempt = tok, n
+	return s, nil
+}
+
+// longHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP
+// ":" off the front of s into r and returns what follows; the script has
+// matched it already.
+func (r *ClaimReply) longHeader(s string) (string, error) {
+	var f [6]string
+	s, ok := cutFields(s, f[:])
+	if !ok {
+		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
+	}
+	tok, err1 := strconv.ParseInt(f[0], 10, 64)
+	n, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
+	}
+	r.Token, r.Attempt = tok, n
+	return s, nil
+}
+
+// cutFields cuts len(f) fields, each ended by ':', off the front of s.
+func cutFields(s string, f []string) (rest string, ok bool) {
+	for i := range f {
+		if f[i], s, ok = strings.Cut(s, ":"); !ok {
+			return "", false
+		}
+	}
+	return s, true
+}
+
+// maxToken is the largest fencing token: Lua numbers are doubles, which hold
+// integers exactly up to 2^53.
+const maxToken = 1<<53 - 1
+
+// parseToken36 reads a token in base 36, lower case, as a completed record's
+// short form keeps it: 1 to maxToken.
+func parseToken36(s string) (int64, error) {
+	if !isBase36(s) {
+		return 0, strconv.ErrSyntax
+	}
+	tok, err := strconv.ParseInt(s, 36, 64)
+	if err == nil && (tok < 1 || tok > maxToken) {
+		err = strconv.ErrRange
+	}
+	return tok, err
+}
+
+// isBase36 reports whether s is one or more digits of base 36, lower case.
+func isBase36(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// isDigits reports whether s is one or more decimal digits.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
-	return s.transition(ctx, completeScript, id, token, value, millis(keep))
+	args := s.evalArgs(completeEval, id, 4)
+	args = append(args, token, strconv.FormatInt(token, 36), s.boxes.millis(boxRetention, keep), value)
+	return s.transition(ctx, completeEval, args)
 }
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
-	return s.transition(ctx, releaseScript, id, token, millis(keep))
+	args := s.evalArgs(releaseEval, id, 2)
+	return s.transition(ctx, releaseEval, append(args, token, s.boxes.millis(boxKeep, keep)))
 }
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	return s.transition(ctx, extendScript, id, token, millis(lease), millis(keep))
+	args := s.evalArgs(extendEval, id, 3)
+	return s.transition(ctx, extendEval, append(args, token, s.boxes.millis(boxLease, lease), s.boxes.millis(boxKeep, keep)))
 }
 
-// transition runs a script that answers {1} (done), {0} (lease lost) or
-// {5, reason} (corrupt).
-func (s *RedisStore) transition(ctx context.Context, sc *redis.Script, id string, args ...any) error {
-	res, err := s.runScript(ctx, sc, []string{s.key(id)}, args...).Slice()
+// transition runs a script that answers 1 (done), 0 (lease lost) or {5,
+// reason} (corrupt).
+func (s *RedisStore) transition(ctx context.Context, sc *evalScript, args []any) error {
+	res, err := s.eval(ctx, sc, args).Result()
 	if err != nil {
 		return err
 	}
-	return transitionReply(res)
+	switch res {
+	case int64(1):
+		return nil
+	case int64(0):
+		return ErrLeaseLost
+	}
+	if r, ok := res.([]any); ok {
+		return transitionReply(r)
+	}
+	return unexpected(res)
 }
 
 // transitionReply reads what a script that answers {1, ...}, {0} or
@@ -231,15 +358,95 @@ func transitionReply(res []any) error {
 	return unexpected(res)
 }
 
-// runScript runs sc as Script.Run does (EVALSHA, then EVAL on NOSCRIPT), and
-// with WithReplicas, for the steps that need it, pipelines WAIT after it.
-func (s *RedisStore) runScript(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+// evalScript is a script as a single-record step sends it: EVALSHA's
+// arguments start with its hash, boxed once, as is its source, which EVAL
+// sends after NOSCRIPT.
+type evalScript struct {
+	*redis.Script
+	sha, src any
+}
+
+func newEvalScript(sc *redis.Script, src string) *evalScript {
+	return &evalScript{Script: sc, sha: sc.Hash(), src: src}
+}
+
+var (
+	claimEval    = newEvalScript(claimScript, claimLua)
+	completeEval = newEvalScript(completeScript, completeLua)
+	releaseEval  = newEvalScript(releaseScript, releaseLua)
+	extendEval   = newEvalScript(extendScript, extendLua)
+)
+
+// evalArgs returns the start of an EVALSHA of sc on the record id (the
+// command, the hash, one key, the key), with room for n arguments more.
+func (s *RedisStore) evalArgs(sc *evalScript, id string, n int) []any {
+	args := make([]any, 4, 4+n)
+	args[0], args[1], args[2], args[3] = "evalsha", sc.sha, 1, s.key(id)
+	return args
+}
+
+// processor is a client that sends a command it is given: every go-redis
+// client is one.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// eval runs sc with args, which evalArgs began, as Script.Run does (EVALSHA,
+// then EVAL on NOSCRIPT), and with WithReplicas, for the steps that need it,
+// pipelines WAIT after it. It sends args as they are when it can, rather than
+// have go-redis copy them into a command of its own.
+func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redis.Cmd {
 	if s.durable != nil {
-		if op := waitsAfter(sc); op != "" {
-			return s.durable.run(ctx, s.client, op, sc, keys, args...)
+		if op := waitsAfter(sc.Script); op != "" {
+			return s.durable.run(ctx, s.client, op, sc.Script, []string{args[3].(string)}, args[4:]...)
 		}
 	}
-	return sc.Run(ctx, s.client, keys, args...)
+	p, ok := s.client.(processor)
+	if !ok {
+		return sc.Run(ctx, s.client, []string{args[3].(string)}, args[4:]...)
+	}
+	cmd := process(ctx, p, args)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = "eval", sc.src
+		cmd = process(ctx, p, args)
+	}
+	return cmd
+}
+
+// process sends the script call args (its key at 3) through p.
+func process(ctx context.Context, p processor, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = p.Process(ctx, cmd)
+	return cmd
+}
+
+// millisBoxes holds the durations a store's scripts are given most, in
+// milliseconds, boxed for the script's arguments: a Keeper passes the same
+// lease, keep and retention on every call, which would otherwise be boxed
+// (allocated) every time. A slot holds the last duration it was asked for.
+type millisBoxes [3]atomic.Pointer[millisBox]
+
+// The slots of millisBoxes.
+const (
+	boxLease = iota
+	boxKeep
+	boxRetention
+)
+
+type millisBox struct {
+	d time.Duration
+	v any // millis(d)
+}
+
+// millis returns millis(d), boxed, through the slot.
+func (b *millisBoxes) millis(slot int, d time.Duration) any {
+	if m := b[slot].Load(); m != nil && m.d == d {
+		return m.v
+	}
+	m := &millisBox{d: d, v: millis(d)}
+	b[slot].Store(m)
+	return m.v
 }
 
 // LoadScripts loads every script into the script cache of the server the
@@ -283,7 +490,7 @@ func corrupt(res []any) error {
 	return ErrCorrupt
 }
 
-func unexpected(res []any) error {
+func unexpected(res any) error {
 	return fmt.Errorf("%w: unexpected script reply %v", ErrCorrupt, res)
 }
 

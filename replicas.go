@@ -314,11 +314,16 @@ func (d *durability) settle(op string, script *redis.Cmd, wait *redis.IntCmd) *r
 	return script
 }
 
-// scriptWrote reports whether a script answered {1, ...}: claimed, completed or
-// extended.
+// scriptWrote reports whether a script answered a positive integer (a new
+// claim's token; completed or extended: 1) or {1, ...}: claimed, completed
+// or extended.
 func scriptWrote(cmd *redis.Cmd) bool {
-	res, err := cmd.Slice()
-	return err == nil && replyCode(res) == 1
+	res, err := cmd.Result()
+	if n, ok := res.(int64); ok {
+		return err == nil && n > 0
+	}
+	r, _ := res.([]any)
+	return err == nil && replyCode(r) == 1
 }
 
 // isClusterRedirect reports whether err refuses a Cluster command before it

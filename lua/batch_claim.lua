@@ -57,6 +57,17 @@ local function claim(key, fp)
   if not v then
     return 6
   end
+  local a, b, c, d = string.byte(v, 1, 4)
+  if d == 58 and c == 67 and b == 49 and a == 105 then
+    -- "i1C:" FP ":": a completed record of the short form (see claim.lua).
+    if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
+      return 2, v
+    end
+    if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+      return 4
+    end
+    return 5, 'unknown format'
+  end
   local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
     string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
   if not st then

@@ -15,15 +15,19 @@ local now
 
 local function extend(key, token)
   local v = redis.pcall('GET', key)
-  if type(v) == 'table' then
-    return 'wrong type'
-  end
   if not v then
     return 0
+  end
+  if type(v) ~= 'string' then
+    return 'wrong type'
   end
   local _, hdr, st, tok, cnt, rec, att, fp =
     string.find(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
   if not st then
+    -- A completed record of the short form (see complete.lua) is no claim's.
+    if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+      return 0
+    end
     return 'unknown format'
   end
   if st ~= 'P' or tok ~= token then

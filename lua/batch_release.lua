@@ -13,15 +13,19 @@
 -- run twice.
 local function release(key, token)
   local v = redis.pcall('GET', key)
-  if type(v) == 'table' then
-    return 'wrong type'
-  end
   if not v then
     return 0
+  end
+  if type(v) ~= 'string' then
+    return 'wrong type'
   end
   local _, hdr, st, tok, cnt, fp =
     string.find(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:([%w_%-]*):')
   if not st then
+    -- A completed record of the short form (see complete.lua) is no claim's.
+    if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+      return 0
+    end
     return 'unknown format'
   end
   if tok ~= token then

@@ -28,6 +28,10 @@ if not v then
 end
 local _, hdr, st, tok = string.find(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
 if not st then
+  -- A completed record of the short form (see complete.lua) is no claim's.
+  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+    return {0}
+  end
   return {5, 'unknown format'}
 end
 if st ~= 'P' or tok ~= token then

@@ -7,13 +7,20 @@
 -- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
 --
 -- Returns one of
---   {1, token, attempt, recovered}  claimed: the caller runs the operation
+--   token                           (an integer > 0) claimed a new record: the caller
+--                                   runs the operation, attempt 1, not recovered
+--   {1, token, attempt, recovered}  claimed an existing record (lease run out,
+--                                   released, or this attempt asking again)
 --   {1, token, attempt, recovered, checkpoints}
---                                   claimed, and an earlier attempt left checkpoints
---   {2, record}                     completed: the whole record, header and payload
---   {3, lease_left_ms}              another attempt holds a live lease
+--                                   the same, and an earlier attempt left checkpoints
+--   record                          (a string) completed: the whole record, header
+--                                   and payload; the caller reads the header
+--   -lease_left_ms                  (an integer < 0) another attempt holds a live lease
 --   {4}                             the record was made for another fingerprint
 --   {5, reason}                     the value at the key is not a record of ours
+-- The two answers of the hot paths, a new claim and a replay, are a bare
+-- integer and a bare string: a table reply costs Redis more than the rest
+-- of a replay's Lua.
 --
 -- Record format (one string, so that a completed record is one allocation):
 --   "i1" STATE TOKEN ":" ATTEMPT ":" RECOVERED ":" LEASE_UNTIL_US ":" ATTEMPT_ID ":" FP ":" PAYLOAD
@@ -23,97 +30,107 @@
 -- record holds its checkpoints (see checkpoint.lua), often none: a claim carries
 -- them over to the next holder and answers them. A released record that holds
 -- checkpoints keeps its fingerprint, and answers another one {4}.
+-- A completed record is written in a shorter form (see complete.lua), without
+-- the lease end and attempt id it never uses, its fingerprint first and its
+-- token in base 36:
+--   "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" RECOVERED ":" PAYLOAD
+-- Both forms are read; a replay of the short form compares the fingerprint at
+-- its fixed place and leaves the rest of the header to the caller.
+--
+-- Redis's clock is read only when the record is not completed: a replay costs
+-- one command inside the script.
 --
 -- Safe to run twice for one call (go-redis retries a command whose reply was
 -- lost): the second run finds its own attempt id and answers the same claim.
-local key, fp, attempt = KEYS[1], ARGV[1], ARGV[2]
-local lease, keep = tonumber(ARGV[3]), ARGV[4]
+local key, fp = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
-if type(v) == 'table' then
+if not v then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  redis.call('SET', key, string.format('i1P%d:1:0:%d:', now, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
+    'PX', ARGV[4])
+  return now
+end
+if type(v) ~= 'string' then
   return {5, 'wrong type'}
 end
 
--- Redis's clock is read only once the record is known not to be completed:
--- a replay costs one command inside the script, not two.
-local now
-local function clock()
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return now
-end
-
--- readable reports whether s reads as checkpoints: LEN ":" BYTES fields, a
--- name and a value each (see checkpoint.lua).
-local function readable(s)
-  local pos, fields = 1, 0
-  while pos <= #s do
-    local len = string.match(s, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return false
-    end
-    pos = pos + #len + 1 + tonumber(len)
-    fields = fields + 1
+local a, b, c, d = string.byte(v, 1, 4)
+if d == 58 and c == 67 and b == 49 and a == 105 then
+  -- "i1C:" FP ":": a completed record of the short form.
+  if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
+    return v
   end
-  return pos == #s + 1 and fields % 2 == 0
-end
-
-local token, n, recovered
-local checkpoints = ''
-local function claimed(tok, cnt, rec)
-  if checkpoints == '' then
-    return {1, tok, cnt, rec}
-  end
-  return {1, tok, cnt, rec, checkpoints}
-end
-if not v then
-  token, n, recovered = clock(), 1, 0
-else
-  local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
-    string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
-  if not st then
-    return {5, 'unknown format'}
-  end
-  -- Lua numbers are doubles: refuse what they cannot hold exactly.
-  if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
-    return {5, 'token or attempt count out of range'}
-  end
-  if rfp ~= fp and (st ~= 'R' or hdr < #v) then
+  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
     return {4}
   end
-  if st == 'C' then
-    return {2, v}
-  end
-  checkpoints = string.sub(v, hdr + 1)
-  if not readable(checkpoints) then
-    return {5, 'checkpoints unreadable'}
-  end
-  if st == 'P' then
-    if att == attempt then
-      return claimed(tonumber(tok), tonumber(cnt), tonumber(rec))
-    end
-    local left = tonumber(until_us) - clock()
-    if left > 0 then
-      return {3, math.ceil(left / 1000)}
-    end
-    recovered = 1
-  else
-    recovered = 0
-    clock()
-  end
-  token = now
-  local prev = tonumber(tok)
-  if prev >= 9007199254740991 then
-    return {5, 'token space exhausted'}
-  end
-  if prev >= token then
-    token = prev + 1
-  end
-  n = math.min(tonumber(cnt) + 1, 999999999)
+  return {5, 'unknown format'}
 end
 
+local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
+  string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+if not st then
+  return {5, 'unknown format'}
+end
+-- Lua numbers are doubles: refuse what they cannot hold exactly.
+if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
+  return {5, 'token or attempt count out of range'}
+end
+if rfp ~= fp and (st ~= 'R' or hdr < #v) then
+  return {4}
+end
+if st == 'C' then
+  return v
+end
+
+-- The checkpoints: LEN ":" BYTES fields, a name and a value each (see
+-- checkpoint.lua).
+local checkpoints = string.sub(v, hdr + 1)
+local pos, fields = 1, 0
+while pos <= #checkpoints do
+  local len = string.match(checkpoints, '^(%d+):', pos)
+  if not len or #len > 9 then
+    return {5, 'checkpoints unreadable'}
+  end
+  pos = pos + #len + 1 + tonumber(len)
+  fields = fields + 1
+end
+if pos ~= #checkpoints + 1 or fields % 2 ~= 0 then
+  return {5, 'checkpoints unreadable'}
+end
+
+local recovered = 0
+if st == 'P' and att == ARGV[2] then
+  -- This attempt's own claim, asked again.
+  if checkpoints == '' then
+    return {1, tonumber(tok), tonumber(cnt), tonumber(rec)}
+  end
+  return {1, tonumber(tok), tonumber(cnt), tonumber(rec), checkpoints}
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+if st == 'P' then
+  local left = tonumber(until_us) - now
+  if left > 0 then
+    return -math.ceil(left / 1000)
+  end
+  recovered = 1
+end
+local prev = tonumber(tok)
+if prev >= 9007199254740991 then
+  return {5, 'token space exhausted'}
+end
+local token = now
+if prev >= token then
+  token = prev + 1
+end
+local n = math.min(tonumber(cnt) + 1, 999999999)
 redis.call('SET', key,
   'i1P' .. string.format('%d', token) .. ':' .. n .. ':' .. recovered .. ':' ..
-  string.format('%d', now + lease * 1000) .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints,
-  'PX', keep)
-return claimed(token, n, recovered)
+  string.format('%d', now + ARGV[3] * 1000) .. ':' .. ARGV[2] .. ':' .. fp .. ':' .. checkpoints,
+  'PX', ARGV[4])
+if checkpoints == '' then
+  return {1, token, n, recovered}
+end
+return {1, token, n, recovered, checkpoints}

@@ -1,41 +1,57 @@
 -- complete.lua: store the result of a claimed record.
 --
 -- KEYS[1]  the record key
--- ARGV[1]  fencing token of the claim (decimal)
--- ARGV[2]  payload to keep
+-- ARGV[1]  fencing token of the claim, in decimal
+-- ARGV[2]  the same token in base 36 (lower case), as the completed record keeps it
 -- ARGV[3]  retention in milliseconds
+-- ARGV[4]  payload to keep
 --
 -- Returns
---   {1}          stored (or already stored by this same token: a retried call)
---   {0}          lease lost: the record is gone, released, or held by another token
+--   1            stored (or already stored by this same token: a retried call)
+--   0            lease lost: the record is gone, released, or held by another token
 --   {5, reason}  the value at the key is not a record of ours; nothing is written
 --
--- A pending record whose lease ran out but that nobody has taken over still
--- belongs to its token: no other holder exists, so the result is accepted.
+-- The completed record drops what only a pending record needs (the lease end,
+-- the attempt id, the checkpoints) and keeps its token in base 36:
+--   "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" RECOVERED ":" PAYLOAD
+-- (claim.lua reads it, and the longer form earlier versions wrote). A pending
+-- record whose lease ran out but that nobody has taken over still belongs to
+-- its token: no other holder exists, so the result is accepted.
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
-if type(v) == 'table' then
+if not v then
+  return 0
+end
+if type(v) ~= 'string' then
   return {5, 'wrong type'}
 end
-if not v then
-  return {0}
+
+-- The hot path: the pending record of this token, "i1P" TOKEN ":" ...
+if string.sub(v, 1, #token + 4) == 'i1P' .. token .. ':' then
+  local head, fp = string.match(v, '^(%d+:[01]:)%d+:[%w_%-]*:([%w_%-]*):', #token + 5)
+  if head then
+    redis.call('SET', key, 'i1C:' .. fp .. ':' .. ARGV[2] .. ':' .. head .. ARGV[4], 'PX', ARGV[3])
+    return 1
+  end
+  return {5, 'unknown format'}
 end
-local st, tok, cnt, rec, fp =
-  string.match(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:[%w_%-]*:([%w_%-]*):')
+
+-- A completed record of the short form: completed by this token (a retried
+-- call) or by another.
+local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):%d+:[01]:')
+if tok36 then
+  if tok36 == ARGV[2] then
+    return 1
+  end
+  return 0
+end
+
+local st, tok = string.match(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
 if not st then
   return {5, 'unknown format'}
 end
-if tok ~= token then
-  return {0}
+if st == 'C' and tok == token then
+  return 1
 end
-if st == 'C' then
-  return {1}
-end
-if st ~= 'P' then
-  return {0}
-end
-redis.call('SET', key,
-  'i1C' .. tok .. ':' .. cnt .. ':' .. rec .. ':0::' .. fp .. ':' .. ARGV[2],
-  'PX', ARGV[3])
-return {1}
+return 0

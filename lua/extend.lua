@@ -6,8 +6,8 @@
 -- ARGV[3]  time to keep the pending record, in milliseconds (>= lease)
 --
 -- Returns
---   {1, lease_ms}  extended: the lease now ends lease_ms from Redis's clock
---   {0}            lease lost: the record is gone, released, completed, or held by another token
+--   1              extended: the lease now ends ARGV[2] from Redis's clock
+--   0              lease lost: the record is gone, released, completed, or held by another token
 --   {5, reason}    the value at the key is not a record of ours; nothing is written
 --
 -- Safe to run twice: the second run only moves the lease end a little later.
@@ -15,24 +15,27 @@
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
-if type(v) == 'table' then
-  return {5, 'wrong type'}
-end
 if not v then
-  return {0}
+  return 0
+end
+if type(v) ~= 'string' then
+  return {5, 'wrong type'}
 end
 local _, hdr, st, tok, cnt, rec, att, fp =
   string.find(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
 if not st then
+  -- A completed record of the short form (see complete.lua) is no claim's.
+  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+    return 0
+  end
   return {5, 'unknown format'}
 end
 if st ~= 'P' or tok ~= token then
-  return {0}
+  return 0
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('SET', key,
   'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' ..
-  string.format('%d', now + tonumber(ARGV[2]) * 1000) .. ':' .. att .. ':' .. fp .. ':' .. string.sub(v, hdr + 1),
+  string.format('%d', t[1] * 1000000 + t[2] + ARGV[2] * 1000) .. ':' .. att .. ':' .. fp .. ':' .. string.sub(v, hdr + 1),
   'PX', ARGV[3])
-return {1, tonumber(ARGV[2])}
+return 1

@@ -29,10 +29,12 @@ local t = redis.call('TIME')
 if not v then
   return {0, t[1], t[2]}
 end
-local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
+  string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
 if not head then
   return {5, 'unknown format'}
 end
+-- Only a pending record, always of the long form, has a lease to refuse for.
 local st, until_us = string.match(head, '^i1([PCR])%d+:%d+:[01]:(%d+):')
 local code = 1
 if st == 'P' and not force then

@@ -6,12 +6,15 @@
 --   {0, now_s, now_us}                            no record at the key
 --   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us}
 --                                                 a record: its header, up to and
---                                                 including the ':' after the
---                                                 fingerprint; the key's PTTL; the
---                                                 length of what follows the header
---                                                 and its first two bytes (the
---                                                 envelope's format and kind byte of
---                                                 a completed record)
+--                                                 including the ':' that ends it
+--                                                 (the one after the fingerprint;
+--                                                 after the recovered flag in a
+--                                                 completed record's short form,
+--                                                 see complete.lua); the key's
+--                                                 PTTL; the length of what follows
+--                                                 the header and its first two
+--                                                 bytes (the envelope's format and
+--                                                 kind byte of a completed record)
 --   {5, reason}                                   the value is not a record of ours
 --
 -- now_s and now_us are Redis's TIME, so that the caller measures the lease and
@@ -28,7 +31,8 @@ local t = redis.call('TIME')
 if not v then
   return {0, t[1], t[2]}
 end
-local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
+  string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
 if not head then
   return {5, 'unknown format'}
 end

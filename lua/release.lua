@@ -5,8 +5,8 @@
 -- ARGV[2]  how long to keep the released marker, in milliseconds
 --
 -- Returns
---   {1}          released (or already released by this same token: a retried call)
---   {0}          lease lost: the record is gone, completed, or held by another token
+--   1            released (or already released by this same token: a retried call)
+--   0            lease lost: the record is gone, completed, or held by another token
 --   {5, reason}  the value at the key is not a record of ours; nothing is written
 --
 -- The released marker keeps the token and the attempt count, so the next claim
@@ -17,28 +17,32 @@
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
-if type(v) == 'table' then
-  return {5, 'wrong type'}
-end
 if not v then
-  return {0}
+  return 0
+end
+if type(v) ~= 'string' then
+  return {5, 'wrong type'}
 end
 local _, hdr, st, tok, cnt, fp = string.find(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:([%w_%-]*):')
 if not st then
+  -- A completed record of the short form (see complete.lua) is no claim's.
+  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+    return 0
+  end
   return {5, 'unknown format'}
 end
 if tok ~= token then
-  return {0}
+  return 0
 end
 if st == 'R' then
-  return {1}
+  return 1
 end
 if st ~= 'P' then
-  return {0}
+  return 0
 end
 if hdr < #v then
   redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0::' .. fp .. ':' .. string.sub(v, hdr + 1), 'KEEPTTL')
-  return {1}
+  return 1
 end
 redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0:::', 'PX', ARGV[2])
-return {1}
+return 1
