@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -173,6 +174,7 @@ func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error
 	if err := m.validate(); err != nil {
 		return nil, err
 	}
+	m.waitOption = idem.WithWait(m.wait)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(next, w, r)
@@ -219,9 +221,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // begin claims the request's key in its scope, fingerprinted with its body,
 // and gives the handler the whole body again.
 func (m *middleware) begin(r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
-	fp := requestFingerprint(r, m.fingerprint(r, body))
+	fp := m.fingerprintOf(r, body)
 	restoreBody(r, body)
-	return m.k.Begin(r.Context(), scope, key, idem.WithFingerprint(fp), idem.WithWait(m.wait))
+	return m.k.Begin(r.Context(), scope, key, idem.WithFingerprint(fp), m.waitOption)
 }
 
 // keyName names the key in the middleware's answers: the key header, or
@@ -365,21 +367,19 @@ var bodyHeaders = []string{
 // replay answers the stored response.
 func (m *middleware) replay(w http.ResponseWriter, rep *report, out idem.Outcome) {
 	rep.ev.Token = out.Token
-	var s storedResponse
-	if err := s.unmarshal(out.Value); err != nil {
+	s, err := decodeResponse(out.Value)
+	if err != nil {
 		m.corrupt(w, rep, err)
 		return
 	}
 	h := w.Header()
-	for name, vs := range s.Header {
-		h[name] = slices.Clone(vs)
-	}
-	h.Set(ReplayedHeader, "true")
-	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	own := s.copyHeader(h, 3) // and room for the three headers of the replay's own
+	h[ReplayedHeader] = own.one("true")
+	h["Date"] = own.one(httpDate())
 	switch s.Fate {
 	case bodyKept:
 		if bodyAllowed(s.Status) {
-			h.Set("Content-Length", strconv.Itoa(len(s.Body)))
+			h["Content-Length"] = own.one(strconv.Itoa(len(s.Body)))
 		}
 		w.WriteHeader(s.Status)
 		_, _ = w.Write(s.Body)
@@ -396,6 +396,27 @@ func (m *middleware) replay(w http.ResponseWriter, rep *report, out idem.Outcome
 	}
 	m.emit(rep, idem.ResultReplayed, s.Status, nil)
 }
+
+// httpDate is the time now in HTTP's format (http.TimeFormat), made once a
+// second and shared until the next.
+func httpDate() string {
+	now := time.Now()
+	if d := lastDate.Load(); d != nil && d.unix == now.Unix() {
+		return d.text
+	}
+	d := &formattedDate{unix: now.Unix(), text: now.UTC().Format(http.TimeFormat)}
+	lastDate.Store(d)
+	return d.text
+}
+
+// formattedDate is a second in HTTP's format.
+type formattedDate struct {
+	unix int64
+	text string
+}
+
+// lastDate is the second httpDate last formatted.
+var lastDate atomic.Pointer[formattedDate]
 
 // run runs the handler under the claim, then stores its response or
 // releases the key.
@@ -414,7 +435,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		})
 		return
 	}
-	c := &capture{w: w, limit: m.responseLimit, outer: w.Header().Clone()}
+	c := &capture{w: w, limit: m.responseLimit, outer: cloneHeader(w.Header())}
 	rep.ran = time.Now()
 	finished := false
 	defer func() {
@@ -431,37 +452,32 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	finished = true
 
 	lost := stop()
-	resp := c.response()
-	if lost != nil {
-		m.emit(rep, idem.ResultLeaseLost, resp.Status, lost)
-		return
-	}
 	// A handler that returns after its client went away without a success
 	// most likely gave up: let the retry run it again.
 	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
-	m.settle(r, rep, cl, resp, gaveUp)
-}
-
-// settle stores the handler's response under the claim, or releases the key
-// when the store policy says so, the handler gave up, or the response cannot
-// be encoded; then it reports what happened.
-func (m *middleware) settle(r *http.Request, rep *report, cl *idem.Claim, resp *storedResponse, gaveUp bool) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
-	defer cancel()
-	if gaveUp || !m.store(resp.Status) {
-		m.settled(rep, idem.ResultReleased, resp.Status, nil, cl.Release(ctx))
+	status, stored := c.response()
+	if lost != nil {
+		m.emit(rep, idem.ResultLeaseLost, status, lost)
 		return
 	}
-	value, err := resp.marshal()
-	if err != nil {
-		m.settled(rep, idem.ResultReleased, resp.Status, err, cl.Release(ctx))
+	m.settle(r, rep, cl, status, stored, gaveUp)
+}
+
+// settle stores the handler's response (status, in its stored form) under
+// the claim, or releases the key when the store policy says so or the
+// handler gave up; then it reports what happened.
+func (m *middleware) settle(r *http.Request, rep *report, cl *idem.Claim, status int, stored []byte, gaveUp bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
+	defer cancel()
+	if gaveUp || !m.store(status) {
+		m.settled(rep, idem.ResultReleased, status, nil, cl.Release(ctx))
 		return
 	}
 	var retention time.Duration // the Keeper's
-	if resp.Status >= 400 && resp.Status < 500 {
+	if status >= 400 && status < 500 {
 		retention = m.k.ErrorRetention()
 	}
-	m.settled(rep, idem.ResultDone, resp.Status, nil, cl.Complete(ctx, value, retention))
+	m.settled(rep, idem.ResultDone, status, nil, cl.Complete(ctx, stored, retention))
 }
 
 // settled reports result, or the lease loss or store failure that

@@ -98,7 +98,7 @@ func WithRetryAfter(d time.Duration) Option {
 // apart; a nil digest leaves only them. Default: SHA-256 over the method,
 // the path and query (r.URL.RequestURI()), and the body.
 func WithFingerprint(digest func(r *http.Request, body []byte) []byte) Option {
-	return func(m *middleware) { m.fingerprint = digest }
+	return func(m *middleware) { m.fingerprint, m.ownDigest = digest, true }
 }
 
 // WithBodyLimit sets how many bytes of a request body are read and
@@ -161,10 +161,12 @@ type middleware struct {
 	scope         func(*http.Request) (string, error)
 	keyFunc       func(*http.Request, []byte) (string, error) // nil: the key header
 	fingerprint   func(*http.Request, []byte) []byte
+	ownDigest     bool // fingerprint is the user's (WithFingerprint), not defaultFingerprint
 	bodyLimit     int64
 	responseLimit int64
 	store         func(int) bool
 	wait          time.Duration
+	waitOption    idem.Option // idem.WithWait(wait), made once by New
 	retryAfter    time.Duration
 	failOpen      bool
 }

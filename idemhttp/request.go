@@ -6,10 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/idem"
 )
@@ -21,12 +23,69 @@ import (
 // resource answers 422 whatever the fingerprint function reads, and a
 // record never replays to a request for another resource.
 func requestFingerprint(r *http.Request, digest []byte) []byte {
-	h := sha256.New()
-	writeField(h, r.Method)
-	writeField(h, requestPath(r))
-	h.Write(digest)
-	return h.Sum(nil)
+	d := getDigester()
+	defer digesters.Put(d)
+	return append([]byte(nil), d.request(r, digest)...)
 }
+
+// fingerprintOf is the fingerprint of r's record: requestFingerprint over
+// the fingerprint function's digest of r and body, or, without a function
+// of the user's (WithFingerprint), over defaultFingerprint's, both from one
+// pooled digester.
+func (m *middleware) fingerprintOf(r *http.Request, body []byte) []byte {
+	d := getDigester()
+	defer digesters.Put(d)
+	var digest []byte
+	if m.ownDigest {
+		digest = m.fingerprint(r, body)
+	} else {
+		var sum [sha256.Size]byte
+		digest = append(sum[:0], d.body(r, body)...)
+	}
+	return append(make([]byte, 0, sha256.Size), d.request(r, digest)...)
+}
+
+// digester computes fingerprints with a SHA-256 and a buffer that it keeps
+// between requests (in digesters), so that a fingerprint costs no
+// allocation but its result's.
+type digester struct {
+	h   hash.Hash
+	buf []byte            // the fields being hashed
+	sum [sha256.Size]byte // the last digest
+}
+
+var digesters = sync.Pool{New: func() any { return &digester{h: sha256.New()} }}
+
+func getDigester() *digester { return digesters.Get().(*digester) }
+
+// request is requestFingerprint's digest: of r's method and concrete path,
+// then digest. It is d's until d is used again.
+func (d *digester) request(r *http.Request, digest []byte) []byte {
+	d.buf = appendField(appendField(d.buf[:0], r.Method), requestPath(r))
+	d.buf = append(d.buf, digest...)
+	return d.digest(nil)
+}
+
+// body is defaultFingerprint's digest: of r's method, request target and
+// body. It is d's until d is used again.
+func (d *digester) body(r *http.Request, body []byte) []byte {
+	d.buf = appendField(appendField(d.buf[:0], r.Method), r.URL.RequestURI())
+	return d.digest(body)
+}
+
+// digest hashes d's fields, then tail.
+func (d *digester) digest(tail []byte) []byte {
+	d.h.Reset()
+	d.h.Write(d.buf)
+	d.h.Write(tail)
+	if cap(d.buf) > maxKeptDigestBuffer {
+		d.buf = nil // a path this long is rare: do not keep its memory
+	}
+	return d.h.Sum(d.sum[:0])
+}
+
+// maxKeptDigestBuffer is the largest buffer a pooled digester keeps.
+const maxKeptDigestBuffer = 4 << 10
 
 // requestPath is the path the client asked for: the request target as
 // received (before any router or http.StripPrefix rewrote r.URL) up to its
@@ -39,13 +98,10 @@ func requestPath(r *http.Request) string {
 	return r.URL.EscapedPath()
 }
 
-// writeField writes s to h, its length first, so that no field can end where
-// another goes on.
-func writeField(h io.Writer, s string) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-	h.Write(n[:])
-	io.WriteString(h, s)
+// appendField appends s to b, its length first (8 bytes, big-endian), so
+// that no field can end where another goes on.
+func appendField(b []byte, s string) []byte {
+	return append(binary.BigEndian.AppendUint64(b, uint64(len(s))), s...)
 }
 
 // verdict is what the steps before the claim decided: go on (the zero
@@ -108,12 +164,27 @@ func (m *middleware) checkKey(present bool, err error) verdict {
 	return verdict{}
 }
 
-// restoreBody gives r its whole body again, once the middleware has read it.
+// restoreBody gives r its whole body again, once the middleware has read
+// it: a reader of body, or the one restoreBody gave r before, rewound.
 func restoreBody(r *http.Request, body []byte) {
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	switch b := r.Body.(type) {
+	case nil:
+	case *bodyReader:
+		b.r.Reset(body)
+	default:
+		if r.Body != http.NoBody {
+			r.Body = &bodyReader{r: *bytes.NewReader(body)}
+		}
 	}
 }
+
+// bodyReader is the body restoreBody gives a request: what
+// io.NopCloser(bytes.NewReader(body)) would give, in one allocation.
+type bodyReader struct{ r bytes.Reader }
+
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (*bodyReader) Close() error                         { return nil }
 
 // requestKey returns the request's key, whether it has the header, and an
 // error wrapping ErrInvalidKey if the key cannot be used.
@@ -166,7 +237,11 @@ func unquoteKey(v string) (string, error) {
 
 var errBodyTooLarge = errors.New("idem: request body too large")
 
-// readBody reads the request body, up to the limit.
+// readBody reads the request body, up to the limit, into a buffer of its
+// Content-Length (with a byte to spare to see the end), or of 512 bytes
+// growing as io.ReadAll's does when the length is unknown. The body is
+// handed to the handler and to the fingerprint and key functions, which
+// may keep it, so its buffer is the request's own, never pooled.
 func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -174,9 +249,13 @@ func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > m.bodyLimit {
 		return nil, errBodyTooLarge
 	}
+	size := int64(512)
+	if r.ContentLength >= 0 {
+		size = min(r.ContentLength, maxBodyRoom) + 1
+	}
 	// One byte past the limit tells a body at the limit from a larger one;
 	// a limit of math.MaxInt64 has no byte past it.
-	body, err := io.ReadAll(io.LimitReader(r.Body, saturatingAdd(m.bodyLimit, 1)))
+	body, err := readAtMost(r.Body, make([]byte, 0, size), saturatingAdd(m.bodyLimit, 1))
 	if err != nil {
 		return nil, err
 	}
@@ -184,6 +263,34 @@ func (m *middleware) readBody(r *http.Request) ([]byte, error) {
 		return nil, errBodyTooLarge
 	}
 	return body, nil
+}
+
+// maxBodyRoom is the most a request's Content-Length makes room for before
+// its body arrives; a larger body's buffer grows as the body comes, so
+// that a client cannot make the server hold memory it did not send.
+const maxBodyRoom = 64 << 10
+
+// readAtMost appends what src reads to b, until src ends or b holds n
+// bytes, growing b as append does.
+func readAtMost(src io.Reader, b []byte, n int64) ([]byte, error) {
+	for int64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		end := int64(cap(b))
+		if end > n {
+			end = n
+		}
+		k, err := src.Read(b[len(b):end])
+		b = b[:len(b)+k]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // saturatingAdd returns a+b for b >= 0, or math.MaxInt64 where that
@@ -198,11 +305,9 @@ func saturatingAdd(a, b int64) int64 {
 // defaultFingerprint is SHA-256 over the method, the request target and the
 // body, each but the last preceded by its length.
 func defaultFingerprint(r *http.Request, body []byte) []byte {
-	h := sha256.New()
-	writeField(h, r.Method)
-	writeField(h, r.URL.RequestURI())
-	h.Write(body)
-	return h.Sum(nil)
+	d := getDigester()
+	defer digesters.Put(d)
+	return append([]byte(nil), d.body(r, body)...)
 }
 
 // isToken reports whether s is a non-empty HTTP token (RFC 9110, 5.6.2).

@@ -1,186 +1,21 @@
 package idemhttp
 
 import (
-	"bytes"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
-
-	"github.com/idemkit/idem"
-
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // bodyFate says whether the body of a stored response was kept.
 type bodyFate uint8
 
 const (
-	bodyKept     bodyFate = iota // Body holds the whole body
+	bodyKept     bodyFate = iota // the whole body is kept
 	bodyTooLarge                 // the body was larger than the response limit
 	bodyStreamed                 // the handler flushed the response while writing it
 )
-
-// storedResponse is the HTTP response the middleware keeps with
-// Claim.Complete and replays.
-//
-// It is encoded as a msgpack array, by hand so that replays decode without
-// reflection: [version, status, headers, body, fate, size], where headers is a
-// map from name to an array of values (every value, in order), body is nil
-// unless fate is bodyKept, and size is how many body bytes the handler wrote.
-// A reader skips elements after size, so fields may be added without a new
-// version.
-type storedResponse struct {
-	Status int
-	Header http.Header
-	Body   []byte
-	Fate   bodyFate
-	Size   int64
-}
-
-// responseFormat is the version element of an encoded storedResponse.
-const responseFormat = 1
-
-var (
-	_ msgpack.CustomEncoder = (*storedResponse)(nil)
-	_ msgpack.CustomDecoder = (*storedResponse)(nil)
-)
-
-// EncodeMsgpack implements msgpack.CustomEncoder.
-func (s *storedResponse) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeArrayLen(6); err != nil {
-		return err
-	}
-	if err := e.EncodeUint(responseFormat); err != nil {
-		return err
-	}
-	if err := e.EncodeInt(int64(s.Status)); err != nil {
-		return err
-	}
-	names := make([]string, 0, len(s.Header))
-	for name := range s.Header {
-		names = append(names, name)
-	}
-	slices.Sort(names) // the same response always encodes to the same bytes
-	if err := e.EncodeMapLen(len(names)); err != nil {
-		return err
-	}
-	for _, name := range names {
-		if err := e.EncodeString(name); err != nil {
-			return err
-		}
-		vs := s.Header[name]
-		if err := e.EncodeArrayLen(len(vs)); err != nil {
-			return err
-		}
-		for _, v := range vs {
-			if err := e.EncodeString(v); err != nil {
-				return err
-			}
-		}
-	}
-	if err := e.EncodeBytes(s.Body); err != nil {
-		return err
-	}
-	if err := e.EncodeUint(uint64(s.Fate)); err != nil {
-		return err
-	}
-	return e.EncodeInt(s.Size)
-}
-
-// DecodeMsgpack implements msgpack.CustomDecoder.
-func (s *storedResponse) DecodeMsgpack(d *msgpack.Decoder) error {
-	n, err := d.DecodeArrayLen()
-	if err != nil {
-		return err
-	}
-	if n < 6 {
-		return fmt.Errorf("stored response has %d fields, want 6", n)
-	}
-	version, err := d.DecodeUint()
-	if err != nil {
-		return err
-	}
-	if version != responseFormat {
-		return fmt.Errorf("stored response format %d unknown", version)
-	}
-	if s.Status, err = d.DecodeInt(); err != nil {
-		return err
-	}
-	if s.Status < 100 || s.Status > 999 {
-		return fmt.Errorf("stored status %d out of range", s.Status)
-	}
-	nh, err := d.DecodeMapLen()
-	if err != nil {
-		return err
-	}
-	s.Header = make(http.Header, min(max(nh, 0), 64))
-	for range nh {
-		name, err := d.DecodeString()
-		if err != nil {
-			return err
-		}
-		nv, err := d.DecodeArrayLen()
-		if err != nil {
-			return err
-		}
-		vs := make([]string, 0, min(max(nv, 0), 16))
-		for range nv {
-			v, err := d.DecodeString()
-			if err != nil {
-				return err
-			}
-			vs = append(vs, v)
-		}
-		s.Header[name] = vs
-	}
-	if s.Body, err = d.DecodeBytes(); err != nil {
-		return err
-	}
-	fate, err := d.DecodeUint()
-	if err != nil {
-		return err
-	}
-	if fate > uint(bodyStreamed) {
-		return fmt.Errorf("stored body fate %d unknown", fate)
-	}
-	s.Fate = bodyFate(fate)
-	if s.Size, err = d.DecodeInt64(); err != nil {
-		return err
-	}
-	for range n - 6 {
-		if err := d.Skip(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// marshal encodes s for Claim.Complete.
-func (s *storedResponse) marshal() ([]byte, error) {
-	var buf bytes.Buffer
-	buf.Grow(64 + len(s.Body))
-	e := msgpack.GetEncoder()
-	defer msgpack.PutEncoder(e)
-	e.Reset(&buf)
-	if err := s.EncodeMsgpack(e); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-// unmarshal decodes what marshal made. Errors wrap ErrCorrupt.
-func (s *storedResponse) unmarshal(b []byte) error {
-	r := bytes.NewReader(b)
-	d := msgpack.GetDecoder()
-	defer msgpack.PutDecoder(d)
-	d.Reset(r)
-	if err := s.DecodeMsgpack(d); err != nil {
-		return fmt.Errorf("%w: decoding the stored response: %w", idem.ErrCorrupt, err)
-	}
-	return nil
-}
 
 // unkeptHeaders are never stored nor replayed: credentials and cookies
 // belong to one exchange, hop-by-hop headers to one connection, Date is made
@@ -203,21 +38,14 @@ var unkeptHeaders = map[string]bool{
 	ReplayedHeader:        true,
 }
 
-// keptHeader returns the headers of h that may be stored: a deep copy without
-// unkeptHeaders, without headers the Connection header names as hop-by-hop,
-// without trailers, and without the headers that were in outer, with the same
-// values, before the handler ran: those were set by middleware outside this
-// one, which sets them afresh on a replay (a request id, CORS headers).
-func keptHeader(h, outer http.Header) http.Header {
-	hop := map[string]bool{}
-	for _, v := range h.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				hop[http.CanonicalHeaderKey(name)] = true
-			}
-		}
-	}
-	out := make(http.Header, len(h))
+// keptNames appends to dst the names of h's headers that are stored, in
+// the order of their bytes: every header but unkeptHeaders, those the
+// Connection header names as hop-by-hop, trailers, headers without a value,
+// and those that were in outer, with the same values, before the handler
+// ran: those were set by middleware outside this one, which sets them
+// afresh on a replay (a request id, CORS headers).
+func keptNames(dst []string, h, outer http.Header) []string {
+	hop := hopHeaders(h)
 	for name, vs := range h {
 		canon := http.CanonicalHeaderKey(name)
 		if unkeptHeaders[canon] || hop[canon] || strings.HasPrefix(name, http.TrailerPrefix) || len(vs) == 0 {
@@ -226,9 +54,36 @@ func keptHeader(h, outer http.Header) http.Header {
 		if ov, ok := outer[name]; ok && slices.Equal(ov, vs) {
 			continue
 		}
-		out[name] = slices.Clone(vs)
+		dst = append(dst, name)
 	}
-	return out
+	slices.Sort(dst)
+	return dst
+}
+
+// hopHeaders returns the canonical names that h's Connection header lists
+// as hop-by-hop; nil when it has none.
+func hopHeaders(h http.Header) map[string]bool {
+	conn := h.Values("Connection")
+	if len(conn) == 0 {
+		return nil
+	}
+	hop := map[string]bool{}
+	for _, v := range conn {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				hop[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return hop
+}
+
+// cloneHeader returns a deep copy of h, or nil when h is empty.
+func cloneHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	return h.Clone()
 }
 
 // bodyAllowed reports whether a response with status may have a body.
@@ -239,19 +94,28 @@ func bodyAllowed(status int) bool {
 // capture is the http.ResponseWriter the middleware gives the handler. It
 // writes through to the client as the handler writes, and keeps a copy of
 // the status, the headers as they were when the status was written, and the
-// body up to a limit. A flush sends what was written at once, so the body of
-// a flushed response is not kept.
+// body up to a limit, already in their stored form. A flush sends what was
+// written at once, so the body of a flushed response is not kept.
 type capture struct {
 	w     http.ResponseWriter
 	limit int64
-	outer http.Header // the headers set before the handler ran
+	outer http.Header // the headers set before the handler ran; nil if none
 
-	status int         // final status written; 0 before
-	header http.Header // snapshot of the headers when status was written
-	body   []byte      // the body so far, while fate is bodyKept
-	size   int64       // body bytes written
+	status int    // final status written; 0 before
+	rec    []byte // the stored response: its head (appendHead) once status is written, then the body so far while fate is bodyKept
+	bodyAt int    // where the body starts in rec
+	size   int64  // body bytes written
 	fate   bodyFate
 }
+
+// initialBodyRoom is how many body bytes the stored response has room for
+// before it grows, when the handler did not set a Content-Length; a
+// Content-Length makes room for at most maxInitialBodyRoom, whatever it
+// says.
+const (
+	initialBodyRoom    = 512
+	maxInitialBodyRoom = 64 << 10
+)
 
 var (
 	_ http.ResponseWriter = (*capture)(nil)
@@ -267,7 +131,7 @@ func (c *capture) Header() http.Header { return c.w.Header() }
 func (c *capture) WriteHeader(code int) {
 	if c.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		c.status = code
-		c.header = keptHeader(c.w.Header(), c.outer)
+		c.head(code)
 	}
 	c.w.WriteHeader(code)
 }
@@ -293,18 +157,41 @@ func (c *capture) WriteString(s string) (int, error) {
 	return n, err
 }
 
+// head starts the stored response with status and the headers to keep, as
+// they are now, with room for the body: as much as the handler's
+// Content-Length says, within the limit, or initialBodyRoom.
+func (c *capture) head(status int) {
+	h := c.w.Header()
+	var stack [16]string
+	names := keptNames(stack[:0], h, c.outer)
+	room := int64(initialBodyRoom)
+	if cl := h.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			room = min(n, c.limit, maxInitialBodyRoom)
+		}
+	}
+	c.rec = appendHead(make([]byte, 0, int64(headSize(h, names))+room), status, h, names)
+	c.bodyAt = len(c.rec)
+}
+
 // keep copies p into the kept body, while it fits.
 func (c *capture) keep(p []byte) {
 	if c.room(len(p)) {
-		c.body = append(c.body, p...)
+		c.rec = append(c.rec, p...)
 	}
 }
 
 // keepString copies s into the kept body, while it fits.
 func (c *capture) keepString(s string) {
 	if c.room(len(s)) {
-		c.body = append(c.body, s...)
+		c.rec = append(c.rec, s...)
 	}
+}
+
+// drop stops keeping the body, for fate.
+func (c *capture) drop(fate bodyFate) {
+	c.fate = fate
+	c.rec = slices.Clone(c.rec[:c.bodyAt]) // and lets the body's memory go
 }
 
 // room counts n more bytes written and reports whether they are to be kept:
@@ -315,7 +202,7 @@ func (c *capture) room(n int) bool {
 		return false
 	}
 	if c.size > c.limit {
-		c.fate, c.body = bodyTooLarge, nil
+		c.drop(bodyTooLarge)
 		return false
 	}
 	return true
@@ -328,7 +215,7 @@ func (c *capture) FlushError() error {
 		c.WriteHeader(http.StatusOK)
 	}
 	if c.fate == bodyKept {
-		c.fate, c.body = bodyStreamed, nil
+		c.drop(bodyStreamed)
 	}
 	return http.NewResponseController(c.w).Flush()
 }
@@ -359,16 +246,15 @@ func (c *capture) Unwrap() http.ResponseWriter { return c.w }
 // not call ReadFrom again.
 type writerOnly struct{ io.Writer }
 
-// response returns what the handler answered, as it is to be stored. A
-// handler that wrote nothing answered 200 with no body, as net/http does.
-func (c *capture) response() *storedResponse {
-	s := &storedResponse{Status: c.status, Header: c.header, Body: c.body, Fate: c.fate, Size: c.size}
-	if s.Status == 0 {
-		s.Status = http.StatusOK
-		s.Header = keptHeader(c.w.Header(), c.outer)
+// response returns the status the handler answered and its stored form
+// (see response_format.go): the status, the headers as they were when it
+// was written, and the body, or its size when it was not kept. A handler
+// that wrote nothing answered 200 with no body, as net/http does.
+func (c *capture) response() (status int, stored []byte) {
+	status = c.status
+	if status == 0 {
+		status = http.StatusOK
+		c.head(status)
 	}
-	if s.Fate != bodyKept {
-		s.Body = nil
-	}
-	return s
+	return status, finishResponse(c.rec, c.fate, c.size)
 }
