@@ -229,6 +229,11 @@ func (k *Keeper) reportRecord(ctx context.Context, step Step, scope string, star
 	k.observer.Observe(ctx, ev)
 }
 
+// Observing reports whether the Keeper has an Observer, so that a layer on
+// top of it (idemhttp, idemgrpc) can skip preparing events for Report that
+// nobody would be told of.
+func (k *Keeper) Observing() bool { return k.observer != nil }
+
 // startStep returns the time a step starts when there is an Observer to
 // tell how long it took, else the zero time: without one, nothing is
 // measured.

@@ -184,7 +184,9 @@ func (s *server) begin(ctx context.Context, rep *report, fullMethod, key string,
 	}
 	// A full method holds no space, so the first space ends it.
 	scope := fullMethod + " " + tenant
-	rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	if rep.on {
+		rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	}
 	out, err := s.k.Begin(ctx, scope, key, opts...)
 	if err != nil {
 		return out, idem.ResultOf(err), err, s.beginError(err)
@@ -235,7 +237,9 @@ var errPanicked = errors.New("idemgrpc: the handler panicked; the key was releas
 func (s *server) run(ctx context.Context, rep *report, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
 	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 	hctx, stop := cl.KeepAlive(idem.ContextWithClaim(ctx, cl))
-	rep.ran = time.Now()
+	if rep.on {
+		rep.ran = time.Now()
+	}
 	finished := false
 	defer func() {
 		if finished {

@@ -11,6 +11,7 @@ import (
 // report is the idem.StepRequest event of one guarded request, filled in as
 // the request goes, and told to the Keeper's Observer once it is answered.
 type report struct {
+	on      bool // the Keeper has an Observer; else nothing is measured
 	ev      idem.Event
 	ctx     context.Context
 	started time.Time
@@ -19,12 +20,18 @@ type report struct {
 
 // newReport starts the report of a request with ctx.
 func (m *middleware) newReport(ctx context.Context) report {
-	return report{ev: idem.Event{Step: idem.StepRequest}, ctx: ctx, started: time.Now()}
+	if !m.k.Observing() {
+		return report{}
+	}
+	return report{on: true, ev: idem.Event{Step: idem.StepRequest}, ctx: ctx, started: time.Now()}
 }
 
 // emit tells the Keeper's Observer the request's outcome: result, with the
 // status answered (0 when unknown) and the error behind it.
 func (m *middleware) emit(rep *report, result idem.Result, status int, err error) {
+	if !rep.on {
+		return
+	}
 	rep.ev.Result, rep.ev.Status, rep.ev.Err = result, status, err
 	now := time.Now()
 	rep.ev.Took = now.Sub(rep.started)

@@ -206,7 +206,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			"This request could not be tied to a tenant or account, so it was not run."))
 		return
 	}
-	rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	if rep.on {
+		rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	}
 	out, err := m.begin(r, scope, key, body)
 	switch {
 	case err != nil:
@@ -436,7 +438,9 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		return
 	}
 	c := &capture{w: w, limit: m.responseLimit, outer: cloneHeader(w.Header())}
-	rep.ran = time.Now()
+	if rep.on {
+		rep.ran = time.Now()
+	}
 	finished := false
 	defer func() {
 		if finished {
