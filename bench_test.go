@@ -458,52 +458,124 @@ func (s *memStore) Extend(ctx context.Context, id string, token int64, lease, ke
 }
 
 // BenchmarkInProcess measures what idem itself costs per call, with a Store
-// in memory instead of Redis: the floor under every figure above.
+// in memory instead of Redis: the floor under every figure above. Paths:
+// Do's first execution and replay of a []byte result ("first", "replay"),
+// of a struct ("first-struct", "replay-struct") and of a string
+// ("replay-string"); Begin then Claim.Complete ("begin-complete"); Begin on
+// a completed key ("begin-replay", what the HTTP middleware does); and a
+// KeepAlive started and stopped on a held claim ("keepalive"). Each runs on
+// a plain Keeper, with coalescing, and with a replay cache ("cached", whose
+// replays are hits).
+//
+//	go test -run '^$' -bench 'BenchmarkInProcess' -benchmem -benchtime 20000x -count 3 .
 func BenchmarkInProcess(b *testing.B) {
-	ctx := context.Background()
-	fn := func(ctx context.Context) ([]byte, error) { return benchResult, nil }
-	for _, coalesce := range []bool{false, true} {
-		name := "plain"
-		if coalesce {
-			name = "coalescing"
-		}
-		k, err := New(&memStore{m: map[string][]byte{}}, WithCoalescing(coalesce))
+	modes := []struct {
+		name string
+		opts []Option
+	}{
+		{"plain", nil},
+		{"coalescing", []Option{WithCoalescing(true)}},
+		{"cached", []Option{WithReplayCache(1<<16, 64<<20, time.Hour)}},
+	}
+	for _, m := range modes {
+		k, err := New(&memStore{m: map[string][]byte{}}, m.opts...)
 		require.NoError(b, err)
-		b.Run("first/"+name, func(b *testing.B) {
-			b.ReportAllocs()
-			keys := benchKeysFor(b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := Do(ctx, k, "bench", keys[i], fn); err != nil {
-					require.NoError(b, err)
+		for _, p := range inProcessPaths {
+			b.Run(p.name+"/"+m.name, func(b *testing.B) {
+				op := p.setup(b, k)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := op(i); err != nil {
+						require.NoError(b, err)
+					}
 				}
+			})
+		}
+	}
+}
+
+// inProcessPaths are the paths of BenchmarkInProcess: setup, untimed,
+// returns the operation of round i.
+var inProcessPaths = []struct {
+	name  string
+	setup func(b *testing.B, k *Keeper) func(i int) error
+}{
+	{"first", func(b *testing.B, k *Keeper) func(int) error {
+		return firstEach(b, func(key string) error { _, err := Do(context.Background(), k, "bench", key, bytesResult); return err })
+	}},
+	{"first-struct", func(b *testing.B, k *Keeper) func(int) error {
+		return firstEach(b, func(key string) error { _, err := Do(context.Background(), k, "bench", key, structResult); return err })
+	}},
+	{"begin-complete", func(b *testing.B, k *Keeper) func(int) error {
+		ctx := context.Background()
+		return firstEach(b, func(key string) error {
+			out, err := k.Begin(ctx, "bench", key)
+			if err != nil {
+				return err
 			}
+			return out.Claim.Complete(ctx, benchResult, 0)
 		})
-		b.Run("begin-complete/"+name, func(b *testing.B) {
-			b.ReportAllocs()
-			keys := benchKeysFor(b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				out, err := k.Begin(ctx, "bench", keys[i])
-				if err != nil {
-					require.NoError(b, err)
-				}
-				if err := out.Claim.Complete(ctx, benchResult, 0); err != nil {
-					require.NoError(b, err)
-				}
+	}},
+	{"replay", func(b *testing.B, k *Keeper) func(int) error {
+		return replayEach(b, k, bytesResult, func(v []byte) bool { return len(v) == benchBody })
+	}},
+	{"replay-struct", func(b *testing.B, k *Keeper) func(int) error {
+		return replayEach(b, k, structResult, func(v receipt) bool { return v.Amount == benchReceipt.Amount })
+	}},
+	{"replay-string", func(b *testing.B, k *Keeper) func(int) error {
+		fn := func(context.Context) (string, error) { return string(benchResult), nil }
+		return replayEach(b, k, fn, func(v string) bool { return len(v) == benchBody })
+	}},
+	{"begin-replay", func(b *testing.B, k *Keeper) func(int) error {
+		ctx := context.Background()
+		key := nextBenchKey()
+		out, err := k.Begin(ctx, "bench", key)
+		require.NoError(b, err)
+		require.NoError(b, out.Claim.Complete(ctx, benchResult, 0))
+		return func(int) error {
+			out, err := k.Begin(ctx, "bench", key)
+			if err == nil && len(out.Value) != benchBody {
+				err = errors.New("wrong replay")
 			}
-		})
-		b.Run("replay/"+name, func(b *testing.B) {
-			key := nextBenchKey()
-			_, err := Do(ctx, k, "bench", key, fn)
-			require.NoError(b, err)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := Do(ctx, k, "bench", key, fn); err != nil {
-					require.NoError(b, err)
-				}
-			}
-		})
+			return err
+		}
+	}},
+	{"keepalive", func(b *testing.B, k *Keeper) func(int) error {
+		ctx := context.Background()
+		out, err := k.Begin(ctx, "bench", nextBenchKey())
+		require.NoError(b, err)
+		return func(int) error {
+			_, stop := out.Claim.KeepAlive(ctx)
+			return stop()
+		}
+	}},
+}
+
+var benchReceipt = receipt{ID: "ch_3MmlLrLkdIwHu7ix0snN0B15", Amount: 4200, Tags: []string{"card", "eur"}}
+
+func bytesResult(context.Context) ([]byte, error)   { return benchResult, nil }
+func structResult(context.Context) (receipt, error) { return benchReceipt, nil }
+
+// firstEach returns an operation that calls first with a fresh key each
+// round, the keys made before the timer starts.
+func firstEach(b *testing.B, first func(key string) error) func(int) error {
+	keys := benchKeysFor(b.N)
+	return func(i int) error { return first(keys[i]) }
+}
+
+// replayEach completes a key with fn's result and returns an operation that
+// replays it with Do, checking the result with ok.
+func replayEach[T any](b *testing.B, k *Keeper, fn func(context.Context) (T, error), ok func(T) bool) func(int) error {
+	ctx := context.Background()
+	key := nextBenchKey()
+	_, err := Do(ctx, k, "bench", key, fn)
+	require.NoError(b, err)
+	return func(int) error {
+		v, err := Do(ctx, k, "bench", key, fn)
+		if err == nil && !ok(v) {
+			err = errors.New("wrong replay")
+		}
+		return err
 	}
 }

@@ -26,10 +26,10 @@ type Claim struct {
 	fp      string
 	fpKnown bool
 
-	// onEnd, when set, is told once the claim is settled or known lost: the
-	// coalescing layer that made the claim ends its in-process hold. It is
-	// set before the claim is handed out, and read-only after.
-	onEnd func(kind byte, body []byte, err error)
+	// hold, when set, is told once the claim is settled or known lost: the
+	// shard of the coalescing layer that made the claim ends its in-process
+	// hold. It is set before the claim is handed out, and read-only after.
+	hold *flightShard
 
 	mu sync.Mutex
 	// leaseEnd is when the lease runs out by this process's clock, measured
@@ -64,18 +64,24 @@ func (c *Claim) Complete(ctx context.Context, value []byte, retention time.Durat
 }
 
 func (c *Claim) complete(ctx context.Context, kind byte, body []byte, retention time.Duration) error {
+	return c.completeSealed(ctx, seal(kind, body), retention)
+}
+
+// completeSealed stores env, a result in its envelope, as complete does.
+func (c *Claim) completeSealed(ctx context.Context, env []byte, retention time.Duration) error {
 	if retention <= 0 {
 		retention = c.k.policy.retention
 	}
 	if retention > MaxDuration {
 		return fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, retention)
 	}
+	kind, body := env[1], env[2:]
 	started := c.k.startStep()
 	var sent time.Time
 	if c.k.cache != nil {
 		sent = c.k.now()
 	}
-	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, seal(kind, body), retention))
+	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, env, retention))
 	if err == nil {
 		c.k.cacheStored(c, kind, body, retention, sent)
 	}
@@ -118,11 +124,11 @@ func (c *Claim) Extend(ctx context.Context) error {
 	return nil
 }
 
-// endHold tells onEnd, if set, that the claim is settled (stored, when kind
-// is not 0 and err is nil) or lost.
+// endHold tells the coalescing layer, if it made the claim, that the claim
+// is settled (stored, when kind is not 0 and err is nil) or lost.
 func (c *Claim) endHold(kind byte, body []byte, err error) {
-	if c.onEnd != nil {
-		c.onEnd(kind, body, err)
+	if c.hold != nil {
+		c.hold.finish(c, kind, body, err)
 	}
 }
 

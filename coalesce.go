@@ -125,8 +125,10 @@ type flight struct {
 	// retry; claimed, if a follower made it, is closed then.
 	landed  bool
 	claimed chan struct{}
-	out     Outcome
-	err     error
+	// out is the leader's answer; a replayed Value in it is shared by the
+	// followers (Outcome.shared), and never written.
+	out Outcome
+	err error
 	// retry is set when followers must claim for themselves: the leader's
 	// own context ended its call.
 	retry bool
@@ -138,7 +140,8 @@ type flight struct {
 	finished  bool
 	done      chan struct{}
 	completed bool
-	result    Outcome
+	// result is the completed result, its Value shared by the followers.
+	result Outcome
 }
 
 // leaseLeft returns the time left on the leader's lease by the process's
@@ -153,7 +156,7 @@ func (fl *flight) leaseLeft(now time.Time) time.Duration {
 func (f *flights) claim(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
 	sh := f.shard(id)
 	for {
-		fl, leader := sh.join(id, req.Fingerprint, f.now())
+		fl, leader := sh.join(id, req.Fingerprint, f.now)
 		switch {
 		case fl == nil:
 			return f.next.claim(ctx, id, req, deadline)
@@ -169,12 +172,12 @@ func (f *flights) claim(ctx context.Context, id string, req ClaimRequest, deadli
 
 // join returns the flight of id that a caller with fingerprint fp follows, or
 // a new flight that it leads, or nil when a caller with another fingerprint
-// leads.
-func (sh *flightShard) join(id, fp string, now time.Time) (fl *flight, leader bool) {
+// leads. now is read only when a held lease or a sweep needs it.
+func (sh *flightShard) join(id, fp string, now func() time.Time) (fl *flight, leader bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if fl = sh.m[id]; fl != nil {
-		if fl.held && fl.leaseLeft(now) <= 0 {
+		if fl.held && fl.leaseLeft(now()) <= 0 {
 			// The leader neither completed nor released within its lease.
 			delete(sh.m, id)
 		} else if fl.fp != fp {
@@ -185,7 +188,7 @@ func (sh *flightShard) join(id, fp string, now time.Time) (fl *flight, leader bo
 		}
 	}
 	if len(sh.m) >= sh.sweepAt {
-		sh.sweep(now)
+		sh.sweep(now())
 	}
 	fl = &flight{fp: fp}
 	sh.m[id] = fl
@@ -203,7 +206,7 @@ func (sh *flightShard) sweep(now time.Time) {
 }
 
 // lead makes the leader's claim and publishes its answer to the followers. A
-// claim it gets tells the layer when its hold ends (Claim.onEnd).
+// claim it gets tells the layer when its hold ends (Claim.hold).
 func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
 	landed := false
 	defer func() {
@@ -213,7 +216,7 @@ func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flig
 	}()
 	out, err = f.next.claim(ctx, id, req, time.Time{})
 	if c := out.Claim; c != nil {
-		c.onEnd = func(kind byte, body []byte, err error) { sh.finish(c, kind, body, err) }
+		c.hold = sh
 	}
 	landed = true
 	sh.land(id, fl, out, err, err != nil && ctx.Err() != nil)
@@ -225,11 +228,12 @@ func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flig
 func (sh *flightShard) land(id string, fl *flight, out Outcome, err error, retry bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if out.Replayed && fl.joined > 0 {
+	if out.Replayed && fl.joined > 0 && !out.shared {
 		// The leader owns out.Value and may change it once it returns: the
-		// followers copy from a copy of their own.
+		// followers share a copy that nobody writes.
 		out.Value = bytes.Clone(out.Value)
 	}
+	out.shared = true
 	fl.out, fl.err, fl.retry, fl.landed = out, err, retry, true
 	if err == nil && out.Claim != nil {
 		fl.held = true
@@ -256,7 +260,7 @@ func (sh *flightShard) finish(c *Claim, kind byte, body []byte, err error) {
 	if err == nil && kind != 0 && fl.joined > 0 {
 		fl.completed = true
 		// The caller of Complete may reuse its slice once it returns.
-		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, attempt: c.attempt, kind: kind}
+		fl.result = Outcome{Replayed: true, Value: bytes.Clone(body), Token: c.token, attempt: c.attempt, kind: kind, shared: true}
 		fl.result.Err, _ = replayedFinal(kind, fl.result.Value) // sealed by this process: readable
 	}
 	if fl.done != nil {
@@ -281,7 +285,7 @@ func (f *flights) follow(ctx context.Context, sh *flightShard, fl *flight, deadl
 		}
 		return Outcome{}, fl.err, false
 	case fl.out.Replayed:
-		return replayCopy(fl.out), nil, false
+		return fl.out, nil, false
 	}
 	return f.awaitHold(ctx, sh, fl, deadline)
 }
@@ -347,13 +351,7 @@ func (f *flights) awaitHold(ctx context.Context, sh *flightShard, fl *flight, de
 // finishedAnswer is a waiting follower's answer once the hold ended.
 func (fl *flight) finishedAnswer() (_ Outcome, _ error, again bool) {
 	if fl.completed {
-		return replayCopy(fl.result), nil, false
+		return fl.result, nil, false
 	}
 	return Outcome{}, nil, true
-}
-
-// replayCopy returns out with a Value of its own.
-func replayCopy(out Outcome) Outcome {
-	out.Value = bytes.Clone(out.Value)
-	return out
 }

@@ -49,9 +49,9 @@ const cleanupTimeout = 5 * time.Second
 // and a retry finds the key in progress until the lease runs out, then claims
 // it with Claim.Recovered set.
 func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx context.Context) (T, error), opts ...Option) (T, error) {
-	var zero T
-	out, err := k.Begin(ctx, scope, key, opts...)
+	out, err := k.beginCall(ctx, scope, key, opts, false)
 	if err != nil {
+		var zero T
 		return zero, err
 	}
 	if out.Replayed {
@@ -65,38 +65,59 @@ func Do[T any](ctx context.Context, k *Keeper, scope, key string, fn func(ctx co
 // decoded by the Codec otherwise, so that the two ways of completing a key
 // can share it.
 func replay[T any](k *Keeper, out Outcome) (T, error) {
-	var v T
 	switch out.kind {
 	case kindError, kindFinal:
 		// Decoded here, not taken from out.Err: each caller gets an error
 		// (and Details) of its own, whoever made the Outcome.
+		var zero T
 		final, err := openFinal(out.kind, out.Value)
 		if err != nil {
-			return v, err
+			return zero, err
 		}
-		return v, final
-	case kindBytes:
-		if p, ok := any(&v).(*[]byte); ok {
-			*p = out.Value
-			return v, nil
-		}
-		if err := k.codec.Unmarshal(out.Value, &v); err != nil {
-			return v, fmt.Errorf("%w: the result was stored by Claim.Complete, and the Codec cannot decode it into %T: %w", ErrCorrupt, v, err)
-		}
-		return v, nil
+		return zero, final
 	}
-	if err := k.codec.Unmarshal(out.Value, &v); err != nil {
+	if out.shared && (!k.msgpack || isBytes[T]()) {
+		// The result would be, or might be, a slice of Value: the caller
+		// must own it. MsgpackCodec copies what it decodes otherwise.
+		out.own()
+	}
+	if out.kind == kindBytes {
+		return replayBytes[T](k, out.Value)
+	}
+	v, err := openResult[T](k, out.Value)
+	if err != nil {
 		return v, fmt.Errorf("%w: decoding the stored result into %T: %w", ErrCorrupt, v, err)
 	}
 	return v, nil
 }
 
+// replayBytes is the result of Do for body, bytes that Claim.Complete stored:
+// body itself when T is []byte, else body decoded by the Codec.
+func replayBytes[T any](k *Keeper, body []byte) (T, error) {
+	var v T
+	if p, ok := any(&v).(*[]byte); ok {
+		*p = body
+		return v, nil
+	}
+	v, err := unmarshalResult[T](k.codec, body)
+	if err != nil {
+		return v, fmt.Errorf("%w: the result was stored by Claim.Complete, and the Codec cannot decode it into %T: %w", ErrCorrupt, v, err)
+	}
+	return v, nil
+}
+
+// isBytes reports whether T is []byte.
+func isBytes[T any]() bool {
+	_, ok := any((*T)(nil)).(*[]byte)
+	return ok
+}
+
 func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Context) (T, error)) (v T, err error) {
-	opCtx, stop := c.KeepAlive(ContextWithClaim(ctx, c))
-	if errors.Is(context.Cause(opCtx), ErrLeaseLost) {
+	ka := c.keepAlive(ctx)
+	if ka.lostErr() != nil {
 		// The claim came back too late to hold the key: fn does not run.
 		var zero T
-		return zero, stop()
+		return zero, ka.stop()
 	}
 	finished := false
 	defer func() {
@@ -104,21 +125,24 @@ func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Co
 			return
 		}
 		// fn panicked: give the key up, then panic again.
-		stop()
+		ka.stop()
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
 		_ = c.Release(cctx)
 	}()
-	v, err = fn(opCtx)
+	v, err = fn(&ka.op)
 	finished = true
-	if lost := stop(); lost != nil {
+	if lost := ka.stop(); lost != nil {
 		// Another attempt may hold the key now: store nothing, release nothing.
 		var zero T
 		return zero, errors.Join(lost, err)
 	}
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	return v, settle(cctx, k, c, v, err)
+	if err != nil {
+		return v, settleError(cctx, k, c, err)
+	}
+	return v, settle(cctx, k, c, v)
 }
 
 // cleanupContext is the context of the store calls after fn returned: never
@@ -127,34 +151,44 @@ func run[T any](ctx context.Context, k *Keeper, c *Claim, fn func(ctx context.Co
 // calls and no timer is needed; once it is done, cleanupTimeout does.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Err() == nil {
-		return context.WithoutCancel(ctx), func() {}
+		return detach(ctx), func() {}
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }
 
-// settle records fn's outcome under the claim and returns Do's error:
-//   - an error that is not Final releases the key, and is returned as is;
-//   - a Final error is stored, for the error retention, and returned;
-//   - a value is encoded and stored; one that cannot be encoded is stored as
-//     a Final error instead, so that a retry does not run fn again.
-//
-// A failure of the store is joined to fn's error.
-func settle[T any](ctx context.Context, k *Keeper, c *Claim, v T, err error) error {
-	var final *FinalError
-	switch {
-	case err != nil && !errors.As(err, &final):
-		return withStoreError(err, c.Release(ctx))
-	case err != nil:
-		kind, body := sealFinal(final)
-		return withStoreError(err, c.complete(ctx, kind, body, k.policy.errorRetention))
+// detach returns ctx without its cancellation: ctx itself when it has
+// neither (context.Background, for one), else context.WithoutCancel(ctx).
+func detach(ctx context.Context) context.Context {
+	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
+		return ctx
 	}
-	body, merr := k.codec.Marshal(v)
+	return context.WithoutCancel(ctx)
+}
+
+// settle stores fn's value v under the claim and returns Do's error: the
+// store's, or none. A value that cannot be encoded is stored as a Final
+// error instead, so that a retry does not run fn again, and that error is
+// returned.
+func settle[T any](ctx context.Context, k *Keeper, c *Claim, v T) error {
+	env, merr := sealResult(k, v)
 	if merr != nil {
-		final = &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)}
-		kind, body := sealFinal(final)
-		return withStoreError(final, c.complete(ctx, kind, body, k.policy.errorRetention))
+		return settleError(ctx, k, c, &FinalError{Err: fmt.Errorf("idem: encoding the result: %w", merr)})
 	}
-	return c.complete(ctx, kindValue, body, 0)
+	return c.completeSealed(ctx, env, 0)
+}
+
+// settleError records fn's error err under the claim and returns Do's error:
+//   - an error that is not Final releases the key, and is returned as is;
+//   - a Final error is stored, for the error retention, and returned.
+//
+// A failure of the store is joined to err.
+func settleError(ctx context.Context, k *Keeper, c *Claim, err error) error {
+	var final *FinalError
+	if !errors.As(err, &final) {
+		return withStoreError(err, c.Release(ctx))
+	}
+	kind, body := sealFinal(final)
+	return withStoreError(err, c.complete(ctx, kind, body, k.policy.errorRetention))
 }
 
 // withStoreError returns err as is, or joined with serr when the store failed.

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -17,7 +18,10 @@ type Keeper struct {
 	store  Store
 	policy policy
 	codec  Codec
-	now    func() time.Time
+	// msgpack is set when codec is MsgpackCodec, whose encoding of []byte
+	// and string results Do writes and reads itself (see sealResult).
+	msgpack bool
+	now     func() time.Time
 	// wait is the default of WithWait for every call.
 	wait time.Duration
 	// observer is told of every step; nil: nothing is reported.
@@ -27,6 +31,8 @@ type Keeper struct {
 	claims claimer
 	// cache answers replays from memory (WithReplayCache); nil: none.
 	cache *replayCache
+	// renewals schedules the lease renewals of KeepAlive.
+	renewals renewalQueue
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
@@ -59,12 +65,17 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
 	}
 	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer}
+	switch s.codec.(type) {
+	case MsgpackCodec, *MsgpackCodec:
+		k.msgpack = true
+	}
 	if s.replayCache != nil {
 		if err := s.replayCache.validate(); err != nil {
 			return nil, err
 		}
 		k.cache = newReplayCache(s.replayCache)
 	}
+	k.renewals.init(k.policy.lease)
 	k.claims = storeClaimer{k}
 	if s.coalesce {
 		k.claims = newFlights(k.claims, func() time.Time { return k.now() })
@@ -103,8 +114,21 @@ type Outcome struct {
 	// when Replayed, or of Claim.
 	Token int64
 
-	kind    byte // envelope kind of Value
-	attempt int  // when Replayed: the attempt count of the completing claim
+	kind byte // envelope kind of Value
+	// shared is set when Value is not the caller's own but shared with
+	// other callers (a replay from the replay cache or of a coalesced
+	// leader), and must not be written: Begin hands out a copy (own), and
+	// Do copies only what its result would share.
+	shared  bool
+	attempt int // when Replayed: the attempt count of the completing claim
+}
+
+// own gives out a Value of its own if it shares one.
+func (out *Outcome) own() {
+	if out.shared {
+		out.Value = bytes.Clone(out.Value)
+		out.shared = false
+	}
 }
 
 // Begin claims (scope, key) for one run of an operation, in one round trip.
@@ -117,6 +141,12 @@ type Outcome struct {
 // does not: the caller's own cancellation is never reported as the store's
 // failure.
 func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...Option) (Outcome, error) {
+	return k.beginCall(ctx, scope, key, opts, true)
+}
+
+// beginCall is Begin. A replayed Value is the caller's own if own is set;
+// else it may be shared (Outcome.shared), as Do takes it.
+func (k *Keeper) beginCall(ctx context.Context, scope, key string, opts []Option, own bool) (Outcome, error) {
 	c := call{wait: k.wait}
 	var err error
 	if len(opts) > 0 {
@@ -135,14 +165,18 @@ func (k *Keeper) Begin(ctx context.Context, scope, key string, opts ...Option) (
 	var id string
 	var out Outcome
 	if err == nil {
-		id = recordID(scope, key)
-		out, err = k.begin(ctx, id, &c)
+		var attempt string
+		id, attempt = claimIDs(scope, key)
+		out, err = k.begin(ctx, id, attempt, &c)
 		if out.Claim != nil {
 			out.Claim.scope = scope
 		}
 	}
 	if k.observer != nil || c.info != nil {
 		k.reportClaim(ctx, scope, id, started, c.info, out, err)
+	}
+	if own {
+		out.own()
 	}
 	return out, err
 }
@@ -221,10 +255,10 @@ func (k *Keeper) callOptions(opts []Option) (call, error) {
 	return call{fingerprint: s.fingerprint, wait: s.wait, info: s.info}, nil
 }
 
-func (k *Keeper) begin(ctx context.Context, id string, c *call) (Outcome, error) {
+func (k *Keeper) begin(ctx context.Context, id, attempt string, c *call) (Outcome, error) {
 	req := ClaimRequest{
 		Fingerprint: fingerprintDigest(c.fingerprint),
-		Attempt:     newAttemptID(),
+		Attempt:     attempt,
 		Lease:       k.policy.lease,
 		Keep:        k.policy.pendingKeep(),
 	}
@@ -312,9 +346,29 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time) (Outcome, e
 	return Outcome{}, fmt.Errorf("%w: claim status %d unknown", ErrCorrupt, r.Status)
 }
 
+// attemptLen is the length of an attempt id: 64 bits in base64url.
+const attemptLen = 11
+
 // newAttemptID returns 64 random bits in base64url.
 func newAttemptID() string {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	var b [attemptLen]byte
+	putAttemptID(&b)
+	return string(b[:])
+}
+
+// putAttemptID writes a new attempt id into b.
+func putAttemptID(b *[attemptLen]byte) {
+	var r [8]byte
+	binary.LittleEndian.PutUint64(r[:], rand.Uint64())
+	base64.RawURLEncoding.Encode(b[:], r[:])
+}
+
+// claimIDs returns the record id of (scope, key) and a new attempt id, both
+// slices of one string: one allocation for a claim instead of two.
+func claimIDs(scope, key string) (id, attempt string) {
+	var b [idLen + attemptLen]byte
+	putRecordID((*[idLen]byte)(b[:idLen]), scope, key)
+	putAttemptID((*[attemptLen]byte)(b[idLen:]))
+	s := string(b[:])
+	return s[:idLen], s[idLen:]
 }

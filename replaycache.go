@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -110,7 +111,7 @@ type cacheShard struct {
 
 // cacheEntry is one completed result. Its fields other than prev and next
 // are written before it is put in a shard and never after; value is never
-// written, so a reader may copy it outside the lock.
+// written, so readers share it outside the lock (Outcome.shared).
 type cacheEntry struct {
 	id, fp     string
 	token      int64
@@ -165,8 +166,8 @@ func (c *replayCache) shard(id string) *cacheShard {
 	return &c.shards[h&uint32(len(c.shards)-1)]
 }
 
-// get returns the replay of id for a call with fingerprint fp at now, with
-// a Value of the caller's own, or false.
+// get returns the replay of id for a call with fingerprint fp at now, or
+// false. Its Value is the entry's, shared (Outcome.shared).
 func (c *replayCache) get(id, fp string, now time.Time) (Outcome, bool) {
 	s := c.shard(id)
 	s.mu.Lock()
@@ -186,21 +187,22 @@ func (c *replayCache) get(id, fp string, now time.Time) (Outcome, bool) {
 		return Outcome{}, false
 	}
 	c.hits.Add(1)
-	out := Outcome{Replayed: true, Value: make([]byte, len(e.value)), Token: e.token, attempt: e.attempt, kind: e.kind}
-	copy(out.Value, e.value)
+	out := Outcome{Replayed: true, Value: e.value, Token: e.token, attempt: e.attempt, kind: e.kind, shared: true}
 	out.Err, _ = replayedFinal(e.kind, out.Value) // it opened when the entry was put
 	return out, true
 }
 
-// put keeps a copy of value, the completed result of id for fingerprint fp,
-// until expires, unless it is too large for its shard.
-func (c *replayCache) put(id, fp string, token int64, attempt int, kind byte, value []byte, expires time.Time) {
+// put keeps value, the completed result of id for fingerprint fp, until
+// expires, unless it is too large for its shard; it reports whether it kept
+// it. The cache owns value from then on: nobody may write it. Callers that
+// do not own value hand over a copy.
+func (c *replayCache) put(id, fp string, token int64, attempt int, kind byte, value []byte, expires time.Time) bool {
 	s := c.shard(id)
 	size := int64(len(value)+len(id)+len(fp)) + cacheEntryOverhead
 	if size > s.maxBytes {
-		return
+		return false
 	}
-	e := &cacheEntry{id: id, fp: fp, token: token, attempt: attempt, kind: kind, value: append([]byte(nil), value...), expires: expires, size: size}
+	e := &cacheEntry{id: id, fp: fp, token: token, attempt: attempt, kind: kind, value: value, expires: expires, size: size}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.m[id]; old != nil {
@@ -214,6 +216,7 @@ func (c *replayCache) put(id, fp string, token int64, attempt int, kind byte, va
 	e.prev.next, e.next.prev = e, e
 	s.entries++
 	s.bytes += size
+	return true
 }
 
 // drop removes the entry of id, if any.
@@ -263,18 +266,20 @@ func (k *Keeper) cacheStored(c *Claim, kind byte, body []byte, retention time.Du
 	if k.cache == nil || !c.fpKnown {
 		return
 	}
-	k.cache.put(c.id, c.fp, c.token, c.attempt, kind, body, sent.Add(min(retention, k.cache.age)))
+	// The caller of Complete may reuse body once it returns.
+	k.cache.put(c.id, c.fp, c.token, c.attempt, kind, bytes.Clone(body), sent.Add(min(retention, k.cache.age)))
 }
 
 // cacheReplayed fills the cache, if the Keeper has one, with out, a replay
-// of id the store gave a call with fingerprint fp at seen.
+// of id the store gave a call with fingerprint fp at seen. The cache keeps
+// out.Value itself, which the call owned: out shares it from then on.
 func (k *Keeper) cacheReplayed(id, fp string, out *Outcome, seen time.Time) {
-	if k.cache == nil {
+	if k.cache == nil || out.shared {
 		return
 	}
 	keep := k.policy.retention
 	if out.kind == kindError || out.kind == kindFinal {
 		keep = k.policy.errorRetention
 	}
-	k.cache.put(id, fp, out.Token, out.attempt, out.kind, out.Value, seen.Add(min(keep, k.cache.age)))
+	out.shared = k.cache.put(id, fp, out.Token, out.attempt, out.kind, out.Value, seen.Add(min(keep, k.cache.age)))
 }

@@ -1,0 +1,197 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// renewalStore counts the lease extensions of each record, and answers them
+// with fail while it is set.
+type renewalStore struct {
+	Store
+	mu   sync.Mutex
+	n    map[string]int
+	fail error
+}
+
+func (s *renewalStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	s.mu.Lock()
+	s.n[id]++
+	fail := s.fail
+	s.mu.Unlock()
+	if fail != nil {
+		return fail
+	}
+	return s.Store.Extend(ctx, id, token, lease, keep)
+}
+
+func (s *renewalStore) renewals(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n[id]
+}
+
+func (s *renewalStore) failWith(err error) {
+	s.mu.Lock()
+	s.fail = err
+	s.mu.Unlock()
+}
+
+// renewalKeeper returns a Keeper with a short lease on b, through a
+// renewalStore.
+func renewalKeeper(t *testing.T, b *redistest.Backend, lease time.Duration) (*Keeper, *renewalStore) {
+	t.Helper()
+	rs, err := NewRedisStore(b.Client)
+	require.NoError(t, err)
+	s := &renewalStore{Store: rs, n: map[string]int{}}
+	k, err := New(s, WithLease(lease), WithRetention(time.Minute))
+	require.NoError(t, err)
+	return k, s
+}
+
+// awaitDone waits, for as long as a busy machine may need, for ctx to end.
+func awaitDone(t *testing.T, ctx context.Context, what string) bool {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		return true
+	case <-time.After(10 * time.Second):
+		assert.Fail(t, "timed out", "waiting until %s", what)
+		return false
+	}
+}
+
+// TestKeepAliveRenewsEachClaimUntilItsStop: the renewals of many claims of
+// one Keeper share one queue; each claim is renewed while it runs, whatever
+// the others do, and not after its stop returned.
+func TestKeepAliveRenewsEachClaimUntilItsStop(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, s := renewalKeeper(t, b, 30*time.Millisecond)
+		ctx := context.Background()
+		type held struct {
+			c    *Claim
+			stop func() error
+		}
+		var claims []held
+		for i := range 6 {
+			out, err := k.Begin(ctx, "s", fmt.Sprint("k", i))
+			require.NoError(t, err)
+			_, stop := out.Claim.KeepAlive(ctx)
+			claims = append(claims, held{out.Claim, stop})
+		}
+		for _, h := range claims {
+			eventually(t, "three renewals of "+h.c.id, func() bool { return s.renewals(h.c.id) >= 3 })
+		}
+		// Stop every other claim; the rest go on being renewed.
+		stopped := map[string]int{}
+		for i, h := range claims {
+			if i%2 == 0 {
+				require.NoError(t, h.stop())
+				stopped[h.c.id] = s.renewals(h.c.id)
+			}
+		}
+		for i, h := range claims {
+			if i%2 == 1 {
+				n := s.renewals(h.c.id)
+				eventually(t, "three more renewals of "+h.c.id, func() bool { return s.renewals(h.c.id) >= n+3 })
+			}
+		}
+		for id, n := range stopped {
+			assert.Equal(t, n, s.renewals(id), "a renewal after stop")
+		}
+		for i, h := range claims {
+			if i%2 == 1 {
+				require.NoError(t, h.stop())
+				_, err := k.Begin(ctx, "s", fmt.Sprint("k", i))
+				assert.ErrorIs(t, err, ErrInProgress, "the renewed lease is held")
+			}
+		}
+	})
+}
+
+// TestKeepAliveContext: the operation's context carries the claim and the
+// caller's values, and it, and every context derived from it, ends with a
+// cause wrapping ErrLeaseLost when the store says the lease is lost.
+func TestKeepAliveContext(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, s := renewalKeeper(t, b, 30*time.Millisecond)
+		type userKey struct{}
+		ctx := context.WithValue(context.Background(), userKey{}, "user value")
+		out, err := k.Begin(ctx, "s", "k")
+		require.NoError(t, err)
+		opCtx, stop := out.Claim.KeepAlive(ctx)
+		got, ok := ClaimFromContext(opCtx)
+		require.True(t, ok)
+		assert.Same(t, out.Claim, got)
+		assert.Equal(t, "user value", opCtx.Value(userKey{}))
+		assert.Contains(t, fmt.Sprint(opCtx), "idem.Claim")
+		child, cancelChild := context.WithCancel(opCtx)
+		defer cancelChild()
+
+		s.failWith(ErrLeaseLost)
+		if awaitDone(t, child, "the lease loss ends a derived context") {
+			assert.ErrorIs(t, context.Cause(opCtx), ErrLeaseLost)
+			assert.ErrorIs(t, context.Cause(child), ErrLeaseLost)
+		}
+		err = stop()
+		assert.ErrorIs(t, err, ErrLeaseLost)
+		assert.Equal(t, err, stop(), "stop again answers the same")
+	})
+}
+
+// TestKeepAliveRunsOutAfterFailedRenewals: renewals that keep failing (not
+// a lost lease: the store cannot be reached) are tried again, each within
+// what is left of the lease, until the lease has run out by the process's
+// clock; then the operation's context ends with ErrLeaseLost.
+func TestKeepAliveRunsOutAfterFailedRenewals(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, s := renewalKeeper(t, b, 60*time.Millisecond)
+		ctx := context.Background()
+		out, err := k.Begin(ctx, "s", "k")
+		require.NoError(t, err)
+		s.failWith(errors.New("dial tcp 127.0.0.1: connection refused"))
+		opCtx, stop := out.Claim.KeepAlive(ctx)
+		if awaitDone(t, opCtx, "the lease runs out") {
+			assert.ErrorIs(t, context.Cause(opCtx), ErrLeaseLost)
+			assert.GreaterOrEqual(t, s.renewals(out.Claim.id), 2, "tried again after the first failure")
+		}
+		assert.ErrorIs(t, stop(), ErrLeaseLost)
+	})
+}
+
+// TestKeepAliveStopsWhileARetryWaits: stop ends the renewals also when the
+// next one is a retry after a failed renewal, on a timer of its own.
+func TestKeepAliveStopsWhileARetryWaits(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, s := renewalKeeper(t, b, 3*time.Second)
+		ctx := context.Background()
+		out, err := k.Begin(ctx, "s", "k")
+		require.NoError(t, err)
+		s.failWith(errors.New("i/o timeout"))
+		ka := out.Claim.keepAlive(ctx)
+		eventually(t, "a retry waits on its own timer", func() bool {
+			k.renewals.mu.Lock()
+			defer k.renewals.mu.Unlock()
+			return ka.retry != nil
+		})
+		require.NoError(t, ka.stop(), "the lease is not lost yet")
+		n := s.renewals(out.Claim.id)
+		// The retry was due within a third of what was left of the lease,
+		// sooner than a claim made now is first renewed.
+		s.failWith(nil)
+		other, err := k.Begin(ctx, "s", "other")
+		require.NoError(t, err)
+		otherKA := other.Claim.keepAlive(ctx)
+		eventually(t, "the other claim renewed", func() bool { return s.renewals(other.Claim.id) >= 1 })
+		require.NoError(t, otherKA.stop())
+		assert.Equal(t, n, s.renewals(out.Claim.id), "a renewal after stop")
+	})
+}
