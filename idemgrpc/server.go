@@ -236,7 +236,7 @@ var errPanicked = errors.New("idemgrpc: the handler panicked; the key was releas
 // the key, and gives the handler's answer to the client.
 func (s *server) run(ctx context.Context, rep *report, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
 	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
-	hctx, stop := cl.KeepAlive(idem.ContextWithClaim(ctx, cl))
+	hctx, stop := cl.KeepAlive(ctx) // its context carries cl (ClaimFromContext)
 	if rep.on {
 		rep.ran = time.Now()
 	}

@@ -425,7 +425,7 @@ var lastDate atomic.Pointer[formattedDate]
 func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *report, cl *idem.Claim) {
 	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 
-	ctx, stop := cl.KeepAlive(idem.ContextWithClaim(r.Context(), cl))
+	ctx, stop := cl.KeepAlive(r.Context()) // its context carries cl (ClaimFromContext)
 	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
 		// The claim came back too late to hold the key: another attempt
 		// may hold it now, and the handler does not run.
