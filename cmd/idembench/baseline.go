@@ -74,6 +74,12 @@ func newBaseline(ctx context.Context, o *options, w *workload, c client, stdout 
 		}
 	case baselineBare:
 		s = newSide(b.bare, nil)
+	case baselineBareGet:
+		s = newSide(b.bareGet, []string{"get"})
+		if err := b.store(ctx, w, o.keys, o.retention); err != nil {
+			closeAP()
+			return nil, nil, err
+		}
 	default:
 		closeAP()
 		return nil, nil, fmt.Errorf("-baseline %q: no such baseline", o.baseline)
@@ -139,6 +145,19 @@ func (b *baseline) bare(ctx context.Context, wk *worker) {
 		err = fmt.Errorf("bare baseline: HTTP %d", status)
 	}
 	b.done(wk, start, err, false)
+}
+
+// bareGet is the same HTTP request to a handler that GETs one of the stored
+// values from Redis and answers it: the floor of a replay by any middleware
+// that keeps its responses in Redis, one round trip from the handler.
+func (b *baseline) bareGet(ctx context.Context, wk *worker) {
+	id := wk.rng.Uint64N(b.keys.Load())
+	start := time.Now()
+	status, _, err := b.http.postGet(ctx, b.http.bareGetURL, wk.key(id), wk.keyWith(b.prefix, id))
+	if err == nil && status != 200 {
+		err = fmt.Errorf("bare-get baseline: HTTP %d", status)
+	}
+	b.done(wk, start, err, true)
 }
 
 // done counts an operation that started at start and ended with err.

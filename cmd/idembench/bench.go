@@ -117,7 +117,7 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 		h.idem.op = h.w.consumeOp
 	}
 	if o.mode == modeHTTP {
-		hb, err := startHTTP(o, k, h.w.scope, h.w.ran, newBitset())
+		hb, err := startHTTP(o, k, c, h.w.scope, h.w.ran, newBitset())
 		if err != nil {
 			return err
 		}

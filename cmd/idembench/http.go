@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/redis/go-redis/v9"
 )
 
 // The middleware's names this file uses, in one place.
@@ -32,6 +33,9 @@ func newGuard(k *idem.Keeper, scope string) (func(http.Handler) http.Handler, er
 const (
 	guardedPath = "/idem"
 	barePath    = "/bare"
+	bareGetPath = "/bare-get"
+	// getHeader names the Redis key the bare-get handler reads.
+	getHeader = "X-Idembench-Get"
 )
 
 // requestBody is the body of every request: small, as a payment's would be.
@@ -41,10 +45,10 @@ const requestBody = `{"amount":1000,"currency":"eur"}`
 // serving the handler behind idemhttp's middleware and bare, and the one client
 // (one keep-alive transport) that both sides of the run use.
 type httpBench struct {
-	srv                 *http.Server
-	transport           *http.Transport
-	client              *http.Client
-	guardedURL, bareURL string
+	srv                             *http.Server
+	transport                       *http.Transport
+	client                          *http.Client
+	guardedURL, bareURL, bareGetURL string
 	// bodyLen is the length of the handler's body, which every 200 must
 	// carry, replays included.
 	bodyLen int
@@ -52,8 +56,9 @@ type httpBench struct {
 
 // startHTTP starts the server of -mode http. The handler marks the keys it
 // runs for in ran behind the middleware, in bareRan without it, and answers
-// 200 with a JSON body of -body bytes.
-func startHTTP(o *options, k *idem.Keeper, scope string, ran, bareRan *bitset) (*httpBench, error) {
+// 200 with a JSON body of -body bytes; the bare-get handler answers the value
+// it GETs from c.
+func startHTTP(o *options, k *idem.Keeper, c redis.Cmdable, scope string, ran, bareRan *bitset) (*httpBench, error) {
 	guard, err := newGuard(k, scope)
 	if err != nil {
 		return nil, err
@@ -66,6 +71,7 @@ func startHTTP(o *options, k *idem.Keeper, scope string, ran, bareRan *bitset) (
 	mux := http.NewServeMux()
 	mux.Handle("POST "+guardedPath, guard(newHandler(ran, body)))
 	mux.Handle("POST "+barePath, newHandler(bareRan, body))
+	mux.Handle("POST "+bareGetPath, getHandler{c})
 	h := &httpBench{
 		srv:     &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
 		bodyLen: len(body),
@@ -80,7 +86,7 @@ func startHTTP(o *options, k *idem.Keeper, scope string, ran, bareRan *bitset) (
 	}
 	h.client = &http.Client{Transport: h.transport}
 	base := "http://" + ln.Addr().String()
-	h.guardedURL, h.bareURL = base+guardedPath, base+barePath
+	h.guardedURL, h.bareURL, h.bareGetURL = base+guardedPath, base+barePath, base+bareGetPath
 	return h, nil
 }
 
@@ -94,12 +100,21 @@ func (h *httpBench) close() {
 // handler's length is an error; so is a status other than 200 and 409, whose
 // body the error quotes.
 func (h *httpBench) post(ctx context.Context, url, key string) (status int, replayed bool, err error) {
+	return h.postGet(ctx, url, key, "")
+}
+
+// postGet is post, asking the bare-get handler to GET get when it is not
+// empty.
+func (h *httpBench) postGet(ctx context.Context, url, key, get string) (status int, replayed bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(requestBody))
 	if err != nil {
 		return 0, false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(keyHeader, key)
+	if get != "" {
+		req.Header.Set(getHeader, get)
+	}
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return 0, false, err
@@ -180,6 +195,28 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Content-Length", h.length)
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(h.body)
+}
+
+// getHandler is the bare-get baseline's endpoint: it reads the request,
+// GETs the Redis key the request names, and answers the value: the least a
+// handler that keeps its results in Redis does for a replay.
+type getHandler struct{ c redis.Cmdable }
+
+func (h getHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	v, err := h.c.Get(r.Context(), r.Header.Get(getHeader)).Bytes()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Content-Length", strconv.Itoa(len(v)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(v)
 }
 
 // keyID returns the id of a key "k<id>".

@@ -69,6 +69,9 @@
 //     replay.
 //   - bare (with -mode http): the same handler without the middleware, over
 //     the same HTTP client.
+//   - bare-get (with -mode http): a handler that GETs one of -keys stored
+//     values from Redis and answers it: the floor of a replay by any
+//     middleware that keeps its responses in Redis.
 //
 // Redis CPU per operation comes from INFO commandstats, read on the server
 // (on a Cluster, every master, summed) before and after each slice of the
@@ -176,6 +179,9 @@ const (
 	baselinePair  = "pair"
 	baselineGet   = "get"
 	baselineBare  = "bare"
+	// baselineBareGet is -mode http's replay floor: the handler GETs a
+	// stored value from Redis and answers it.
+	baselineBareGet = "bare-get"
 )
 
 // options are the command's flags.
@@ -237,7 +243,7 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.apDelay, "ap-delay", 200*time.Microsecond, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay; go-redis's default is 0)")
 	fs.BoolVar(&o.coalesce, "coalesce", true, "coalesce concurrent calls on one key in the process (idem.WithCoalescing)")
 	fs.IntVar(&o.cache, "cache", 0, "keep up to this many completed results in the process (idem.WithReplayCache, with room for that many -body-byte results and -retention as the max age) and report its hit rate; 0: no cache")
-	fs.StringVar(&o.baseline, "baseline", "", "also run, at the same concurrency and interleaved with idem, and print the ratio: setnx (SET NX of the result under a new key), pair (SET NX PX, then SET XX PX of the result: the floor of a first execution), get (GET of a stored value: the floor of a replay); with -mode http, bare (the same handler without the middleware)")
+	fs.StringVar(&o.baseline, "baseline", "", "also run, at the same concurrency and interleaved with idem, and print the ratio: setnx (SET NX of the result under a new key), pair (SET NX PX, then SET XX PX of the result: the floor of a first execution), get (GET of a stored value: the floor of a replay); with -mode http, bare (the same handler without the middleware) or bare-get (a handler that answers a value it GETs from Redis: the floor of a replay kept in Redis)")
 	fs.BoolVar(&o.baselineAP, "baseline-autopipeline", false, "with -autopipeline and a Redis baseline: send the baseline's commands through an AutoPipeliner of the same settings (default: a plain client)")
 	fs.DurationVar(&o.retention, "retention", 10*time.Minute, "how long Redis keeps the records (and baseline keys) the run writes")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
@@ -335,21 +341,21 @@ func checkModeAndBaseline(o *options) error {
 	case modeDo:
 		switch o.baseline {
 		case "", baselineSetNX, baselinePair, baselineGet:
-		case baselineBare:
+		case baselineBare, baselineBareGet:
 			return fmt.Errorf("-baseline %s: an HTTP handler without the middleware; it goes with -mode http", o.baseline)
 		default:
 			return fmt.Errorf("-baseline %q: want setnx, pair or get (the former -baseline, with no name, is -baseline setnx)", o.baseline)
 		}
 	case modeHTTP:
 		switch o.baseline {
-		case "", baselineBare:
+		case "", baselineBare, baselineBareGet:
 		default:
-			return fmt.Errorf("-baseline %q: -mode http compares with bare, the same handler without the middleware", o.baseline)
+			return fmt.Errorf("-baseline %q: -mode http compares with bare, the same handler without the middleware, or bare-get, that handler answering a value it GETs from Redis", o.baseline)
 		}
 	default:
 		return fmt.Errorf("-mode %q: want do or http", o.mode)
 	}
-	if o.baselineAP && (!o.autopipeline || o.baseline == "" || o.baseline == baselineBare) {
+	if o.baselineAP && (!o.autopipeline || o.baseline == "" || o.baseline == baselineBare || o.baseline == baselineBareGet) {
 		return errors.New("-baseline-autopipeline: goes with -autopipeline and -baseline setnx, pair or get")
 	}
 	return nil

@@ -138,6 +138,12 @@ func TestMiniredisHTTP(t *testing.T) {
 		assert.Equal(t, res["ops"], res["replays"], "every response carries the replayed header")
 		assert.InDelta(t, 1, res["commands_per_op"], 0.01, "one script per replay")
 	})
+	t.Run("replay against bare-get", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-workload", "replay", "-keys", "100", "-baseline", "bare-get")
+		require.Equal(t, 0, code, stderr)
+		assertSound(t, res)
+		assertBaseline(t, res, "bare-get")
+	})
 	t.Run("mixed", func(t *testing.T) {
 		code, res, stderr := runJSON(t, "-mode", "http", "-d", "300ms", "-c", "8", "-workload", "mixed", "-keys", "20")
 		require.Equal(t, 0, code, stderr)
@@ -189,6 +195,14 @@ func TestRealRedis(t *testing.T) {
 		assertBaseline(t, res, "pair")
 		assertRedisCPU(t, res)
 		assert.Equal(t, true, res["baseline_autopipeline"])
+	})
+	t.Run("http replay against bare-get", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-redis", url, "-mode", "http", "-d", "400ms", "-c", "16", "-keys", "500", "-workload", "replay", "-baseline", "bare-get")
+		require.Equal(t, 0, code, stderr)
+		assertSound(t, res)
+		assertBaseline(t, res, "bare-get")
+		assertRedisCPU(t, res)
+		assert.Positive(t, res["baseline_redis_usec_per_op"], "the bare-get handler sends one GET")
 	})
 	for _, workload := range []string{"first", "replay"} {
 		t.Run("http "+workload, func(t *testing.T) {
