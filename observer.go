@@ -9,7 +9,7 @@ import (
 // Observer is told of every step a Keeper takes: each claim (Begin, Do,
 // BeginBatch), completion, release, lease extension, lease loss, checkpoint,
 // inspection and forget, once per call; and of every request a layer on
-// top of the Keeper answers (idemhttp, idemgrpc), through Keeper.Report. It
+// top of the Keeper answers (idemhttp, idemgrpc), through a Request. It
 // runs on the caller's goroutine, so it must be quick and safe for
 // concurrent use. Set it with WithObserver; without one, nothing is
 // measured or reported.
@@ -199,14 +199,57 @@ func WithCallInfo(info *CallInfo) Option {
 	return Option{name: "WithCallInfo", to: toCall, set: func(s *settings) { s.info = info }}
 }
 
-// Report tells the Keeper's Observer of ev, a step taken by a layer on top
-// of the Keeper: idemhttp and idemgrpc report a StepRequest for every
-// request they answer, so that one Observer sees every step. It does
-// nothing when the Keeper has no Observer.
-func (k *Keeper) Report(ctx context.Context, ev Event) {
-	if k.observer != nil {
-		k.observer.Observe(ctx, ev)
+// Request is the StepRequest event of one request that a layer on top of a
+// Keeper answers (idemhttp, idemgrpc), so that one Observer sees every step:
+// the Keeper's own as they happen, then the request's. StartRequest begins
+// it; the layer fills in Event's Scope, ID, Token, Attempt, Recovered and
+// LeaseLeft as it learns them, calls Running when the operation starts, and
+// End once it has answered. Without an Observer it measures nothing and End
+// does nothing.
+type Request struct {
+	// Event is the request's event, told to the Observer by End.
+	Event        Event
+	k            *Keeper
+	ctx          context.Context
+	started, ran time.Time
+}
+
+// StartRequest begins the StepRequest event of a request with ctx, the
+// context the Observer is given.
+func (k *Keeper) StartRequest(ctx context.Context) Request {
+	if k.observer == nil {
+		return Request{}
 	}
+	return Request{Event: Event{Step: StepRequest}, k: k, ctx: ctx, started: k.now()}
+}
+
+// Observed reports whether End will tell an Observer: what costs something
+// to fill in (a record id) need only be filled in then.
+func (r *Request) Observed() bool { return r.k != nil }
+
+// Running marks the start of the operation: End reports how long it ran as
+// Held.
+func (r *Request) Running() {
+	if r.k != nil {
+		r.ran = r.k.now()
+	}
+}
+
+// End tells the Observer the request's outcome: result, the status it was
+// answered (an HTTP status, a gRPC code; 0 when unknown), and the error
+// behind it. Took is the whole request.
+func (r *Request) End(result Result, status int, err error) {
+	if r.k == nil {
+		return
+	}
+	ev := r.Event
+	ev.Result, ev.Status, ev.Err = result, status, err
+	now := r.k.now()
+	ev.Took = now.Sub(r.started)
+	if !r.ran.IsZero() {
+		ev.Held = now.Sub(r.ran)
+	}
+	r.k.observer.Observe(r.ctx, ev)
 }
 
 // reportRecord tells the Observer, if any, how an Inspect or a Forget of
@@ -228,11 +271,6 @@ func (k *Keeper) reportRecord(ctx context.Context, step Step, scope string, star
 	}
 	k.observer.Observe(ctx, ev)
 }
-
-// Observing reports whether the Keeper has an Observer, so that a layer on
-// top of it (idemhttp, idemgrpc) can skip preparing events for Report that
-// nobody would be told of.
-func (k *Keeper) Observing() bool { return k.observer != nil }
 
 // startStep returns the time a step starts when there is an Observer to
 // tell how long it took, else the zero time: without one, nothing is
@@ -268,7 +306,7 @@ func (c *Claim) report(ctx context.Context, step Step, started time.Time, err er
 // ResultOf is the Result an Observer is told for err, an error of a
 // Keeper's call (Begin, Do, Complete, Release, Extend, Checkpoint, Inspect,
 // Forget): ResultDone for nil. A layer on top of a Keeper uses it to report
-// its requests (Keeper.Report) in the Keeper's own terms.
+// its requests (Request.End) in the Keeper's own terms.
 func ResultOf(err error) Result {
 	if err == nil {
 		return ResultDone

@@ -198,3 +198,28 @@ func TestResultOf(t *testing.T) {
 	assert.Equal(t, ResultInvalid, ResultOf(ErrInvalidKey))
 	assert.Equal(t, ResultUnavailable, ResultOf(ErrUnavailable))
 }
+
+// A Request is told to the Observer once, at End, with what the layer
+// filled in; without an Observer it measures nothing.
+func TestRequestEvent(t *testing.T) {
+	b := redistest.Miniredis(t)
+	rec := &recorder{}
+	k := newKeeper(t, b, WithObserver(rec))
+	req := k.StartRequest(context.Background())
+	require.True(t, req.Observed())
+	req.Event.Scope, req.Event.Token = "s", 7
+	req.Running()
+	req.End(ResultDone, 201, nil)
+	evs := rec.take()
+	require.Len(t, evs, 1)
+	assert.Equal(t, Event{Step: StepRequest, Result: ResultDone, Scope: "s", Token: 7, Status: 201,
+		Took: evs[0].Took, Held: evs[0].Held}, evs[0])
+	assert.GreaterOrEqual(t, evs[0].Took, evs[0].Held)
+
+	quiet := newKeeper(t, b)
+	req = quiet.StartRequest(context.Background())
+	assert.False(t, req.Observed())
+	req.Running()
+	req.End(ResultDone, 201, nil) // nothing to tell, nothing measured
+	assert.Equal(t, Request{}, req)
+}

@@ -151,25 +151,25 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !present && !s.required {
 		return handler(ctx, req)
 	}
-	rep := newReport(s.k, ctx)
+	rep := s.k.StartRequest(ctx)
 	if !present || err != nil {
-		return nil, rep.answer(idem.ResultInvalid, err, s.keyAnswer(present, err))
+		return nil, reply(&rep, idem.ResultInvalid, err, s.keyAnswer(present, err))
 	}
 	out, result, cause, err := s.begin(ctx, &rep, info.FullMethod, key, req)
 	switch {
 	case err != nil:
-		return nil, rep.answer(result, cause, err)
+		return nil, reply(&rep, result, cause, err)
 	case out.Replayed:
-		rep.ev.Token = out.Token
+		rep.Event.Token = out.Token
 		resp, result, err := replay(ctx, out)
-		return resp, rep.answer(result, nil, err)
+		return resp, reply(&rep, result, nil, err)
 	}
 	return s.run(ctx, &rep, req, handler, out.Claim)
 }
 
 // begin names the call's record, fingerprints its request and claims the
 // key. On an error it returns the call's outcome, its cause, and the answer.
-func (s *server) begin(ctx context.Context, rep *report, fullMethod, key string, req any) (idem.Outcome, idem.Result, error, error) {
+func (s *server) begin(ctx context.Context, rep *idem.Request, fullMethod, key string, req any) (idem.Outcome, idem.Result, error, error) {
 	tenant, err := s.tenant(ctx)
 	if err != nil {
 		return idem.Outcome{}, idem.ResultRefused, err, tenantAnswer(err)
@@ -184,8 +184,8 @@ func (s *server) begin(ctx context.Context, rep *report, fullMethod, key string,
 	}
 	// A full method holds no space, so the first space ends it.
 	scope := fullMethod + " " + tenant
-	if rep.on {
-		rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	if rep.Observed() {
+		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
 	}
 	out, err := s.k.Begin(ctx, scope, key, opts...)
 	if err != nil {
@@ -229,17 +229,23 @@ func replay(ctx context.Context, out idem.Outcome) (any, idem.Result, error) {
 	return resp, idem.ResultReplayed, err
 }
 
+// reply tells the Keeper's Observer the call's outcome, result with the
+// error behind it (cause) and the code of answer, the call's error; it
+// returns answer.
+func reply(rep *idem.Request, result idem.Result, cause, answer error) error {
+	rep.End(result, int(status.Code(answer)), cause)
+	return answer
+}
+
 // errPanicked is the Err of the ResultReleased of a panicking handler.
 var errPanicked = errors.New("idemgrpc: the handler panicked; the key was released")
 
 // run runs the handler under the claim, then stores its answer or releases
 // the key, and gives the handler's answer to the client.
-func (s *server) run(ctx context.Context, rep *report, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
-	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
+func (s *server) run(ctx context.Context, rep *idem.Request, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
+	rep.Event.Token, rep.Event.Attempt, rep.Event.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 	hctx, stop := cl.KeepAlive(ctx) // its context carries cl (ClaimFromContext)
-	if rep.on {
-		rep.ran = time.Now()
-	}
+	rep.Running()
 	finished := false
 	defer func() {
 		if finished {
@@ -250,16 +256,16 @@ func (s *server) run(ctx context.Context, rep *report, req any, handler grpc.Una
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
 		result, cause := settled(idem.ResultReleased, errPanicked, cl.Release(cctx))
-		rep.answer(result, cause, nil)
+		reply(rep, result, cause, nil)
 	}()
 	resp, err := handler(hctx, req)
 	finished = true
 	if lost := stop(); lost != nil {
 		// Another attempt may hold the key: store nothing, release nothing.
-		return resp, rep.answer(idem.ResultLeaseLost, lost, err)
+		return resp, reply(rep, idem.ResultLeaseLost, lost, err)
 	}
 	result, cause := s.settle(ctx, cl, resp, err)
-	return resp, rep.answer(result, cause, err)
+	return resp, reply(rep, result, cause, err)
 }
 
 // settle stores the handler's answer under the claim, or releases the key

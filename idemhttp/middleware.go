@@ -190,7 +190,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	}
-	rep := m.newReport(r.Context())
+	rep := m.k.StartRequest(r.Context())
 	key, body, v := m.identify(r)
 	switch {
 	case v.pass:
@@ -206,8 +206,8 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			"This request could not be tied to a tenant or account, so it was not run."))
 		return
 	}
-	if rep.on {
-		rep.ev.Scope, rep.ev.ID = scope, idem.RecordID(scope, key)
+	if rep.Observed() {
+		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
 	}
 	out, err := m.begin(r, scope, key, body)
 	switch {
@@ -286,7 +286,7 @@ func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
 }
 
 // fail answers an error of Begin.
-func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *report, err error) {
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
@@ -295,7 +295,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 			Detail: "This " + m.keyName() + " was first used with another request (another method, path or body). Send a new key for a new request.",
 		})
 	case errors.As(err, &busy):
-		rep.ev.LeaseLeft = busy.RetryAfter
+		rep.Event.LeaseLeft = busy.RetryAfter
 		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(busy.RetryAfter), 10))
 		m.refuse(w, rep, idem.ResultInProgress, err, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
@@ -314,7 +314,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		// run it again.
 		m.canceled(w, rep, err)
 	case m.failOpen:
-		m.emit(rep, idem.ResultFailOpen, 0, err) // before the handler, which may panic
+		rep.End(idem.ResultFailOpen, 0, err) // before the handler, which may panic
 		next.ServeHTTP(w, r)
 	default:
 		w.Header().Set("Retry-After", unavailableRetryAfter)
@@ -335,7 +335,7 @@ func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
 
 // canceled answers a request whose client went away before its key could be
 // checked: nothing ran.
-func (m *middleware) canceled(w http.ResponseWriter, rep *report, err error) {
+func (m *middleware) canceled(w http.ResponseWriter, rep *idem.Request, err error) {
 	m.refuse(w, rep, idem.ResultCanceled, err, m.canceledProblem())
 }
 
@@ -347,7 +347,7 @@ func (m *middleware) canceledProblem() problem {
 }
 
 // corrupt answers a record that cannot be read.
-func (m *middleware) corrupt(w http.ResponseWriter, rep *report, err error) {
+func (m *middleware) corrupt(w http.ResponseWriter, rep *idem.Request, err error) {
 	m.refuse(w, rep, idem.ResultCorrupt, err, problem{
 		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
 		Detail: "The stored record of this " + m.keyName() + " cannot be read, so the request was not run.",
@@ -355,9 +355,9 @@ func (m *middleware) corrupt(w http.ResponseWriter, rep *report, err error) {
 }
 
 // refuse answers p and reports it.
-func (m *middleware) refuse(w http.ResponseWriter, rep *report, result idem.Result, err error, p problem) {
+func (m *middleware) refuse(w http.ResponseWriter, rep *idem.Request, result idem.Result, err error, p problem) {
 	writeProblem(w, p)
-	m.emit(rep, result, p.Status, err)
+	rep.End(result, p.Status, err)
 }
 
 // bodyHeaders describe a body; a replay whose body was not kept drops them.
@@ -367,8 +367,8 @@ var bodyHeaders = []string{
 }
 
 // replay answers the stored response.
-func (m *middleware) replay(w http.ResponseWriter, rep *report, out idem.Outcome) {
-	rep.ev.Token = out.Token
+func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.Outcome) {
+	rep.Event.Token = out.Token
 	s, err := decodeResponse(out.Value)
 	if err != nil {
 		m.corrupt(w, rep, err)
@@ -396,7 +396,7 @@ func (m *middleware) replay(w http.ResponseWriter, rep *report, out idem.Outcome
 		}
 		writeProblem(w, problem{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail})
 	}
-	m.emit(rep, idem.ResultReplayed, s.Status, nil)
+	rep.End(idem.ResultReplayed, s.Status, nil)
 }
 
 // httpDate is the time now in HTTP's format (http.TimeFormat), made once a
@@ -420,10 +420,13 @@ type formattedDate struct {
 // lastDate is the second httpDate last formatted.
 var lastDate atomic.Pointer[formattedDate]
 
+// errPanicked is the Err of the ResultReleased of a panicking handler.
+var errPanicked = errors.New("idem: the handler panicked; the key was released")
+
 // run runs the handler under the claim, then stores its response or
 // releases the key.
-func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *report, cl *idem.Claim) {
-	rep.ev.Token, rep.ev.Attempt, rep.ev.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, cl *idem.Claim) {
+	rep.Event.Token, rep.Event.Attempt, rep.Event.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 
 	ctx, stop := cl.KeepAlive(r.Context()) // its context carries cl (ClaimFromContext)
 	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
@@ -438,9 +441,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		return
 	}
 	c := &capture{w: w, limit: m.responseLimit, outer: cloneHeader(w.Header())}
-	if rep.on {
-		rep.ran = time.Now()
-	}
+	rep.Running()
 	finished := false
 	defer func() {
 		if finished {
@@ -461,7 +462,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
 	status, stored := c.response()
 	if lost != nil {
-		m.emit(rep, idem.ResultLeaseLost, status, lost)
+		rep.End(idem.ResultLeaseLost, status, lost)
 		return
 	}
 	m.settle(r, rep, cl, status, stored, gaveUp)
@@ -470,7 +471,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 // settle stores the handler's response (status, in its stored form) under
 // the claim, or releases the key when the store policy says so or the
 // handler gave up; then it reports what happened.
-func (m *middleware) settle(r *http.Request, rep *report, cl *idem.Claim, status int, stored []byte, gaveUp bool) {
+func (m *middleware) settle(r *http.Request, rep *idem.Request, cl *idem.Claim, status int, stored []byte, gaveUp bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancel()
 	if gaveUp || !m.store(status) {
@@ -486,12 +487,12 @@ func (m *middleware) settle(r *http.Request, rep *report, cl *idem.Claim, status
 
 // settled reports result, or the lease loss or store failure that
 // prevented it, for a handler that answered status.
-func (m *middleware) settled(rep *report, result idem.Result, status int, note, err error) {
+func (m *middleware) settled(rep *idem.Request, result idem.Result, status int, note, err error) {
 	switch {
 	case errors.Is(err, idem.ErrLeaseLost):
 		result, note = idem.ResultLeaseLost, err
 	case err != nil:
 		result, note = idem.ResultUnavailable, err
 	}
-	m.emit(rep, result, status, note)
+	rep.End(result, status, note)
 }
