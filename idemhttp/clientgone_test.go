@@ -379,16 +379,12 @@ func TestHandlerOutlivesClient(t *testing.T) {
 		if b.Real {
 			lease = time.Second
 		} else {
-			// The Keeper's clock moves only with miniredis's, so that a busy
-			// machine that pauses a goroutine cannot make a lease look
-			// lost; renewals still come every third of a lease of real time.
-			var offset atomic.Int64
-			start := time.Now()
-			opts = append(opts, idem.WithClock(func() time.Time { return start.Add(time.Duration(offset.Load())) }))
-			advance = func(d time.Duration) {
-				offset.Add(int64(d))
-				b.Advance(d)
-			}
+			// A busy machine that pauses a goroutine must not make a lease
+			// look lost; renewals still come every third of a lease of real
+			// time.
+			var clock idem.Option
+			clock, advance = redisPacedClock(b)
+			opts = append(opts, clock)
 		}
 		k, counts := cgKeeper(t, b, lease, nil, opts...)
 		started, resume := make(chan struct{}), make(chan struct{})

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
@@ -75,4 +76,17 @@ func requireProblem(t *testing.T, rec *httptest.ResponseRecorder, status int, ty
 	assert.NotEmpty(t, p.Title)
 	assert.NotEmpty(t, p.Detail)
 	return p
+}
+
+// redisPacedClock returns a Keeper clock (WithClock) that moves only when
+// advance moves b's Redis clock too, so that the Keeper never judges a lease
+// by time a busy machine spent pausing a goroutine.
+func redisPacedClock(b *redistest.Backend) (clock idem.Option, advance func(time.Duration)) {
+	var offset atomic.Int64
+	start := time.Now()
+	clock = idem.WithClock(func() time.Time { return start.Add(time.Duration(offset.Load())) })
+	return clock, func(d time.Duration) {
+		offset.Add(int64(d))
+		b.Advance(d)
+	}
 }

@@ -891,18 +891,11 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	store := &stallStore{Store: rs}
 	store.stalled.Store(true)
 	const lease = 300 * time.Millisecond
-	// The Keeper's clock moves only with Redis's (advance), so that a busy
-	// machine that pauses the first request between its claim and its
-	// handler cannot make the claim look lost before the handler runs.
-	var offset atomic.Int64
-	start := time.Now()
-	clock := func() time.Time { return start.Add(time.Duration(offset.Load())) }
-	advance := func(d time.Duration) {
-		offset.Add(int64(d))
-		env.Advance(d)
-	}
+	// A busy machine that pauses the first request between its claim and
+	// its handler must not make the claim look lost before the handler runs.
+	clock, advance := redisPacedClock(env)
 	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
-		return idem.New(store, idem.WithLease(lease), idem.WithClock(clock), observe)
+		return idem.New(store, idem.WithLease(lease), clock, observe)
 	})
 
 	type seen struct {
