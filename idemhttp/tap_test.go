@@ -3,23 +3,38 @@ package idemhttp
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// tap is an Observer that passes on what the middleware's tests wait for:
-// every request step, and the claims under which a handler runs (the
-// Keeper's own claim steps that claimed or recovered the key).
+// tap carries what the middleware's tests wait for: every request step,
+// and the claims under which a handler runs (the Keeper's own claim steps
+// that claimed or recovered the key).
 type tap chan idem.Event
 
+// tapObserver is the Observer that feeds a tap. It never blocks the request
+// it is told of: an event the tap has no room for is dropped and counted,
+// and the test fails when it ends.
+type tapObserver struct {
+	ch      tap
+	dropped atomic.Int64
+}
+
 // Observe implements idem.Observer.
-func (c tap) Observe(_ context.Context, ev idem.Event) {
+func (o *tapObserver) Observe(_ context.Context, ev idem.Event) {
 	ran := ev.Step == idem.StepClaim && (ev.Result == idem.ResultClaimed || ev.Result == idem.ResultRecovered)
-	if ev.Step == idem.StepRequest || ran {
-		c <- ev
+	if ev.Step != idem.StepRequest && !ran {
+		return
+	}
+	select {
+	case o.ch <- ev:
+	default:
+		o.dropped.Add(1)
 	}
 }
 
@@ -27,14 +42,18 @@ func (c tap) Observe(_ context.Context, ev idem.Event) {
 var taps sync.Map // *idem.Keeper -> tap
 
 // tapped builds a Keeper with build, given the option that sets its
-// Observer to a new tap, and keeps the tap for tapOf.
+// Observer to a new tap, and keeps the tap for tapOf. A test that leaves
+// more than the tap holds unread fails: it wants a Keeper without a tap.
 func tapped(t testing.TB, build func(observe idem.Option) (*idem.Keeper, error)) *idem.Keeper {
 	t.Helper()
-	ch := make(tap, 4096)
-	k, err := build(idem.WithObserver(ch))
+	obs := &tapObserver{ch: make(tap, 4096)}
+	k, err := build(idem.WithObserver(obs))
 	require.NoError(t, err)
-	taps.Store(k, ch)
-	t.Cleanup(func() { taps.Delete(k) })
+	taps.Store(k, obs.ch)
+	t.Cleanup(func() {
+		taps.Delete(k)
+		assert.Zero(t, obs.dropped.Load(), "events dropped: the tap was left unread; build this Keeper without one")
+	})
 	return k
 }
 
