@@ -59,7 +59,7 @@ func (k *Keeper) BeginBatch(ctx context.Context, scope string, keys []string, op
 	if err != nil {
 		return nil, err
 	}
-	return k.beginBatch(ctx, scope, keys, s.fingerprints)
+	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers)
 }
 
 // WithFingerprints binds each key of a batch call (BeginBatch, Consume) to a
@@ -86,13 +86,15 @@ func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (s
 }
 
 // beginBatch is BeginBatch once the options are read; fps is nil or holds
-// one fingerprint per key.
-func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte) ([]BatchResult, error) {
+// one fingerprint per key; compact asks the store to keep the new claims
+// compactly.
+func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool) ([]BatchResult, error) {
 	if ctx.Err() != nil {
 		return nil, canceled(ctx, "claim")
 	}
 	results := make([]BatchResult, len(keys))
 	req, places := k.batchRequest(scope, keys, fps, results)
+	req.Compact = compact
 	started := k.now()
 	replies := k.claimBatch(ctx, req)
 	for j, r := range replies {
@@ -118,10 +120,12 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 // invalid and repeated keys in results.
 func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []BatchResult) (req BatchClaimRequest, places []int) {
 	req = BatchClaimRequest{
-		IDs:     make([]string, 0, len(keys)),
-		Attempt: newAttemptID(),
-		Lease:   k.policy.lease,
-		Keep:    k.policy.pendingKeep(),
+		IDs:             make([]string, 0, len(keys)),
+		Attempt:         newAttemptID(),
+		Lease:           k.policy.lease,
+		Keep:            k.policy.pendingKeep(),
+		Retention:       k.policy.retention,
+		MarkerRetention: k.policy.markerRetention,
 	}
 	if fps != nil {
 		req.Fingerprints = make([]string, 0, len(keys))
@@ -158,7 +162,7 @@ func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchC
 	}
 	out := make([]BatchClaimReply, len(req.IDs))
 	for j, id := range req.IDs {
-		cr := ClaimRequest{Attempt: req.Attempt, Lease: req.Lease, Keep: req.Keep}
+		cr := ClaimRequest{Attempt: req.Attempt, Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention}
 		if req.Fingerprints != nil {
 			cr.Fingerprint = req.Fingerprints[j]
 		}
@@ -219,7 +223,11 @@ func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error 
 			errs[i] = fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, keep)
 			continue
 		}
-		send = append(send, BatchCompletion{Fence: it.claim.fence(), Value: sealBatch(it.kind, it.body), Keep: keep})
+		f, env := it.claim.fence(), sealBatch(it.kind, it.body)
+		if f.Ref > 0 && isEmptyResult(env) {
+			keep = max(keep, k.policy.markerRetention) // a marker
+		}
+		send = append(send, BatchCompletion{Fence: f, Value: env, Keep: keep})
 		sent = append(sent, i)
 	}
 	started := k.startStep()
@@ -342,7 +350,11 @@ func (k *Keeper) ownClaim(c *Claim) error {
 }
 
 // fence names the claim for the store.
-func (c *Claim) fence() Fence { return Fence{ID: c.id, Token: c.token} }
+func (c *Claim) fence() Fence {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Fence{ID: c.id, Token: c.token, Ref: c.ref}
+}
 
 // extendedAt moves the claim's lease end, by this process's clock, to the
 // lease from started, when a renewal sent at started got through.

@@ -97,12 +97,12 @@ func batchSteps(t *testing.T, k *Keeper, batch []string, count func(func()) int6
 	return steps
 }
 
-// TestBatchRecordMemory: a message completed by Consume keeps no result, and
-// its record, with the short completed header, stays within 104 bytes of
-// MEMORY USAGE, 120 with a fingerprint.
+// TestBatchRecordMemory: a message completed by Consume WithoutMarkers
+// keeps no result, and its record, with the short completed header, stays
+// within 104 bytes of MEMORY USAGE, 120 with a fingerprint.
 func TestBatchRecordMemory(t *testing.T) {
 	b := redistest.Real(t)
-	k := newKeeper(t, b)
+	k := newKeeper(t, b, WithoutMarkers())
 	ctx := context.Background()
 	id := func(s string) string { return s }
 	fps := [][]byte{[]byte(`{"order":1001,"amount":4200}`)}

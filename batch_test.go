@@ -450,7 +450,7 @@ func TestBatchRetriedCallsAreIdempotent(t *testing.T) {
 			require.NoError(t, r.Err)
 			assert.Equal(t, StatusClaimed, r.Reply.Status)
 		}
-		fences := []Fence{{"r1", first[0].Reply.Token}, {"r2", first[1].Reply.Token}, {"r3", first[2].Reply.Token}}
+		fences := []Fence{{ID: "r1", Token: first[0].Reply.Token}, {ID: "r2", Token: first[1].Reply.Token}, {ID: "r3", Token: first[2].Reply.Token}}
 		for range 2 {
 			assert.Equal(t, []error{nil, nil, nil}, s.ExtendBatch(ctx, fences, time.Minute, time.Hour))
 		}

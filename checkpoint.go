@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -83,7 +84,10 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	if ctx.Err() != nil {
 		return canceled(ctx, "checkpoint")
 	}
-	err := storeError(ctx, "checkpoint", cs.Checkpoint(ctx, c.id, c.token, name, value))
+	err := c.ownRecord(ctx)
+	if err == nil {
+		err = storeError(ctx, "checkpoint", cs.Checkpoint(ctx, c.id, c.token, name, value))
+	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		c.endHold(0, nil, err)
@@ -95,6 +99,29 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	defer c.mu.Unlock()
 	c.checkpoints = append(withoutCheckpoint(c.checkpoints, name), Checkpoint{Name: name, Value: slices.Clone(value)})
 	return nil
+}
+
+// ownRecord moves a compact claim to a record of its own, where its
+// checkpoints go; a claim that has one already has nothing to do.
+func (c *Claim) ownRecord(ctx context.Context) error {
+	_, f := c.compactFence()
+	m, ok := c.k.store.(compactMover)
+	if f.Ref == 0 || !ok {
+		return nil
+	}
+	if err := storeError(ctx, "checkpoint", m.moveToRecords(ctx, []Fence{f}, c.k.policy.pendingKeep())[0]); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.ref = 0
+	c.mu.Unlock()
+	return nil
+}
+
+// compactMover is a BatchStore that can move compact claims to records of
+// their own: RedisStore.
+type compactMover interface {
+	moveToRecords(ctx context.Context, claims []Fence, keep time.Duration) []error
 }
 
 // checkCheckpoint refuses a checkpoint over the limits.

@@ -36,6 +36,9 @@ type Claim struct {
 	// from before the request that last set it was sent, so it is never later
 	// than Redis's view.
 	leaseEnd time.Time
+	// ref is the store's reference to a claim it keeps compactly
+	// (ClaimReply.Ref); zero once the claim has a record of its own.
+	ref int
 	// checkpoints are the record's recovery points as this claim knows them:
 	// those it took over, then those it recorded (see Checkpoint).
 	checkpoints []Checkpoint
@@ -81,7 +84,7 @@ func (c *Claim) completeSealed(ctx context.Context, env []byte, retention time.D
 	if c.k.cache != nil {
 		sent = c.k.now()
 	}
-	err := storeError(ctx, "complete", c.k.store.Complete(ctx, c.id, c.token, env, retention))
+	err := storeError(ctx, "complete", c.storeComplete(ctx, env, retention))
 	if err == nil {
 		c.k.cacheStored(c, kind, body, retention, sent)
 	}
@@ -95,7 +98,7 @@ func (c *Claim) completeSealed(ctx context.Context, env []byte, retention time.D
 // is no longer the holder.
 func (c *Claim) Release(ctx context.Context) error {
 	started := c.k.startStep()
-	err := storeError(ctx, "release", c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL()))
+	err := storeError(ctx, "release", c.storeRelease(ctx))
 	c.endHold(0, nil, err)
 	c.report(ctx, StepRelease, started, err)
 	return err
@@ -105,7 +108,7 @@ func (c *Claim) Release(ctx context.Context) error {
 // ErrLeaseLost if the claim is no longer the holder.
 func (c *Claim) Extend(ctx context.Context) error {
 	started := c.k.now()
-	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+	err := c.storeExtend(ctx)
 	if c.k.observer != nil {
 		c.report(ctx, StepExtend, started, storeError(ctx, "extend", err))
 	}
@@ -122,6 +125,47 @@ func (c *Claim) Extend(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	return nil
+}
+
+// storeComplete stores env, kept for keep, as the claim's result: in its
+// record, or, for a compact claim, in the record of the call that made it.
+func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) error {
+	if bs, f := c.compactFence(); f.Ref > 0 {
+		if isEmptyResult(env) {
+			keep = max(keep, c.k.policy.markerRetention)
+		}
+		return bs.CompleteBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}})[0]
+	}
+	return c.k.store.Complete(ctx, c.id, c.token, env, keep)
+}
+
+// storeRelease gives the claim up in the store.
+func (c *Claim) storeRelease(ctx context.Context) error {
+	if bs, f := c.compactFence(); f.Ref > 0 {
+		return bs.ReleaseBatch(ctx, []Fence{f}, c.k.policy.tombstoneTTL())[0]
+	}
+	return c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL())
+}
+
+// storeExtend renews the claim's lease in the store.
+func (c *Claim) storeExtend(ctx context.Context) error {
+	if bs, f := c.compactFence(); f.Ref > 0 {
+		return bs.ExtendBatch(ctx, []Fence{f}, c.k.policy.lease, c.k.policy.pendingKeep())[0]
+	}
+	return c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+}
+
+// compactFence returns the claim's fence, and the BatchStore that keeps it
+// compactly if it is a compact claim (Ref > 0).
+func (c *Claim) compactFence() (BatchStore, Fence) {
+	f := c.fence()
+	if f.Ref > 0 {
+		if bs, ok := c.k.store.(BatchStore); ok {
+			return bs, f
+		}
+		f.Ref = 0
+	}
+	return nil, f
 }
 
 // endHold tells the coalescing layer, if it made the claim, that the claim

@@ -128,6 +128,7 @@ func clusterCore(t *testing.T, cc *redis.ClusterClient) {
 }
 
 // clusterMasterKeys returns the number of keys with prefix on each master.
+// clusterMasterKeys returns the record keys under prefix on each master.
 func clusterMasterKeys(t *testing.T, cc *redis.ClusterClient, prefix string) map[string][]string {
 	t.Helper()
 	ctx := context.Background()
@@ -135,7 +136,7 @@ func clusterMasterKeys(t *testing.T, cc *redis.ClusterClient, prefix string) map
 	keys := map[string][]string{}
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		var found []string
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		iter := c.Scan(ctx, 0, prefix+"{"+strings.Repeat("?", idLen)+"}", 1000).Iterator()
 		for iter.Next(ctx) {
 			found = append(found, iter.Val())
 		}

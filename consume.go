@@ -68,7 +68,7 @@ func Consume[M any](ctx context.Context, k *Keeper, scope string, msgs []M, key 
 	for i := range msgs {
 		keys[i] = key(msgs[i])
 	}
-	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints)
+	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers)
 	if err != nil {
 		return nil, err
 	}

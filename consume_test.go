@@ -430,7 +430,7 @@ func (l *effectLedger) apply(id, step string) {
 // happen exactly once.
 func TestConsumeExactlyOnceUnderCrashesAndRedeliveries(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
+		_ = context.Background()
 		const messages, batchSize, consumers = 120, 16, 3
 		rnd := rand.New(rand.NewPCG(7, 7))
 		ledger := &effectLedger{effects: map[string]int{}}
@@ -450,7 +450,7 @@ func TestConsumeExactlyOnceUnderCrashesAndRedeliveries(t *testing.T) {
 			if round > 0 {
 				// The dead consumers' leases run out.
 				for _, m := range stream {
-					require.NoError(t, expireLua.Run(ctx, b.Client, []string{store.RecordKey("stream", m.ID)}).Err())
+					expireLease(t, store, "stream", m.ID)
 				}
 			}
 			var pending []msg

@@ -24,3 +24,35 @@ type quietLogger struct{}
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quietLogger{}) }
+
+// expireLeaseSrc makes the lease of the claim of a record run out: the
+// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] its field,
+// ARGV[2] its index key, ARGV[3] the start of the call record keys), that of
+// the call that holds it, which its other claims share.
+const expireLeaseSrc = `
+local v = redis.call('GET', KEYS[1])
+if v then
+  local a, b = string.match(v, '^(i1P%d+:%d+:[01]:)%d+(:.*)$')
+  if not a then return 0 end
+  redis.call('SET', KEYS[1], a .. '1' .. b, 'KEEPTTL')
+  return 1
+end
+if ARGV[1] == '' then return 0 end
+local entry = redis.call('HGET', ARGV[2], ARGV[1])
+if not entry then return 0 end
+local ck = ARGV[3] .. string.sub(entry, 1, -4)
+local cv = redis.call('GET', ck)
+if not cv then return 0 end
+redis.call('SET', ck, 'i1B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
+return 1`
+
+var expireLeaseLua = redis.NewScript(expireLeaseSrc)
+
+// expireLease makes the lease of the claim of (scope, key) in s run out, by
+// Redis's clock, whether the claim is kept in a record or compactly.
+func expireLease(t testing.TB, s *RedisStore, scope, key string) {
+	t.Helper()
+	id := recordID(scope, key)
+	field, index, calls := s.compactIndexArgs(id)
+	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, field, index, calls).Err())
+}

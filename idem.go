@@ -33,12 +33,16 @@ type Keeper struct {
 	cache *replayCache
 	// renewals schedules the lease renewals of KeepAlive.
 	renewals renewalQueue
+	// markers is false for a Keeper made WithoutMarkers: Consume then
+	// claims each message in a record of its own.
+	markers bool
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
 // defaults: WithLease (30s), WithRetention (24h), WithErrorRetention (the
-// retention), WithCodec (MsgpackCodec), WithCoalescing (off), WithWait (0),
-// WithClock (time.Now). Invalid settings, and options that do not apply to a
+// retention), WithMarkerRetention (7 days), WithoutMarkers (markers on),
+// WithCodec (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock
+// (time.Now). Invalid settings, and options that do not apply to a
 // Keeper, are refused with ErrInvalidConfig.
 func New(store Store, opts ...Option) (*Keeper, error) {
 	if store == nil {
@@ -64,7 +68,7 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 	case s.wait < 0:
 		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
 	}
-	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer}
+	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers}
 	switch s.codec.(type) {
 	case MsgpackCodec, *MsgpackCodec:
 		k.msgpack = true
@@ -257,10 +261,12 @@ func (k *Keeper) callOptions(opts []Option) (call, error) {
 
 func (k *Keeper) begin(ctx context.Context, id, attempt string, c *call) (Outcome, error) {
 	req := ClaimRequest{
-		Fingerprint: fingerprintDigest(c.fingerprint),
-		Attempt:     attempt,
-		Lease:       k.policy.lease,
-		Keep:        k.policy.pendingKeep(),
+		Fingerprint:     fingerprintDigest(c.fingerprint),
+		Attempt:         attempt,
+		Lease:           k.policy.lease,
+		Keep:            k.policy.pendingKeep(),
+		Retention:       k.policy.retention,
+		MarkerRetention: k.policy.markerRetention,
 	}
 	if k.cache != nil {
 		if out, ok := k.cache.get(id, req.Fingerprint, k.now()); ok {
@@ -324,7 +330,7 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time) (Outcome, e
 	switch r.Status {
 	case StatusClaimed:
 		cl := &Claim{
-			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered,
+			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered, ref: r.Ref,
 			claimedAt: started, leaseEnd: started.Add(k.policy.lease), checkpoints: r.Checkpoints,
 		}
 		return Outcome{Claim: cl, Token: r.Token}, nil
@@ -342,6 +348,8 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time) (Outcome, e
 		return Outcome{}, &InProgressError{RetryAfter: max(r.LeaseLeft, time.Millisecond)}
 	case StatusMismatch:
 		return Outcome{}, ErrMismatch
+	case StatusResultExpired:
+		return Outcome{Token: r.Token, attempt: r.Attempt}, ErrResultExpired
 	}
 	return Outcome{}, fmt.Errorf("%w: claim status %d unknown", ErrCorrupt, r.Status)
 }

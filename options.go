@@ -40,17 +40,22 @@ type settings struct {
 	// RedisStore.
 	prefix   string
 	replicas *durability
+	// markerScale is WithMarkerScale's; noMarkers is set by WithoutMarkers,
+	// for a Keeper and a RedisStore.
+	markerScale int64
+	noMarkers   bool
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
 	info        *CallInfo
-	// A batch call (batch.go, consume.go).
+	// A batch call (batch.go, consume.go). compact is WithCompactClaims.
 	fingerprints [][]byte
 	concurrency  int
+	compact      bool
 }
 
 func defaultSettings() settings {
-	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix}
+	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix, markerScale: DefaultMarkerScale}
 }
 
 // apply sets opts on s, refusing an option that does not apply to what

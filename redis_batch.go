@@ -81,6 +81,10 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 			todo = append(todo, i)
 		}
 	}
+	if s.compact != nil {
+		s.claimCompact(ctx, &req, todo, out)
+		return out
+	}
 	s.runBatch(ctx, &batchStep{
 		op: "claim", script: batchClaimScript, src: batchClaimLua, split: splitClaims,
 		head: []any{req.Attempt, millis(req.Lease), millis(req.Keep)},
@@ -96,12 +100,15 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	return out
 }
 
-// CompleteBatch implements BatchStore; its calls go as ClaimBatch's do.
+// CompleteBatch implements BatchStore; its calls go as ClaimBatch's do. A
+// compact claim (Fence.Ref) completed with an empty result leaves a marker:
+// one call per call record completes all of its claims. One completed with
+// a value is first moved to a record of its own, in the same pipeline.
 func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
 	errs := make([]error, len(items))
 	var keep time.Duration
 	var keepArg any // millis(keep), boxed once for the items that share it
-	s.runBatch(ctx, &batchStep{
+	st := &batchStep{
 		op: "complete", script: batchCompleteScript, src: batchCompleteLua, split: splitTransitions,
 		key: func(i int) string { return s.key(items[i].ID) },
 		args: func(dst []any, i int) []any {
@@ -111,33 +118,95 @@ func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion)
 			return append(dst, items[i].Token, strconv.FormatInt(items[i].Token, 36), keepArg, items[i].Value)
 		},
 		answer: transitionAnswers(errs),
-	}, upTo(len(items)))
+	}
+	fence := func(j int) Fence { return items[j].Fence }
+	compact, records := splitByRef(len(items), fence)
+	if len(compact) == 0 || s.compact == nil {
+		s.runBatch(ctx, st, upTo(len(items)))
+		return errs
+	}
+	var markers, moving []int
+	var markerKeep, movedKeep time.Duration
+	for _, j := range compact {
+		if isEmptyResult(items[j].Value) {
+			markers = append(markers, j)
+			markerKeep = max(markerKeep, items[j].Keep)
+		} else {
+			moving = append(moving, j)
+			movedKeep = max(movedKeep, items[j].Keep)
+		}
+	}
+	calls := s.settleCalls("C", markerKeep, s.compactGroups(markers, fence), fence, errs)
+	moveErrs := make([]error, len(items))
+	calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
+	if s.durable == nil {
+		st.op = ""
+	}
+	for _, c := range s.batchCalls(st, append(records, moving...)) {
+		c.step = st
+		calls = append(calls, c)
+	}
+	s.runCalls(ctx, calls)
+	for _, j := range moving {
+		if moveErrs[j] != nil {
+			errs[j] = moveErrs[j]
+		}
+	}
 	return errs
 }
 
-// ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do.
+// ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do. The
+// compact claims of one call are released in one call.
 func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
 	errs := make([]error, len(claims))
-	s.runBatch(ctx, &batchStep{
+	st := &batchStep{
 		script: batchReleaseScript, src: batchReleaseLua, split: splitTransitions,
 		head:   []any{millis(keep)},
 		key:    func(i int) string { return s.key(claims[i].ID) },
 		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
 		answer: transitionAnswers(errs),
-	}, upTo(len(claims)))
+	}
+	fence := func(j int) Fence { return claims[j] }
+	compact, records := splitByRef(len(claims), fence)
+	if len(compact) == 0 || s.compact == nil {
+		s.runBatch(ctx, st, upTo(len(claims)))
+		return errs
+	}
+	calls := s.settleCalls("R", 0, s.compactGroups(compact, fence), fence, errs)
+	for _, c := range s.batchCalls(st, records) {
+		c.step = st
+		calls = append(calls, c)
+	}
+	s.runCalls(ctx, calls)
 	return errs
 }
 
-// ExtendBatch implements BatchStore; its calls go as ClaimBatch's do.
+// ExtendBatch implements BatchStore; its calls go as ClaimBatch's do. The
+// compact claims of one call share one lease, renewed in one call.
 func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
 	errs := make([]error, len(claims))
-	s.runBatch(ctx, &batchStep{
+	st := &batchStep{
 		op: "extend", script: batchExtendScript, src: batchExtendLua, split: splitTransitions,
 		head:   []any{millis(lease), millis(keep)},
 		key:    func(i int) string { return s.key(claims[i].ID) },
 		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
 		answer: transitionAnswers(errs),
-	}, upTo(len(claims)))
+	}
+	fence := func(j int) Fence { return claims[j] }
+	compact, records := splitByRef(len(claims), fence)
+	if len(compact) == 0 || s.compact == nil {
+		s.runBatch(ctx, st, upTo(len(claims)))
+		return errs
+	}
+	calls := s.moveCalls("E", lease, keep, s.compactGroups(compact, fence), fence, errs)
+	if s.durable == nil {
+		st.op = ""
+	}
+	for _, c := range s.batchCalls(st, records) {
+		c.step = st
+		calls = append(calls, c)
+	}
+	s.runCalls(ctx, calls)
 	return errs
 }
 
@@ -159,13 +228,35 @@ type batchStep struct {
 	split func(res []any, n int) ([][]any, error)
 	// answer is told the reply of record i, or the error of its call.
 	answer func(i int, res []any, err error)
+	// wrote reports whether a record's reply says the script wrote it, for
+	// WithReplicas; nil: its code is 1.
+	wrote func(res []any) bool
 }
 
-// batchCall is one script call of a batch: the records it holds.
+// wroteRecord reports whether res, one record's reply, says st's script
+// wrote it.
+func (st *batchStep) wroteRecord(res []any) bool {
+	if st.wrote != nil {
+		return st.wrote(res)
+	}
+	return replyCode(res) == 1
+}
+
+// batchCall is one script call of a batch: the records it holds, and the
+// step it takes when it is not that of the batch it is sent with.
 type batchCall struct {
 	records []int
 	keys    []string
 	args    []any
+	step    *batchStep
+}
+
+// stepOf returns the step call takes: its own, or st.
+func (c *batchCall) stepOf(st *batchStep) *batchStep {
+	if c.step != nil {
+		return c.step
+	}
+	return st
 }
 
 // runBatch takes st for the records todo, and tells st.answer of each.
@@ -181,6 +272,30 @@ func (s *RedisStore) runBatch(ctx context.Context, st *batchStep, todo []int) {
 	cmds := s.sendCalls(ctx, st, calls)
 	for j, call := range calls {
 		answerCall(st, call, cmds[j].Slice)
+	}
+}
+
+// runCalls sends calls that each take a step of their own, in one pipeline
+// (with WithReplicas, those whose step waits go as sendDurable sends them),
+// and tells each step's answer of its records.
+func (s *RedisStore) runCalls(ctx context.Context, calls []batchCall) {
+	if len(calls) == 0 {
+		return
+	}
+	if s.durable != nil {
+		var plain []batchCall
+		for _, c := range calls {
+			if c.step.op != "" {
+				s.sendDurable(ctx, c.step, []batchCall{c})
+			} else {
+				plain = append(plain, c)
+			}
+		}
+		calls = plain
+	}
+	cmds := s.sendCalls(ctx, nil, calls)
+	for j := range calls {
+		answerCall(calls[j].step, calls[j], cmds[j].Slice)
 	}
 }
 
@@ -214,7 +329,9 @@ func (s *RedisStore) batchCall(st *batchStep, records []int) batchCall {
 	c.args = append(make([]any, 0, len(st.head)+4*len(records)), st.head...)
 	for j, i := range records {
 		c.keys[j] = st.key(i)
-		c.args = st.args(c.args, i)
+		if st.args != nil {
+			c.args = st.args(c.args, i)
+		}
 	}
 	return c
 }
@@ -231,13 +348,13 @@ func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batch
 	p, ok := s.client.(pipeliner)
 	if !ok || len(calls) == 1 {
 		for j, c := range calls {
-			cmds[j] = st.script.Run(ctx, s.client, c.keys, c.args...)
+			cmds[j] = c.stepOf(st).script.Run(ctx, s.client, c.keys, c.args...)
 		}
 		return cmds
 	}
 	pipe := p.Pipeline()
 	for j, c := range calls {
-		cmds[j] = pipe.EvalSha(ctx, st.script.Hash(), c.keys, c.args...)
+		cmds[j] = pipe.EvalSha(ctx, c.stepOf(st).script.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	var again redis.Pipeliner
@@ -246,7 +363,7 @@ func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batch
 			if again == nil {
 				again = p.Pipeline()
 			}
-			cmds[j] = again.Eval(ctx, st.src, c.keys, c.args...)
+			cmds[j] = again.Eval(ctx, c.stepOf(st).src, c.keys, c.args...)
 		}
 	}
 	if again != nil {
@@ -282,7 +399,7 @@ func (s *RedisStore) sendDurable(ctx context.Context, st *batchStep, calls []bat
 				script, wait = d.send(ctx, s.client.(onePipeliner), false, st.script, c.keys, c.args)
 			}
 			answerCall(&batchStep{split: st.split, answer: func(i int, res []any, err error) {
-				if err == nil && replyCode(res) == 1 {
+				if err == nil && st.wroteRecord(res) {
 					err = d.replicated(st.op, wait)
 				}
 				st.answer(i, res, err)

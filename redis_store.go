@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -55,6 +56,11 @@ type RedisStore struct {
 	durable *durability
 	// boxes holds the script arguments of the durations the store is given.
 	boxes millisBoxes
+	// compact is the layout of the index of compact claims and markers;
+	// nil for a store made WithoutMarkers. layout records that the store
+	// checked it against the one in use on its prefix.
+	compact *compactLayout
+	layout  layoutGate
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -69,8 +75,9 @@ func WithPrefix(prefix string) Option {
 // failover client, or an AutoPipeliner. A nil client or a prefix holding '{'
 // or '}' is refused with ErrInvalidConfig.
 //
-// Options that apply to a RedisStore: WithPrefix ("idem:") and WithReplicas
-// (no waiting); others are refused with ErrInvalidConfig.
+// Options that apply to a RedisStore: WithPrefix ("idem:"), WithReplicas
+// (no waiting), WithMarkerScale (DefaultMarkerScale) and WithoutMarkers
+// (markers on); others are refused with ErrInvalidConfig.
 //
 // With an AutoPipeliner (client.AutoPipelineWithOptions; the README has a
 // setting that suits idem), concurrent calls share pipelines. Three things
@@ -100,7 +107,15 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 			return nil, err
 		}
 	}
-	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas}, nil
+	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas}
+	if !s.noMarkers {
+		l, err := newCompactLayout(s.markerScale, client)
+		if err != nil {
+			return nil, err
+		}
+		st.compact = l
+	}
+	return st, nil
 }
 
 // NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
@@ -134,8 +149,13 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if !isBase64URL(req.Fingerprint) || !isBase64URL(req.Attempt) || req.Attempt == "" {
 		return ClaimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
 	}
-	args := s.evalArgs(claimEval, id, 4)
-	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep))
+	if err := s.checkLayout(ctx); err != nil {
+		return ClaimReply{}, err
+	}
+	field, index, calls := s.compactIndexArgs(id)
+	args := s.evalArgs(claimEval, id, 9)
+	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep),
+		field, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)))
 	res, err := s.eval(ctx, claimEval, args).Result()
 	if err != nil {
 		return ClaimReply{}, err
@@ -163,8 +183,8 @@ func claimAnswer(res any) (ClaimReply, error) {
 }
 
 // claimReply reads a table claim.lua answered, or one record of
-// batch_claim.lua's reply in the same shape ({2, record} and {3,
-// lease_left_ms} are batch_claim.lua's only).
+// batch_claim.lua's or compact_claim.lua's reply in the same shape ({2,
+// record} and {3, lease_left_ms} are the batch scripts' only).
 func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {
 	case 1:
@@ -192,6 +212,15 @@ func claimReply(res []any) (ClaimReply, error) {
 		return ClaimReply{Status: StatusMismatch}, nil
 	case 5:
 		return ClaimReply{}, corrupt(res)
+	case 8, 9:
+		if len(res) == 2 {
+			if tok, ok := res[1].(int64); ok {
+				if res[0] == int64(9) {
+					return ClaimReply{Status: StatusResultExpired, Token: tok, Attempt: 1, Marker: true}, nil
+				}
+				return ClaimReply{Status: StatusCompleted, Token: tok, Attempt: 1, Marker: true, Value: emptyBytes}, nil
+			}
+		}
 	}
 	return ClaimReply{}, unexpected(res)
 }
@@ -425,13 +454,15 @@ func process(ctx context.Context, p processor, args []any) *redis.Cmd {
 // milliseconds, boxed for the script's arguments: a Keeper passes the same
 // lease, keep and retention on every call, which would otherwise be boxed
 // (allocated) every time. A slot holds the last duration it was asked for.
-type millisBoxes [3]atomic.Pointer[millisBox]
+type millisBoxes [5]atomic.Pointer[millisBox]
 
 // The slots of millisBoxes.
 const (
 	boxLease = iota
 	boxKeep
 	boxRetention
+	boxMarkerRet  // the retention a claim is given, for markers
+	boxMarkerKeep // the marker retention
 )
 
 type millisBox struct {
@@ -460,12 +491,23 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVALSHA is answered NOSCRIPT runs its script once by EVAL, which also loads
 // it again, so the call costs one more round trip and the next ones none. An
 // EVAL that fails is the call's error; nothing is tried a third time.
+//
+// It also checks the store's layout against the one in use on its prefix
+// (see WithMarkerScale), which the store's first call does otherwise, one
+// round trip more: ErrInvalidConfig when they differ.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript,
-		checkpointScript, batchClaimScript, batchCompleteScript, batchReleaseScript, batchExtendScript} {
+		checkpointScript, batchClaimScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
+		compactClaimScript, compactSettleScript, compactMoveScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}
+	}
+	if err := s.checkLayout(ctx); err != nil {
+		if errors.Is(err, ErrInvalidConfig) {
+			return err
+		}
+		return fmt.Errorf("%w: checking the layout: %w", ErrUnavailable, err)
 	}
 	return nil
 }

@@ -43,6 +43,12 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// Keep is how long a pending record is kept, at least Lease.
 	Keep time.Duration
+	// Retention and MarkerRetention say how a marker answers (see
+	// WithMarkerRetention): one younger than Retention as a completed
+	// record with an empty result, one younger than MarkerRetention with
+	// StatusResultExpired, an older one not at all. Zero: a marker answers
+	// as a completed record with an empty result for as long as it is kept.
+	Retention, MarkerRetention time.Duration
 }
 
 // ClaimStatus is what a Store's Claim found.
@@ -58,6 +64,10 @@ const (
 	StatusInProgress
 	// StatusMismatch: the record was made for another fingerprint.
 	StatusMismatch
+	// StatusResultExpired: the operation completed, but only the fact is
+	// kept: a marker (see WithMarkerRetention) older than the retention.
+	// Token is that of the claim that completed it.
+	StatusResultExpired
 )
 
 // ClaimReply is the answer of Store.Claim.
@@ -81,6 +91,15 @@ type ClaimReply struct {
 	// record (StatusClaimed), oldest first; nil when there are none or the
 	// Store keeps none (see CheckpointStore).
 	Checkpoints []Checkpoint
+	// Ref is, for a claim a BatchStore made compactly (BatchClaimRequest.
+	// Compact), the store's own reference to it, greater than zero, which
+	// the Keeper hands back in Fence.Ref; zero for a claim kept in a record
+	// of its own.
+	Ref int
+	// Marker is set when the answer came from a marker, what a compact
+	// claim leaves once completed with nothing to keep (StatusCompleted,
+	// with an empty result, or StatusResultExpired).
+	Marker bool
 }
 
 // BatchStore is a Store that also takes each step for many records at once.
@@ -120,8 +139,17 @@ type BatchClaimRequest struct {
 	// it as ClaimRequest.Attempt, so a call whose reply was lost and that is
 	// sent again gets the same claims.
 	Attempt string
-	// Lease and Keep are those of ClaimRequest, for every record.
-	Lease, Keep time.Duration
+	// Lease, Keep, Retention and MarkerRetention are those of ClaimRequest,
+	// for every record.
+	Lease, Keep, Retention, MarkerRetention time.Duration
+	// Compact asks the store to keep the new claims compactly, if it can,
+	// rather than each in a record of its own: RedisStore keeps a claim of
+	// a record that is absent as an entry in an index and a place in one
+	// record of the call, and what a completion with an empty result
+	// leaves of it is a marker, a few bytes kept for MarkerRetention (see
+	// WithMarkerRetention). The answers are those of Claim; a compact claim
+	// carries a Ref.
+	Compact bool
 }
 
 // BatchClaimReply answers one record of a BatchStore's ClaimBatch: Reply as
@@ -140,6 +168,9 @@ type Fence struct {
 	ID string
 	// Token is the fencing token the claim got.
 	Token int64
+	// Ref is ClaimReply.Ref of the claim: zero for a claim kept in a record
+	// of its own.
+	Ref int
 }
 
 // BatchCompletion is one record of a BatchStore's CompleteBatch.

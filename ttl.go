@@ -33,6 +33,12 @@ type policy struct {
 	// errorRetention is how long a final error (Do) or a stored error
 	// response is kept. Zero means retention.
 	errorRetention time.Duration
+	// markerRetention is how long a marker answers (WithMarkerRetention),
+	// at least the retention; zero until validate, when WithMarkerRetention
+	// was not given (markerSet), for the longer of DefaultMarkerRetention
+	// and the retention.
+	markerRetention time.Duration
+	markerSet       bool
 }
 
 func defaultPolicy() policy {
@@ -70,7 +76,7 @@ func (p *policy) validate() error {
 	for _, d := range [...]struct {
 		name string
 		d    time.Duration
-	}{{"lease", p.lease}, {"retention", p.retention}, {"error retention", p.errorRetention}} {
+	}{{"lease", p.lease}, {"retention", p.retention}, {"error retention", p.errorRetention}, {"marker retention", p.markerRetention}} {
 		if d.d > MaxDuration {
 			return fmt.Errorf("%w: %s %s is longer than MaxDuration (%s)", ErrInvalidConfig, d.name, d.d, MaxDuration)
 		}
@@ -80,6 +86,12 @@ func (p *policy) validate() error {
 	}
 	if p.retention < p.lease {
 		return fmt.Errorf("%w: retention %s is shorter than the lease %s", ErrInvalidConfig, p.retention, p.lease)
+	}
+	if !p.markerSet {
+		p.markerRetention = max(DefaultMarkerRetention, p.retention)
+	}
+	if p.markerRetention < p.retention {
+		return fmt.Errorf("%w: marker retention %s is shorter than the retention %s", ErrInvalidConfig, p.markerRetention, p.retention)
 	}
 	if p.errorRetention == 0 {
 		p.errorRetention = p.retention

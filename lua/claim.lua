@@ -5,6 +5,12 @@
 -- ARGV[2]  attempt id (base64url), unique per Begin call
 -- ARGV[3]  lease in milliseconds
 -- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
+-- ARGV[5]  the record's field in the id index of compact claims (8 bytes), or
+--          '' when the store keeps none (see compact_claim.lua)
+-- ARGV[6]  its index key
+-- ARGV[7]  the start of the call record keys
+-- ARGV[8]  retention in milliseconds, ARGV[9] marker retention in
+--          milliseconds: how a marker answers (see compact_claim.lua)
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -18,6 +24,10 @@
 --   -lease_left_ms                  (an integer < 0) another attempt holds a live lease
 --   {4}                             the record was made for another fingerprint
 --   {5, reason}                     the value at the key is not a record of ours
+--   {8, token}                      completed, as a marker (a compact claim's),
+--                                   with an empty result, within the retention
+--   {9, token}                      completed, as a marker, longer ago than the
+--                                   retention: the result is no longer kept
 -- The two answers of the hot paths, a new claim and a replay, are a bare
 -- integer and a bare string: a table reply costs Redis more than the rest
 -- of a replay's Lua.
@@ -40,17 +50,82 @@
 -- Redis's clock is read only when the record is not completed: a replay costs
 -- one command inside the script.
 --
+-- When the key holds no record, the id index of compact claims answers:
+-- a compact claim whose lease is live is in progress; one whose lease ran
+-- out, or that was released, is taken over by a record of its own (attempt
+-- 2, a higher token), its place in the call record marked M; a completed
+-- one is a marker. A stale entry (its call record gone) is no answer.
+--
 -- Safe to run twice for one call (go-redis retries a command whose reply was
 -- lost): the second run finds its own attempt id and answers the same claim.
 local key, fp = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
 if not v then
+  local prev, cnt, rec = 0, 0, 0
+  if ARGV[5] ~= '' then
+    local entry = redis.call('HGET', ARGV[6], ARGV[5])
+    if entry then
+      local ctok, place = string.sub(entry, 1, -4), tonumber(string.sub(entry, -3))
+      local cv = redis.call('GET', ARGV[7] .. ctok)
+      local _, e, u, done, _, cfpw
+      if cv then
+        _, e, u, done, _, cfpw = string.find(cv, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
+        if not e then
+          return {5, 'unknown format'}
+        end
+      end
+      local places = cv and (#cv - e) / (1 + tonumber(cfpw)) or 0
+      local st = ''
+      if place and place >= 1 and place <= places then
+        st = string.sub(cv, e + place, e + place)
+      end
+      if st == 'P' or st == 'C' then
+        local rfp = ''
+        if cfpw ~= '0' then
+          local from = e + places + (place - 1) * cfpw + 1
+          rfp = string.gsub(string.sub(cv, from, from + cfpw - 1), '%.+$', '')
+        end
+        if rfp ~= fp then
+          return {4}
+        end
+      end
+      local t = redis.call('TIME')
+      local now = t[1] * 1000000 + t[2]
+      if st == 'C' then
+        if now - done <= ARGV[8] * 1000 then
+          return {8, tonumber(ctok)}
+        end
+        if now - done <= ARGV[9] * 1000 then
+          return {9, tonumber(ctok)}
+        end
+      elseif st == 'P' and tonumber(u) > now then
+        return -math.ceil((tonumber(u) - now) / 1000)
+      end
+      if st == 'P' or st == 'R' then
+        prev, cnt = tonumber(ctok), 1
+        if st == 'P' then
+          rec = 1
+        end
+        redis.call('SETRANGE', ARGV[7] .. ctok, e + place - 1, 'M')
+      end
+      redis.call('HDEL', ARGV[6], ARGV[5])
+    end
+  end
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2]
-  redis.call('SET', key, string.format('i1P%d:1:0:%d:', now, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
+  if cnt == 0 then
+    redis.call('SET', key, string.format('i1P%d:1:0:%d:', now, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
+      'PX', ARGV[4])
+    return now
+  end
+  local token = now
+  if prev >= token then
+    token = prev + 1
+  end
+  redis.call('SET', key, string.format('i1P%d:2:%d:%d:', token, rec, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
     'PX', ARGV[4])
-  return now
+  return {1, token, 2, rec}
 end
 if type(v) ~= 'string' then
   return {5, 'wrong type'}

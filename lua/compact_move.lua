@@ -1,0 +1,107 @@
+-- compact_move.lua: renew the compact claims of one call (see
+-- compact_claim.lua), or move some to records of their own.
+--
+-- KEYS         the record keys of the claims named, one per claim, in order
+-- ARGV[1]      the call record key
+-- ARGV[2]      the call token (decimal)
+-- ARGV[3]      'E' to renew the call's lease, 'M' to move the claims named to
+--              records of their own, with the lease they have
+-- ARGV[4]      renewing: the new lease from now, in milliseconds
+-- ARGV[5]      renewing: the time to keep the call record from now, at
+--              least, in milliseconds; moving: the time to keep a pending
+--              record
+-- ARGV[6]      the start of the id index keys
+-- ARGV[7]      how many index keys there are
+-- ARGV[6+2j]   the place in the call of the j-th claim
+-- ARGV[7+2j]   its field in the id index (8 bytes)
+--
+-- Returns an array whose j-th element answers the j-th claim: 1 renewed or
+-- moved, 0 lease lost, or the reason a value is not one of ours.
+--
+-- The claims of one call share one lease: renewing any of them renews every
+-- claim the call still holds, in one write. Moving writes each claim named a
+-- pending record of its own (its token, attempt 1, the call's lease end and
+-- attempt id, the fingerprint the call record keeps, no checkpoints), marks
+-- its place M in the call record and removes its entry from the id index: it
+-- is a record like any other from then on (Checkpoint, Complete with a
+-- value). A claim whose record holds its token already was moved by an
+-- earlier run of the same call, and is answered as moved. Safe to run twice.
+local ck, token, mode = ARGV[1], ARGV[2], ARGV[3]
+local ibase, icount = ARGV[6], tonumber(ARGV[7])
+local k = #KEYS
+
+local out = {}
+local function all(x)
+  for j = 1, k do
+    out[j] = x
+  end
+  return out
+end
+
+-- moved reports whether KEYS[j] holds the pending record of this token.
+local function moved(j)
+  local v = redis.pcall('GET', KEYS[j])
+  return type(v) == 'string' and string.sub(v, 1, #token + 4) == 'i1P' .. token .. ':'
+end
+
+local v = redis.pcall('GET', ck)
+if type(v) == 'table' then
+  return all('wrong type')
+end
+if not v then
+  for j = 1, k do
+    out[j] = mode == 'M' and moved(j) and 1 or 0
+  end
+  return out
+end
+local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
+if not e then
+  return all('unknown format')
+end
+local at, w = e + 1, tonumber(fpw)
+local places = (#v - e) / (1 + w)
+local st = {string.byte(v, at, at + places - 1)}
+
+if mode == 'E' then
+  local any = false
+  for j = 1, k do
+    out[j] = st[tonumber(ARGV[6 + 2 * j])] == 80 and 1 or 0 -- 'P'
+    any = any or out[j] == 1
+  end
+  if any then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local keep = redis.call('PTTL', ck)
+    if keep < tonumber(ARGV[5]) then
+      keep = ARGV[5]
+    end
+    redis.call('SET', ck, 'i1B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
+      att .. ':' .. fpw .. ':' .. string.sub(v, at), 'PX', keep)
+  end
+  return out
+end
+
+local changed = false
+for j = 1, k do
+  local p, field = tonumber(ARGV[6 + 2 * j]), ARGV[7 + 2 * j]
+  if st[p] == 80 then
+    local fp = ''
+    if w > 0 then
+      local from = at + places + (p - 1) * w
+      fp = string.gsub(string.sub(v, from, from + w - 1), '%.+$', '')
+    end
+    redis.call('SET', KEYS[j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
+    local a, b, c = string.byte(field, 1, 3)
+    redis.call('HDEL', ibase .. ((a * 65536 + b * 256 + c) % icount), field)
+    st[p], changed = 77, true -- 'M'
+    out[j] = 1
+  elseif st[p] == 77 and moved(j) then
+    out[j] = 1
+  else
+    out[j] = 0
+  end
+end
+if changed then
+  redis.call('SET', ck, string.sub(v, 1, e) .. string.char(unpack(st)) .. string.sub(v, at + places), 'KEEPTTL')
+end
+return out

@@ -1,0 +1,74 @@
+-- compact_settle.lua: complete or release compact claims of one call (see
+-- compact_claim.lua), in one write of its call record.
+--
+-- KEYS[1]    a record key of the call's records (where a Cluster runs it;
+--            not read)
+-- ARGV[1]    the call record key
+-- ARGV[2]    'C' to complete (nothing to keep but the fact: a marker), 'R'
+--            to release
+-- ARGV[3]    completing: the call record is kept for at least this long from
+--            now, in milliseconds (the longer of the retention and the
+--            marker retention)
+-- ARGV[3+j]  the place in the call of the j-th claim
+--
+-- Returns an array whose j-th element answers the j-th claim: 1 done, 2 done
+-- before by this call (completed or released already: a retried call), 0
+-- lease lost (the place is no longer held by the call: taken over, moved to
+-- a record of its own, forgotten), or the reason the call record is not one
+-- of ours (nothing is written then).
+--
+-- The call record alone answers for its claims: whatever takes a place over
+-- (a claim after its lease ran out or after a release, Forget, Abandon)
+-- marks the place in the call record as it does. One read and one write for
+-- the whole call. Safe to run twice.
+local ck, target = ARGV[1], ARGV[2]
+local k = #ARGV - 3
+
+local out = {}
+local function all(x)
+  for j = 1, k do
+    out[j] = x
+  end
+  return out
+end
+local v = redis.pcall('GET', ck)
+if type(v) == 'table' then
+  return all('wrong type')
+end
+if not v then
+  return all(0)
+end
+local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
+if not e then
+  return all('unknown format')
+end
+local at = e + 1
+local places = (#v - e) / (1 + tonumber(fpw))
+
+local st = {string.byte(v, at, at + places - 1)}
+local want, changed = string.byte(target), false
+for j = 1, k do
+  local p = tonumber(ARGV[3 + j])
+  local s = st[p]
+  if s == 80 then -- 'P'
+    st[p], out[j], changed = want, 1, true
+  elseif s == want then
+    out[j] = 2
+  else
+    out[j] = 0
+  end
+end
+
+if changed then
+  if target == 'C' then
+    local t = redis.call('TIME')
+    done = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  end
+  local keep = redis.call('PTTL', ck)
+  if keep <= 0 or target == 'C' and keep < tonumber(ARGV[3]) then
+    keep = ARGV[3]
+  end
+  redis.call('SET', ck, 'i1B' .. u .. ':' .. done .. ':' .. att .. ':' .. fpw .. ':' ..
+    string.char(unpack(st)) .. string.sub(v, at + places), 'PX', keep)
+end
+return out
