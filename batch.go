@@ -59,7 +59,7 @@ func (k *Keeper) BeginBatch(ctx context.Context, scope string, keys []string, op
 	if err != nil {
 		return nil, err
 	}
-	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers)
+	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers, k.policy.lease)
 }
 
 // WithFingerprints binds each key of a batch call (BeginBatch, Consume) to a
@@ -82,19 +82,22 @@ func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (s
 	if s.concurrency < 0 {
 		return s, fmt.Errorf("%w: WithConcurrency: %d is negative", ErrInvalidConfig, s.concurrency)
 	}
+	if l := s.policy.lease; l != 0 && (l < time.Millisecond || l > MaxDuration) {
+		return s, fmt.Errorf("%w: WithLease: %s is not between 1ms and MaxDuration", ErrInvalidConfig, l)
+	}
 	return s, nil
 }
 
 // beginBatch is BeginBatch once the options are read; fps is nil or holds
 // one fingerprint per key; compact asks the store to keep the new claims
-// compactly.
-func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool) ([]BatchResult, error) {
+// compactly; lease is the claims' lease.
+func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool, lease time.Duration) ([]BatchResult, error) {
 	if ctx.Err() != nil {
 		return nil, canceled(ctx, "claim")
 	}
 	results := make([]BatchResult, len(keys))
 	req, places := k.batchRequest(scope, keys, fps, results)
-	req.Compact = compact
+	req.Compact, req.Lease, req.Keep = compact, lease, lease+k.policy.retention
 	started := k.now()
 	replies := k.claimBatch(ctx, req)
 	for j, r := range replies {
@@ -103,7 +106,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 		if r.Err != nil {
 			res.Err = storeError(ctx, "claim", r.Err)
 		} else {
-			res.Outcome, res.Err = k.outcome(id, r.Reply, started)
+			res.Outcome, res.Err = k.outcome(id, r.Reply, started, req.Lease)
 		}
 		if c := res.Outcome.Claim; c != nil {
 			c.scope = scope
@@ -139,16 +142,27 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 			continue
 		}
 		id := recordID(scope, key)
-		if at, dup := first[id]; dup {
+		var fp string
+		if fps != nil {
+			fp = fingerprintDigest(fps[i])
+		}
+		if j, dup := first[id]; dup {
+			at := places[j]
 			results[i].First = at
+			if fps != nil && req.Fingerprints[j] != fp {
+				// Another request under a key the batch uses: never a
+				// duplicate of the first, as in the next batch.
+				results[i].Err = fmt.Errorf("%w: place %d repeats the key of place %d with another fingerprint", ErrMismatch, i, at)
+				continue
+			}
 			results[i].Err = fmt.Errorf("%w: place %d repeats the key of place %d", ErrDuplicate, i, at)
 			continue
 		}
-		first[id] = i
+		first[id] = len(req.IDs)
 		req.IDs = append(req.IDs, id)
 		places = append(places, i)
 		if fps != nil {
-			req.Fingerprints = append(req.Fingerprints, fingerprintDigest(fps[i]))
+			req.Fingerprints = append(req.Fingerprints, fp)
 		}
 	}
 	return req, places
@@ -301,13 +315,26 @@ func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 	errs := make([]error, len(claims))
 	fences, sent := k.fences(claims, errs)
 	started := k.now()
-	var serrs []error
-	if bs, ok := k.store.(BatchStore); ok && len(fences) > 0 {
-		serrs = bs.ExtendBatch(ctx, fences, k.policy.lease, k.policy.pendingKeep())
-	} else {
-		serrs = make([]error, len(fences))
-		for j, f := range fences {
-			serrs[j] = k.store.Extend(ctx, f.ID, f.Token, k.policy.lease, k.policy.pendingKeep())
+	serrs := make([]error, len(fences))
+	// The claims of a Keeper have its lease, unless a call gave its own
+	// (Consume's WithLease): one store call per lease.
+	for lease, js := range byLease(fences, sent, claims) {
+		fs := make([]Fence, len(js))
+		for n, j := range js {
+			fs[n] = fences[j]
+		}
+		keep := lease + k.policy.retention
+		var errs []error
+		if bs, ok := k.store.(BatchStore); ok {
+			errs = bs.ExtendBatch(ctx, fs, lease, keep)
+		} else {
+			errs = make([]error, len(fs))
+			for n, f := range fs {
+				errs[n] = k.store.Extend(ctx, f.ID, f.Token, lease, keep)
+			}
+		}
+		for n, j := range js {
+			serrs[j] = errs[n]
 		}
 	}
 	for j, err := range serrs {
@@ -322,6 +349,16 @@ func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 		}
 	}
 	return errs
+}
+
+// byLease groups the places in fences by the lease of their claim, claims[sent[j]].
+func byLease(fences []Fence, sent []int, claims []*Claim) map[time.Duration][]int {
+	m := map[time.Duration][]int{}
+	for j := range fences {
+		l := claims[sent[j]].lease
+		m[l] = append(m[l], j)
+	}
+	return m
 }
 
 // fences returns the fence of each claim that belongs to k, and its place in
@@ -361,7 +398,7 @@ func (c *Claim) fence() Fence {
 func (c *Claim) extendedAt(started time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
+	if end := started.Add(c.lease); end.After(c.leaseEnd) {
 		c.leaseEnd = end
 	}
 }

@@ -39,6 +39,9 @@ type Claim struct {
 	// ref is the store's reference to a claim it keeps compactly
 	// (ClaimReply.Ref); zero once the claim has a record of its own.
 	ref int
+	// lease is the claim's lease: the Keeper's, or that of the call that
+	// made it (Consume's WithLease). Read-only.
+	lease time.Duration
 	// checkpoints are the record's recovery points as this claim knows them:
 	// those it took over, then those it recorded (see Checkpoint).
 	checkpoints []Checkpoint
@@ -104,8 +107,9 @@ func (c *Claim) Release(ctx context.Context) error {
 	return err
 }
 
-// Extend renews the lease for the Keeper's lease from now. It returns
-// ErrLeaseLost if the claim is no longer the holder.
+// Extend renews the lease for the claim's lease from now: the Keeper's, or
+// the one Consume was given (WithLease). It returns ErrLeaseLost if the
+// claim is no longer the holder.
 func (c *Claim) Extend(ctx context.Context) error {
 	started := c.k.now()
 	err := c.storeExtend(ctx)
@@ -120,7 +124,7 @@ func (c *Claim) Extend(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	if end := started.Add(c.k.policy.lease); end.After(c.leaseEnd) {
+	if end := started.Add(c.lease); end.After(c.leaseEnd) {
 		c.leaseEnd = end
 	}
 	c.mu.Unlock()
@@ -150,9 +154,9 @@ func (c *Claim) storeRelease(ctx context.Context) error {
 // storeExtend renews the claim's lease in the store.
 func (c *Claim) storeExtend(ctx context.Context) error {
 	if bs, f := c.compactFence(); f.Ref > 0 {
-		return bs.ExtendBatch(ctx, []Fence{f}, c.k.policy.lease, c.k.policy.pendingKeep())[0]
+		return bs.ExtendBatch(ctx, []Fence{f}, c.lease, c.lease+c.k.policy.retention)[0]
 	}
-	return c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+	return c.k.store.Extend(ctx, c.id, c.token, c.lease, c.lease+c.k.policy.retention)
 }
 
 // compactFence returns the claim's fence, and the BatchStore that keeps it

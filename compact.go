@@ -341,7 +341,7 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 		op: "claim", script: compactClaimScript, src: compactClaimLua, split: splitCompactClaims,
 		key: func(i int) string { return s.key(req.IDs[i]) },
 		answer: func(i int, res []any, err error) {
-			out[i].Reply, out[i].Err = compactAnswer(res, err)
+			out[i].Reply, out[i].Err = batchClaimAnswer(res, err)
 		},
 		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 },
 	}
@@ -365,9 +365,11 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 	s.runCalls(ctx, calls)
 }
 
-// compactAnswer reads one record's part of compact_claim.lua's reply, as
-// splitCompactClaims cut it.
-func compactAnswer(res []any, err error) (ClaimReply, error) {
+// batchClaimAnswer reads one record's part of the reply of compact_claim.lua
+// or batch_claim.lua, as splitCompactClaims or splitClaims cut it: the
+// answers of claimReply, {6 or 10, token, place} for a compact claim, {7,
+// error} for a write Redis refused.
+func batchClaimAnswer(res []any, err error) (ClaimReply, error) {
 	if err != nil {
 		return ClaimReply{}, err
 	}

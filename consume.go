@@ -64,15 +64,19 @@ func Consume[M any](ctx context.Context, k *Keeper, scope string, msgs []M, key 
 	if err != nil {
 		return nil, err
 	}
+	lease := k.policy.lease
+	if s.policy.lease != 0 {
+		lease = s.policy.lease
+	}
 	keys := make([]string, len(msgs))
 	for i := range msgs {
 		keys[i] = key(msgs[i])
 	}
-	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers)
+	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers, lease)
 	if err != nil {
 		return nil, err
 	}
-	b := newConsumption(k, claims)
+	b := newConsumption(k, claims, lease)
 	b.run(ctx, max(s.concurrency, 1), func(ctx context.Context, i int) error { return handle(ctx, msgs[i]) })
 	return b.results, nil
 }

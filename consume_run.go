@@ -13,6 +13,9 @@ import (
 // messages, the renewals of their leases, and the results.
 type consumption struct {
 	k *Keeper
+	// lease is the claims' lease; every is a third of it, how often the
+	// renewals run.
+	lease, every time.Duration
 	// results answers every message; a claimed one's is set at the end.
 	results []MessageResult
 	// held are the claimed messages, in the order of the batch.
@@ -23,6 +26,11 @@ type consumption struct {
 	// panicked. panicked is the first panic's value.
 	stopped  bool
 	panicked any
+	// watch fires when the first lease of a message not yet settled runs
+	// out by this process's clock, whatever a renewal in flight is doing;
+	// watchOff is set once the handlers have returned.
+	watch    *time.Timer
+	watchOff bool
 }
 
 // heldMessage is a claimed message. Every field after claim is guarded by
@@ -43,7 +51,9 @@ type heldMessage struct {
 // heldState is where a held message is. A message moves forward only:
 // waiting, then running, finished, settling, settled; or, from waiting,
 // skipped (it will not run: released at the end); or lost, from any state
-// before settled, when the renewals find its lease lost.
+// before finished, when its lease is lost (the store says so, or it ran out
+// by this process's clock): the handler's context is cancelled then, and a
+// waiting message does not start.
 type heldState uint8
 
 const (
@@ -56,8 +66,8 @@ const (
 	heldLost
 )
 
-func newConsumption(k *Keeper, claims []BatchResult) *consumption {
-	b := &consumption{k: k, results: make([]MessageResult, len(claims))}
+func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration) *consumption {
+	b := &consumption{k: k, lease: lease, every: max(lease/3, time.Millisecond), results: make([]MessageResult, len(claims))}
 	held := make([]heldMessage, 0, len(claims)) // one allocation for all
 	for i, r := range claims {
 		if r.Err == nil && r.Outcome.Claim != nil {
@@ -75,9 +85,18 @@ func newConsumption(k *Keeper, claims []BatchResult) *consumption {
 // once the batch is settled.
 func (b *consumption) run(ctx context.Context, n int, handle func(ctx context.Context, i int) error) {
 	if len(b.held) > 0 {
-		stop := b.renew(context.WithoutCancel(ctx))
+		rctx := context.WithoutCancel(ctx)
+		b.renewLate(rctx)
+		b.rearm()
+		stop := b.renew(rctx)
 		b.handleAll(ctx, n, handle)
 		stop()
+		b.mu.Lock()
+		b.watchOff = true
+		if b.watch != nil {
+			b.watch.Stop()
+		}
+		b.mu.Unlock()
 		sctx, cancel := cleanupContext(ctx)
 		b.settle(sctx, true)
 		cancel()
@@ -86,6 +105,108 @@ func (b *consumption) run(ctx context.Context, n int, handle func(ctx context.Co
 	if b.panicked != nil {
 		panic(b.panicked)
 	}
+}
+
+// errRanOut is the cause of a lease that ran out by this process's clock
+// before a renewal got through.
+var errRanOut = fmt.Errorf("%w: the lease ran out without renewal", ErrLeaseLost)
+
+// renewLate renews, before any handler starts, the claims whose answer came
+// so late that less than a third of their lease is left, in one
+// ExtendBatch waiting no longer than the lease left; a claim whose lease has
+// run out already, by this process's clock, is lost: its handler never
+// starts.
+func (b *consumption) renewLate(ctx context.Context) {
+	now := b.k.now()
+	var late []*heldMessage
+	for _, h := range b.held {
+		switch left := h.claim.localLeaseEnd().Sub(now); {
+		case left <= 0:
+			b.lose(h, errRanOut)
+		case left < b.every:
+			late = append(late, h)
+		}
+	}
+	b.extend(ctx, late)
+}
+
+// extend renews the leases of hs in one ExtendBatch, bounded by the first of
+// their lease ends, and marks lost those the store says are; it reports
+// whether a renewal failed otherwise (the store did not answer in time).
+func (b *consumption) extend(ctx context.Context, hs []*heldMessage) (failed bool) {
+	if len(hs) == 0 {
+		return false
+	}
+	claims := make([]*Claim, len(hs))
+	first := hs[0].claim.localLeaseEnd()
+	for j, h := range hs {
+		claims[j] = h.claim
+		if end := h.claim.localLeaseEnd(); end.Before(first) {
+			first = end
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, first.Sub(b.k.now()))
+	errs := b.k.ExtendBatch(rctx, claims)
+	cancel()
+	for j, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrLeaseLost):
+			b.lose(hs[j], fmt.Errorf("%w: the claim was taken over, released or expired", ErrLeaseLost))
+		default:
+			failed = true
+		}
+	}
+	return failed
+}
+
+// rearm sets the watch for the first lease end of the messages whose lease
+// matters: those waiting to start and those running. When it fires, the
+// ones whose lease ended are lost: a running handler's context is cancelled
+// then, a waiting one never starts. A message whose handler returned keeps
+// its claim: the store takes its outcome only if no other attempt took the
+// key over meanwhile.
+func (b *consumption) rearm() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.watchOff {
+		return
+	}
+	var first time.Time
+	for _, h := range b.held {
+		if h.state == heldWaiting || h.state == heldRunning {
+			if end := h.claim.localLeaseEnd(); first.IsZero() || end.Before(first) {
+				first = end
+			}
+		}
+	}
+	if first.IsZero() {
+		return
+	}
+	d := first.Sub(b.k.now())
+	if b.watch == nil {
+		b.watch = time.AfterFunc(d, b.expire)
+	} else {
+		b.watch.Reset(d)
+	}
+}
+
+// expire runs on the watch: it loses the messages whose lease ended, and
+// sets the watch for the next.
+func (b *consumption) expire() {
+	now := b.k.now()
+	for _, h := range b.held {
+		if !now.Before(h.claim.localLeaseEnd()) {
+			b.mu.Lock()
+			st := h.state
+			b.mu.Unlock()
+			if st == heldWaiting || st == heldRunning {
+				h.claim.endHold(0, nil, errRanOut)
+				b.lose(h, errRanOut)
+			}
+		}
+	}
+	b.rearm()
 }
 
 // handleAll runs the handlers of the held messages, n at once, started in
@@ -122,12 +243,16 @@ func (b *consumption) handleOne(ctx context.Context, h *heldMessage, handle func
 }
 
 // start moves h to running and returns its handler's context, or reports
-// that h may not start: its lease is lost, a handler panicked, or ctx is done.
+// that h may not start: its lease is lost or has run out, a handler
+// panicked, or ctx is done.
 func (b *consumption) start(ctx context.Context, h *heldMessage) (context.Context, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
 	case h.state != heldWaiting:
+		return nil, false
+	case !b.k.now().Before(h.claim.localLeaseEnd()):
+		h.state, h.lost = heldLost, errRanOut
 		return nil, false
 	case b.stopped:
 		h.state, h.err = heldSkipped, errors.New("idem: not run: a handler of the batch panicked")
@@ -314,65 +439,49 @@ func (h *heldMessage) result() MessageResult {
 
 // renew renews the leases of the held messages every third of the lease,
 // settling those whose handlers returned, until the returned stop is called;
-// stop waits for a renewal under way.
+// stop waits for a renewal under way. A renewal that fails is tried again
+// within a third of what is left of the lease.
 func (b *consumption) renew(ctx context.Context) (stop func()) {
-	every := max(b.k.policy.lease/3, time.Millisecond)
-	var mu sync.Mutex
-	var running sync.WaitGroup
-	stopped := false
-	var t *time.Timer
-	tick := func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(b.every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			t.Reset(b.renewOnce(ctx))
 		}
-		running.Add(1)
-		mu.Unlock()
-		defer running.Done()
-		b.renewOnce(ctx)
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(every)
-		}
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, tick)
-	mu.Unlock()
+	}()
 	return func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-		running.Wait()
+		close(done)
+		<-exited
 	}
 }
 
-// renewOnce settles the messages whose handlers returned, then renews the
-// leases of the others in one ExtendBatch, and marks lost those whose lease
-// the store says is lost or that ran out without a renewal getting through.
-func (b *consumption) renewOnce(ctx context.Context) {
-	b.settle(ctx, false)
+// renewOnce renews, in one ExtendBatch, the leases of the messages not yet
+// settled nor lost, then settles those whose handlers returned; it returns
+// when to renew next.
+func (b *consumption) renewOnce(ctx context.Context) time.Duration {
+	next := b.every
 	hs := b.toRenew()
-	if len(hs) == 0 {
-		return
-	}
-	claims := make([]*Claim, len(hs))
-	for j, h := range hs {
-		claims[j] = h.claim
-	}
-	for j, err := range b.k.ExtendBatch(ctx, claims) {
-		switch h := hs[j]; {
-		case err == nil:
-		case errors.Is(err, ErrLeaseLost):
-			b.lose(h, fmt.Errorf("%w: the claim was taken over, released or expired", ErrLeaseLost))
-		case !b.k.now().Before(h.claim.localLeaseEnd()):
-			lost := fmt.Errorf("%w: the lease ran out without renewal: %w", ErrLeaseLost, err)
-			h.claim.endHold(0, nil, lost)
-			b.lose(h, lost)
+	if b.extend(ctx, hs) {
+		// The store did not answer in time: try again within a third of
+		// what is left, so that a short outage loses no lease.
+		left := b.every * 3
+		for _, h := range hs {
+			left = min(left, h.claim.localLeaseEnd().Sub(b.k.now()))
 		}
+		next = max(min(b.every, left/3), time.Millisecond)
 	}
+	b.rearm()
+	sctx, cancel := context.WithTimeout(ctx, next)
+	b.settle(sctx, false)
+	cancel()
+	return next
 }
 
 // toRenew returns the held messages whose leases must go on: not yet

@@ -91,10 +91,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		key:  func(i int) string { return s.key(req.IDs[i]) },
 		args: func(dst []any, i int) []any { return append(dst, fp(i)) },
 		answer: func(i int, res []any, err error) {
-			if err == nil {
-				out[i].Reply, err = claimReply(res)
-			}
-			out[i].Err = err
+			out[i].Reply, out[i].Err = batchClaimAnswer(res, err)
 		},
 	}, todo)
 	return out
@@ -480,7 +477,7 @@ func claimFields(code int64) int {
 	switch code {
 	case 1:
 		return 4
-	case 2, 3, 5:
+	case 2, 3, 5, 7:
 		return 1
 	case 4:
 		return 0

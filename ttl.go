@@ -50,9 +50,11 @@ func defaultPolicy() policy {
 // runs, so the lease bounds how long a crashed process blocks its key, not how
 // long an operation may take. Default: 30s (DefaultLease). It must be at least
 // one millisecond, no longer than the retention, and at most MaxDuration.
-// Applies to a Keeper.
+// Applies to a Keeper, and to one call of Consume, whose claims then have
+// this lease instead of the Keeper's (a batch whose handlers take longer,
+// say, on a Keeper shared with quick requests).
 func WithLease(d time.Duration) Option {
-	return Option{name: "WithLease", to: toKeeper, set: func(s *settings) { s.policy.lease = d }}
+	return Option{name: "WithLease", to: toKeeper | toConsume, set: func(s *settings) { s.policy.lease = d }}
 }
 
 // WithRetention sets how long a completed result is kept and replayed.

@@ -16,6 +16,8 @@
 --   3, lease_left_ms                            in progress
 --   4                                           another fingerprint
 --   5, reason                                   not a record of ours
+--   7, error                                    Redis refused a write (OOM,
+--                                               READONLY, ...): not claimed
 -- (One array rather than one per record, and a new record told by one
 -- number: the replies, not the claims, were most of Redis's work.)
 --
@@ -47,16 +49,43 @@ local function readable(s)
   return pos == #s + 1 and fields % 2 == 0
 end
 
+-- refused answers a write that Redis refused: a value that is not a string
+-- is not ours (corrupt); anything else (OOM, READONLY, ...) is Redis's to
+-- answer: 7 and its error.
+local function refused(e)
+  local msg = e.err or tostring(e)
+  if string.sub(msg, 1, 9) == 'WRONGTYPE' then
+    return 5, 'wrong type'
+  end
+  return 7, msg
+end
+
+local claim_existing -- below
+
 -- claim answers for one record, as several return values (see above).
 local function claim(key, fp)
   local v = redis.pcall('SET', key, 'i1P' .. now_s .. ':1:0:' .. until_s .. ':' .. attempt .. ':' .. fp .. ':',
     'NX', 'GET', 'PX', keep)
   if type(v) == 'table' then
-    return 5, 'wrong type'
+    local code, why = refused(v)
+    if code == 5 then
+      return code, why
+    end
+    -- Redis refused the write: a record there still answers, as long as
+    -- the answer writes nothing.
+    v = redis.pcall('GET', key)
+    if type(v) ~= 'string' then
+      return code, why
+    end
+    return claim_existing(key, v, fp)
   end
   if not v then
     return 6
   end
+  return claim_existing(key, v, fp)
+end
+-- claim_existing answers for a record key whose value v is there.
+claim_existing = function(key, v, fp)
   local a, b, c, d = string.byte(v, 1, 4)
   if d == 58 and c == 67 and b == 49 and a == 105 then
     -- "i1C:" FP ":": a completed record of the short form (see claim.lua).
@@ -105,10 +134,13 @@ local function claim(key, fp)
     token = prev + 1
   end
   local n = math.min(tonumber(cnt) + 1, 999999999)
-  redis.call('SET', key,
+  local ok = redis.pcall('SET', key,
     'i1P' .. string.format('%d', token) .. ':' .. n .. ':' .. recovered .. ':' ..
     until_s .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints,
     'PX', keep)
+  if type(ok) == 'table' and ok.err then
+    return refused(ok)
+  end
   return 1, token, n, recovered, checkpoints
 end
 
