@@ -100,13 +100,21 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 	req.Compact, req.Lease, req.Keep = compact, lease, lease+k.policy.retention
 	started := k.now()
 	replies := k.claimBatch(ctx, req)
+	var claims []Claim // the batch's claims, in one allocation
 	for j, r := range replies {
 		i, id := places[j], req.IDs[j]
 		res := &results[i]
 		if r.Err != nil {
 			res.Err = storeError(ctx, "claim", r.Err)
 		} else {
-			res.Outcome, res.Err = k.outcome(id, r.Reply, started, req.Lease)
+			var cl *Claim
+			if r.Reply.Status == StatusClaimed {
+				if claims == nil {
+					claims = make([]Claim, len(replies)-j)
+				}
+				cl, claims = &claims[0], claims[1:]
+			}
+			res.Outcome, res.Err = k.outcome(id, r.Reply, started, req.Lease, cl)
 		}
 		if c := res.Outcome.Claim; c != nil {
 			c.scope = scope
@@ -135,13 +143,20 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 	}
 	places = make([]int, 0, len(keys))
 	first := make(map[string]int, len(keys))
+	// The ids of the batch, in one allocation.
+	idBuf := make([]byte, idLen*len(keys))
 	for i, key := range keys {
 		results[i].First = i
-		if err := ValidateKey(key); err != nil {
-			results[i].Err = err
+		if results[i].Err = ValidateKey(key); results[i].Err == nil {
+			putRecordID((*[idLen]byte)(idBuf[idLen*i:]), scope, key)
+		}
+	}
+	ids := string(idBuf)
+	for i := range keys {
+		if results[i].Err != nil {
 			continue
 		}
-		id := recordID(scope, key)
+		id := ids[idLen*i : idLen*i+idLen]
 		var fp string
 		if fps != nil {
 			fp = fingerprintDigest(fps[i])

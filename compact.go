@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -45,11 +46,6 @@ const (
 	MaxMarkerScale = 1 << 34
 )
 
-// markerFill is how many entries an index key holds when the store holds as
-// many markers as its scale: a small hash Redis keeps as a listpack, which
-// costs about 20 bytes an entry, and is quick to search.
-const markerFill = 128
-
 // WithMarkerRetention sets how long a message handled by Consume (or a
 // claim made by BeginBatch with WithCompactClaims and completed with an
 // empty result) is remembered: for that long a redelivery is answered
@@ -67,14 +63,13 @@ func WithMarkerRetention(d time.Duration) Option {
 
 // WithMarkerScale sizes a RedisStore's index of compact claims and markers
 // for about n of them held at once: the messages handled within the marker
-// retention, and the claims in progress. The index is n/128 small hashes
-// (rounded up to a power of two; on a Cluster at least one per slot, 16384),
-// each kept by Redis in its compact encoding (listpack) while it holds no
-// more than 512 entries: about 20 bytes per marker. A store that holds many
-// more than n markers still answers right, but its hashes grow past the
-// compact encoding and cost about 80 bytes per marker; one that holds far
-// fewer pays the hashes' own overhead, about 100 bytes each. MarkerStats
-// says how full the index is.
+// retention, and the claims in progress. The index keeps an entry of 16
+// bytes per claim or marker, in blocks of about 16 (n/16 blocks, rounded up
+// to a power of two, a million to an index key; on a Cluster, one index key
+// per slot): about 20 bytes per marker in all. A store that holds many more
+// than n markers still answers right, with larger blocks (each claim reads
+// and writes its block, so a claim costs Redis more); one that holds far
+// fewer pays the blocks' own cost, about 60 bytes each.
 //
 // Every RedisStore on a prefix must have the same scale: the first to claim
 // records it in Redis (under prefix + "{layout}"), and a store with another
@@ -117,48 +112,63 @@ func WithCompactClaims() Option {
 // The operation must not run again, and there is nothing to replay.
 var ErrResultExpired = errors.New("idem: the operation completed; its result is no longer kept")
 
-// compactLayout is how a RedisStore lays its index of compact claims out.
+// blockFill is how many entries a block of the index holds when the store
+// holds as many claims and markers as its scale: 16 entries of 16 bytes, a
+// value of 256 bytes in a hash Redis keeps as a hash table, whose own cost
+// (its field, its slot in the table) is about 4 bytes an entry.
+const blockFill = 16
+
+// maxBlocks is the most blocks one index key holds: 2^20, some 16 million
+// entries at the fill, about 300 MB. A store of a larger scale spreads its
+// index over several keys.
+const maxBlocks = 1 << 20
+
+// compactLayout is how a RedisStore lays its index of compact claims out:
+// index keys (hashes), each of blocks (their fields), each of entries.
 type compactLayout struct {
 	// scale is WithMarkerScale's n.
 	scale int64
-	// total is how many index keys there are in all: scale / markerFill,
-	// rounded up to a power of two.
-	total int64
-	// perBase is how many index keys there are under one base: total on
-	// one server; total / 16384 (at least one) under each slot's base on a
-	// Cluster.
-	perBase int64
-	// perBaseArg is perBase as a script argument; sweepArg the entries of
-	// one index key past which a claim may sweep it.
-	perBaseArg, sweepArg string
-	// cluster is set for a *redis.ClusterClient: each slot has its own
-	// bases, so that a record and its index entry share a slot.
+	// blocks is how many blocks an index key has, keys how many index
+	// keys there are (on one server; on a Cluster, one per slot): blocks
+	// times keys is scale / blockFill, rounded up to a power of two.
+	blocks, keys int64
+	// sweepArg is, as a script argument, the entries of a block past which
+	// a new entry sweeps it of stale ones.
+	sweepArg string
+	// cluster is set for a *redis.ClusterClient: each slot has its own index
+	// key and call records, so that a record and its entry share a slot.
 	cluster bool
+	// keyNames holds the names of the index keys: on one server, of each;
+	// on a Cluster, of each slot's.
+	keyNames []string
 }
 
-func newCompactLayout(scale int64, client redis.Scripter) (*compactLayout, error) {
+func newCompactLayout(scale int64, client redis.Scripter, prefix string) (*compactLayout, error) {
 	if scale < 1 || scale > MaxMarkerScale {
 		return nil, fmt.Errorf("%w: marker scale %d is not between 1 and %d", ErrInvalidConfig, scale, int64(MaxMarkerScale))
 	}
 	l := &compactLayout{scale: scale}
-	l.total = 1 << bits.Len64(uint64((scale+markerFill-1)/markerFill-1))
-	l.perBase = l.total
+	total := int64(1) << bits.Len64(uint64((scale+blockFill-1)/blockFill-1))
 	if _, ok := client.(*redis.ClusterClient); ok {
 		l.cluster = true
-		l.perBase = max(1, l.total/redisClusterSlots)
+		l.blocks, l.keys = max(1, total/redisClusterSlots), 1
+	} else {
+		l.blocks = min(total, maxBlocks)
+		l.keys = total / l.blocks
 	}
-	fill := max(1, scale/(l.perBase*l.slotsUsed()))
-	l.perBaseArg = strconv.FormatInt(l.perBase, 10)
-	l.sweepArg = strconv.FormatInt(min(400, max(32, 2*fill)), 10)
-	return l, nil
-}
-
-// slotsUsed is how many bases the index has: one, or one per Cluster slot.
-func (l *compactLayout) slotsUsed() int64 {
+	l.sweepArg = strconv.Itoa(4 * blockFill)
 	if l.cluster {
-		return redisClusterSlots
+		l.keyNames = make([]string, redisClusterSlots)
+		for slot := range l.keyNames {
+			l.keyNames[slot] = prefix + "{" + slotTag(uint16(slot)) + "}i"
+		}
+	} else {
+		l.keyNames = make([]string, l.keys)
+		for n := range l.keyNames {
+			l.keyNames[n] = prefix + "i:" + strconv.Itoa(n)
+		}
 	}
-	return 1
+	return l, nil
 }
 
 // redisClusterSlots is the number of hash slots of a Redis Cluster.
@@ -172,21 +182,10 @@ func (l *compactLayout) describe() string {
 	return "markers v1 scale=" + strconv.FormatInt(l.scale, 10)
 }
 
-// bases returns the start of the index keys and of the call record keys of
-// the records whose Redis key is recordKey: the store's own on one server,
-// its slot's on a Cluster.
-func (s *RedisStore) bases(recordKey string) (index, calls string) {
-	if !s.compact.cluster {
-		return s.prefix + "m:", s.prefix + "c:"
-	}
-	tag := slotTag(keySlot(recordKey))
-	return s.prefix + "{" + tag + "}m:", s.prefix + "{" + tag + "}c:"
-}
-
-// indexField writes the field of record id in the index into dst: 8 bytes
-// of the digest the id is (a Keeper's ids are 16 bytes of SHA-256 in
+// indexDigest writes the digest of record id the index keeps into dst: 8
+// bytes of the digest the id is (a Keeper's ids are 16 bytes of SHA-256 in
 // base64url), or of the SHA-256 of an id of another form.
-func indexField(dst *[8]byte, id string) {
+func indexDigest(dst *[8]byte, id string) {
 	var raw [16]byte
 	if len(id) == idLen {
 		if _, err := base64.RawURLEncoding.Decode(raw[:], []byte(id)); err == nil {
@@ -198,11 +197,43 @@ func indexField(dst *[8]byte, id string) {
 	copy(dst[:], sum[:8])
 }
 
-// indexKey returns the index key of the field f under base: the script's
-// choice, (f[0]<<16 | f[1]<<8 | f[2]) modulo the keys under a base.
-func (l *compactLayout) indexKey(base string, f *[8]byte) string {
-	n := (int64(f[0])<<16 | int64(f[1])<<8 | int64(f[2])) % l.perBase
-	return base + strconv.FormatInt(n, 10)
+// entryOf is where the index keeps the entry of record id: its index key,
+// its block (a field of that key) and the first 7 bytes of its digest,
+// which the entry starts with. The block and the key are chosen by other
+// bytes of the digest, so that an entry is known by 64 bits of it.
+type entryOf struct {
+	key   string
+	block [3]byte
+	d7    [7]byte
+}
+
+// entry returns where the index keeps the entry of record id.
+func (s *RedisStore) entry(id string) entryOf { return s.entryAt(id, s.key(id)) }
+
+// entryAt is entry for record id, whose Redis key is key.
+func (s *RedisStore) entryAt(id, key string) entryOf {
+	var d [8]byte
+	indexDigest(&d, id)
+	l := s.compact
+	var e entryOf
+	copy(e.d7[:], d[:7])
+	b := (int64(d[5])<<16 | int64(d[6])<<8 | int64(d[7])) % l.blocks
+	e.block = [3]byte{byte(b >> 16), byte(b >> 8), byte(b)}
+	if l.cluster {
+		e.key = l.keyNames[keySlot(key)]
+	} else {
+		e.key = l.keyNames[(int64(d[3])<<8|int64(d[4]))%l.keys]
+	}
+	return e
+}
+
+// callBase is the start of the call record keys of the records whose Redis
+// key is recordKey: the store's own on one server, its slot's on a Cluster.
+func (s *RedisStore) callBase(recordKey string) string {
+	if !s.compact.cluster {
+		return s.prefix + "c:"
+	}
+	return s.prefix + "{" + slotTag(keySlot(recordKey)) + "}c:"
 }
 
 // slotTags[s] is a hash tag of slot s, made once when a Cluster first needs
@@ -294,10 +325,9 @@ func (s *RedisStore) checkLayout(ctx context.Context) error {
 	return nil
 }
 
-// compactHead is what compact_claim.lua's call for some records of one base
-// is given before the records' own arguments.
+// compactHead is what compact_claim.lua's call for some records is given
+// before the records' own arguments.
 func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string) []any {
-	index, calls := s.bases(recordKey)
 	callKeep := req.Lease + max(req.Keep-req.Lease, req.MarkerRetention)
 	mode := "r"
 	if req.Compact {
@@ -306,7 +336,7 @@ func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string) []any
 	return []any{
 		req.Attempt, millis(req.Lease), millis(req.Keep), millis(callKeep),
 		millis(orForever(req.Retention)), millis(orForever(req.MarkerRetention)),
-		index, s.compact.perBaseArg, calls, s.compact.sweepArg, mode,
+		s.callBase(recordKey), s.compact.sweepArg, mode,
 	}
 }
 
@@ -321,7 +351,9 @@ func orForever(d time.Duration) time.Duration {
 
 // claimCompact is ClaimBatch on a store that keeps compact claims: the
 // records and the index are looked at, and new claims are kept compactly if
-// req asks for it; todo are the records to ask for, out their answers.
+// req asks for it; todo are the records to ask for, out their answers. A
+// call holds records whose entries are in one index key: on one server,
+// almost always all of them; on a Cluster, those of one slot.
 func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
 	if len(todo) == 0 {
 		return
@@ -332,49 +364,98 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 		}
 		return
 	}
-	fields := make([]byte, 8*len(req.IDs))
+	entries := make([]entryOf, len(req.IDs))
+	keys := s.keysOf(req.IDs, todo)
 	for _, i := range todo {
-		indexField((*[8]byte)(fields[8*i:]), req.IDs[i])
+		entries[i] = s.entryAt(req.IDs[i], keys[i])
 	}
-	fieldStr := string(fields)
+	// placeOf[i] is the place of record i in its call: the Ref of a
+	// compact claim.
+	placeOf := make([]int32, len(req.IDs))
 	st := &batchStep{
 		op: "claim", script: compactClaimScript, src: compactClaimLua, split: splitCompactClaims,
-		key: func(i int) string { return s.key(req.IDs[i]) },
+		key: func(i int) string { return keys[i] },
 		answer: func(i int, res []any, err error) {
-			out[i].Reply, out[i].Err = batchClaimAnswer(res, err)
+			out[i].Reply, out[i].Err = batchClaimAnswer(res, err, int(placeOf[i]))
 		},
 		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 },
 	}
 	if s.durable == nil {
 		st.op = ""
 	}
-	calls := s.batchCalls(st, todo)
-	for j := range calls {
-		c := &calls[j]
-		c.step = st
-		c.args = append(make([]any, 0, 11+2*len(c.records)), s.compactHead(req, c.keys[0])...)
-		for _, i := range c.records {
-			c.args = append(c.args, fieldStr[8*i:8*i+8])
-		}
-		if req.Fingerprints != nil {
-			for _, i := range c.records {
-				c.args = append(c.args, req.Fingerprints[i])
+	var calls []batchCall
+	for _, group := range s.byIndexKey(todo, entries) {
+		for _, c := range s.batchCalls(st, group) {
+			c.step = st
+			// The script takes the records of a block one after another.
+			slices.SortStableFunc(c.records, func(a, b int) int {
+				return bytes.Compare(entries[a].block[:], entries[b].block[:])
+			})
+			for p, i := range c.records {
+				c.keys[p] = keys[i]
+				placeOf[i] = int32(p + 1)
 			}
+			c.keys = append(c.keys, entries[c.records[0]].key)
+			c.args = append(make([]any, 0, 11+len(c.records)), s.compactHead(req, c.keys[0])...)
+			// The blocks and the entries' starts of the call, 3 and 9 bytes
+			// each: two arguments, not two per record.
+			blocks := make([]byte, 0, 3*len(c.records))
+			heads := make([]byte, 0, 9*len(c.records))
+			for p, i := range c.records {
+				blocks = append(blocks, entries[i].block[:]...)
+				heads = append(heads, entries[i].d7[:]...)
+				heads = append(heads, byte((p+1)>>8), byte(p+1))
+			}
+			c.args = append(c.args, string(blocks), string(heads))
+			if req.Fingerprints != nil {
+				for _, i := range c.records {
+					c.args = append(c.args, req.Fingerprints[i])
+				}
+			}
+			calls = append(calls, c)
 		}
 	}
 	s.runCalls(ctx, calls)
 }
 
+// byIndexKey groups todo by the index key of their entries, in the order of
+// their first record; on one server with one index key (every store up to
+// a scale of 16 million), that is todo itself.
+func (s *RedisStore) byIndexKey(todo []int, entries []entryOf) [][]int {
+	if s.compact.keys == 1 || s.compact.cluster {
+		return [][]int{todo}
+	}
+	at := map[string]int{}
+	var groups [][]int
+	for _, i := range todo {
+		g, ok := at[entries[i].key]
+		if !ok {
+			g = len(groups)
+			at[entries[i].key] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
 // batchClaimAnswer reads one record's part of the reply of compact_claim.lua
 // or batch_claim.lua, as splitCompactClaims or splitClaims cut it: the
-// answers of claimReply, {6 or 10, token, place} for a compact claim, {7,
-// error} for a write Redis refused.
-func batchClaimAnswer(res []any, err error) (ClaimReply, error) {
+// answers of claimReply, {6, token} for a compact claim by this call (at
+// place, the record's place in the call), {10, token, place} for one by an
+// earlier run of it, {7, error} for a write Redis refused.
+func batchClaimAnswer(res []any, err error, place int) (ClaimReply, error) {
 	if err != nil {
 		return ClaimReply{}, err
 	}
 	switch replyCode(res) {
-	case 6, 10:
+	case 6:
+		if len(res) == 2 {
+			if tok, ok := res[1].(int64); ok && tok > 0 && place > 0 {
+				return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
+			}
+		}
+	case 10:
 		if len(res) == 3 {
 			tok, ok1 := res[1].(int64)
 			place, ok2 := res[2].(int64)
@@ -407,11 +488,12 @@ func splitCompactClaims(res []any, n int) ([][]any, error) {
 	}
 	res = res[:len(res)-2]
 	each := make([][]any, 0, n)
+	six := []any{int64(6), tok} // the answer of every new compact claim of the call, read only
 	for p := 0; p < len(res); {
 		code, _ := res[p].(int64)
 		switch code {
 		case 6:
-			each = append(each, []any{int64(6), tok, int64(len(each) + 1)})
+			each = append(each, six)
 			p++
 			continue
 		case 10:
@@ -480,12 +562,12 @@ func (s *RedisStore) settleCalls(target string, keep time.Duration, groups [][]i
 	for g, items := range groups {
 		f := fence(items[0])
 		key := s.key(f.ID)
-		_, cbase := s.bases(key)
-		args := make([]any, 0, 3+len(items))
-		args = append(args, cbase+strconv.FormatInt(f.Token, 10), target, millis(keep))
+		places := make([]byte, 0, 2*len(items))
 		for _, j := range items {
-			args = append(args, fence(j).Ref)
+			r := fence(j).Ref
+			places = append(places, byte(r>>8), byte(r))
 		}
+		args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places)}
 		calls[g] = batchCall{records: items, keys: []string{key}, args: args, step: st}
 	}
 	return calls
@@ -500,21 +582,36 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 	if s.durable != nil && mode == "E" {
 		st.op = "extend"
 	}
-	calls := make([]batchCall, len(groups))
-	for g, items := range groups {
-		f := fence(items[0])
-		index, cbase := s.bases(s.key(f.ID))
-		keys := make([]string, len(items))
-		args := make([]any, 0, 7+2*len(items))
-		args = append(args, cbase+strconv.FormatInt(f.Token, 10), f.Token, mode, millis(lease), millis(keep), index, s.compact.perBaseArg)
-		for k, j := range items {
-			fj := fence(j)
-			keys[k] = s.key(fj.ID)
-			var field [8]byte
-			indexField(&field, fj.ID)
-			args = append(args, fj.Ref, string(field[:]))
+	var calls []batchCall
+	for _, items := range groups {
+		// The entries of one call's claims may lie in several index keys
+		// (on one server of a large scale): a move takes one at a time.
+		byKey := map[string][]int{}
+		var keys []string
+		for _, j := range items {
+			k := s.entry(fence(j).ID).key
+			if byKey[k] == nil {
+				keys = append(keys, k)
+			}
+			byKey[k] = append(byKey[k], j)
 		}
-		calls[g] = batchCall{records: items, keys: keys, args: args, step: st}
+		if mode == "E" {
+			keys, byKey = keys[:1], map[string][]int{keys[0]: items}
+		}
+		for _, ik := range keys {
+			part := byKey[ik]
+			f := fence(part[0])
+			recKeys := make([]string, len(part))
+			args := make([]any, 0, 6+3*len(part))
+			args = append(args, s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), f.Token, mode, millis(lease), millis(keep), ik)
+			for k, j := range part {
+				fj := fence(j)
+				recKeys[k] = s.key(fj.ID)
+				e := s.entry(fj.ID)
+				args = append(args, fj.Ref, string(e.block[:]), string(e.d7[:]))
+			}
+			calls = append(calls, batchCall{records: part, keys: recKeys, args: args, step: st})
+		}
 	}
 	return calls
 }
@@ -548,17 +645,16 @@ func splitByRef(n int, fence func(j int) Fence) (compact, records []int) {
 // Claim.Complete, which a compact claim keeps as a marker.
 func isEmptyResult(env []byte) bool { return bytes.Equal(env, emptyBytes) }
 
-// compactIndexArgs returns the arguments of claim.lua that let it look in the
-// index: the record's field, its index key and the start of the call record
-// keys; three empty strings for a store that keeps no compact claims.
-func (s *RedisStore) compactIndexArgs(id string) (field, index, calls string) {
+// compactIndexArgs returns the arguments of claim.lua that let it look in
+// the index: the record's block, its index key, the start of the call
+// record keys and the first 7 bytes of its entry; four empty strings for a
+// store that keeps no compact claims.
+func (s *RedisStore) compactIndexArgs(id string) (block, index, calls, d7 string) {
 	if s.compact == nil {
-		return "", "", ""
+		return "", "", "", ""
 	}
-	var f [8]byte
-	indexField(&f, id)
-	ibase, cbase := s.bases(s.key(id))
-	return string(f[:]), s.compact.indexKey(ibase, &f), cbase
+	e := s.entry(id)
+	return string(e.block[:]), e.key, s.callBase(s.key(id)), string(e.d7[:])
 }
 
 // moveToRecords moves compact claims to records of their own, kept for
@@ -573,4 +669,24 @@ func (s *RedisStore) moveToRecords(ctx context.Context, claims []Fence, keep tim
 		s.runCalls(ctx, s.moveCalls("M", 0, keep, s.compactGroups(compact, fence), fence, errs))
 	}
 	return errs
+}
+
+// keysOf returns the Redis keys of the records ids[i] for i in todo, made
+// in one allocation; the others are "".
+func (s *RedisStore) keysOf(ids []string, todo []int) []string {
+	keys := make([]string, len(ids))
+	n := 0
+	for _, i := range todo {
+		n += len(s.prefix) + len(ids[i]) + 2
+	}
+	buf := make([]byte, 0, n)
+	for _, i := range todo {
+		buf = append(append(append(append(buf, s.prefix...), '{'), ids[i]...), '}')
+	}
+	all, at := string(buf), 0
+	for _, i := range todo {
+		l := len(s.prefix) + len(ids[i]) + 2
+		keys[i], at = all[at:at+l], at+l
+	}
+	return keys
 }

@@ -261,9 +261,9 @@ func (b *consumption) start(ctx context.Context, h *heldMessage) (context.Contex
 		h.state, h.err = heldSkipped, canceled(ctx, "consume")
 		return nil, false
 	}
-	opCtx, cancel := context.WithCancelCause(ContextWithClaim(ctx, h.claim))
+	opCtx, cancel := context.WithCancelCause(ctx)
 	h.state, h.cancel, h.ran = heldRunning, cancel, true
-	return opCtx, true
+	return &opContext{Context: opCtx, c: h.claim}, true
 }
 
 // callHandler runs handle for the message at place, and returns its error,

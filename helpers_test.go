@@ -26,9 +26,10 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func init() { redis.SetLogger(quietLogger{}) }
 
 // expireLeaseSrc makes the lease of the claim of a record run out: the
-// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] its field,
-// ARGV[2] its index key, ARGV[3] the start of the call record keys), that of
-// the call that holds it, which its other claims share.
+// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] its block,
+// ARGV[2] its index key, ARGV[3] the start of the call record keys, ARGV[4]
+// its digest), that of the call that holds it, which its other claims
+// share.
 const expireLeaseSrc = `
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -38,9 +39,13 @@ if v then
   return 1
 end
 if ARGV[1] == '' then return 0 end
-local entry = redis.call('HGET', ARGV[2], ARGV[1])
-if not entry then return 0 end
-local ck = ARGV[3] .. string.sub(entry, 1, -4)
+local blk = redis.call('HGET', ARGV[2], ARGV[1])
+if not blk then return 0 end
+local pos = string.find(blk, ARGV[4], 1, true)
+while pos and pos % 16 ~= 1 do pos = string.find(blk, ARGV[4], pos + 1, true) end
+if not pos then return 0 end
+local a, b, c, d, e, f, g = string.byte(blk, pos + 9, pos + 15)
+local ck = ARGV[3] .. string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g))
 local cv = redis.call('GET', ck)
 if not cv then return 0 end
 redis.call('SET', ck, 'i1B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
@@ -53,6 +58,6 @@ var expireLeaseLua = redis.NewScript(expireLeaseSrc)
 func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 	t.Helper()
 	id := recordID(scope, key)
-	field, index, calls := s.compactIndexArgs(id)
-	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, field, index, calls).Err())
+	block, index, calls, d7 := s.compactIndexArgs(id)
+	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, block, index, calls, d7).Err())
 }

@@ -314,7 +314,7 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 	if err != nil {
 		return Outcome{}, storeError(ctx, "claim", err)
 	}
-	out, err := k.outcome(id, r, started, req.Lease)
+	out, err := k.outcome(id, r, started, req.Lease, nil)
 	switch {
 	case out.Claim != nil:
 		out.Claim.fp, out.Claim.fpKnown = req.Fingerprint, true
@@ -325,11 +325,15 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 }
 
 // outcome is Begin's answer for the store's reply r to a claim of id asked
-// for at started, with lease.
-func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.Duration) (Outcome, error) {
+// for at started, with lease; a claim is made in cl if it is not nil (one
+// of a batch's), else allocated.
+func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.Duration, cl *Claim) (Outcome, error) {
 	switch r.Status {
 	case StatusClaimed:
-		cl := &Claim{
+		if cl == nil {
+			cl = new(Claim)
+		}
+		*cl = Claim{
 			k: k, id: id, token: r.Token, attempt: r.Attempt, recovered: r.Recovered, ref: r.Ref, lease: lease,
 			claimedAt: started, leaseEnd: started.Add(lease), checkpoints: r.Checkpoints,
 		}

@@ -91,7 +91,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		key:  func(i int) string { return s.key(req.IDs[i]) },
 		args: func(dst []any, i int) []any { return append(dst, fp(i)) },
 		answer: func(i int, res []any, err error) {
-			out[i].Reply, out[i].Err = batchClaimAnswer(res, err)
+			out[i].Reply, out[i].Err = batchClaimAnswer(res, err, 0)
 		},
 	}, todo)
 	return out

@@ -109,7 +109,7 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 	}
 	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas}
 	if !s.noMarkers {
-		l, err := newCompactLayout(s.markerScale, client)
+		l, err := newCompactLayout(s.markerScale, client, s.prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -152,10 +152,10 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if err := s.checkLayout(ctx); err != nil {
 		return ClaimReply{}, err
 	}
-	field, index, calls := s.compactIndexArgs(id)
-	args := s.evalArgs(claimEval, id, 9)
+	block, index, calls, d7 := s.compactIndexArgs(id)
+	args := s.evalArgs(claimEval, id, 10)
 	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep),
-		field, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)))
+		block, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)), d7)
 	res, err := s.eval(ctx, claimEval, args).Result()
 	if err != nil {
 		return ClaimReply{}, err

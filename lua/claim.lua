@@ -5,12 +5,13 @@
 -- ARGV[2]  attempt id (base64url), unique per Begin call
 -- ARGV[3]  lease in milliseconds
 -- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
--- ARGV[5]  the record's field in the id index of compact claims (8 bytes), or
---          '' when the store keeps none (see compact_claim.lua)
+-- ARGV[5]  the record's block in the id index of compact claims, or '' when
+--          the store keeps none (see compact_claim.lua)
 -- ARGV[6]  its index key
 -- ARGV[7]  the start of the call record keys
 -- ARGV[8]  retention in milliseconds, ARGV[9] marker retention in
 --          milliseconds: how a marker answers (see compact_claim.lua)
+-- ARGV[10] the first 7 bytes of its entry in the block: its digest
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -64,9 +65,16 @@ local v = redis.pcall('GET', key)
 if not v then
   local prev, cnt, rec = 0, 0, 0
   if ARGV[5] ~= '' then
-    local entry = redis.call('HGET', ARGV[6], ARGV[5])
-    if entry then
-      local ctok, place = string.sub(entry, 1, -4), tonumber(string.sub(entry, -3))
+    local blk = redis.call('HGET', ARGV[6], ARGV[5])
+    local pos = blk and string.find(blk, ARGV[10], 1, true)
+    while pos and pos % 16 ~= 1 do
+      pos = string.find(blk, ARGV[10], pos + 1, true)
+    end
+    if pos then
+      -- The entry: DIGEST7 PLACE2 TOKEN7 (see compact_claim.lua).
+      local p1, p2, a, b, c, d, e7, f, g = string.byte(blk, pos + 7, pos + 15)
+      local ctok = string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e7) * 256 + f) * 256 + g))
+      local place = p1 * 256 + p2
       local cv = redis.call('GET', ARGV[7] .. ctok)
       local _, e, u, done, _, cfpw
       if cv then
@@ -77,7 +85,7 @@ if not v then
       end
       local places = cv and (#cv - e) / (1 + tonumber(cfpw)) or 0
       local st = ''
-      if place and place >= 1 and place <= places then
+      if place >= 1 and place <= places then
         st = string.sub(cv, e + place, e + place)
       end
       if st == 'P' or st == 'C' then
@@ -109,7 +117,13 @@ if not v then
         end
         redis.call('SETRANGE', ARGV[7] .. ctok, e + place - 1, 'M')
       end
-      redis.call('HDEL', ARGV[6], ARGV[5])
+      -- The entry leaves the index: a record holds the claim from now on.
+      blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
+      if blk == '' then
+        redis.call('HDEL', ARGV[6], ARGV[5])
+      else
+        redis.call('HSET', ARGV[6], ARGV[5], blk)
+      end
     end
   end
   local t = redis.call('TIME')

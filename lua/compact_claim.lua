@@ -2,34 +2,35 @@
 -- the id index of compact claims, and keeping the new claims compactly or
 -- each in a record of its own.
 --
--- A compact claim is an entry in an id index and a place in one call record,
--- instead of a Redis key: what a consumer's message handled that way leaves
--- is that entry and one byte of the call record, a marker.
+-- A compact claim is an entry of 16 bytes in the id index and a place in one
+-- call record, instead of a Redis key: what a consumer's message handled that
+-- way leaves is that entry and one byte of the call record, a marker.
 --
--- KEYS          the record keys, distinct (of one Cluster slot)
+-- KEYS          the record keys, distinct, n of them, then the index key all
+--               their entries are in (of one Cluster slot)
 -- ARGV[1]       attempt id (base64url), unique per batch call
 -- ARGV[2]       lease in milliseconds
 -- ARGV[3]       time to keep a pending record, in milliseconds (>= lease)
--- ARGV[4]       time to keep the call record, in milliseconds: the lease and
---               the longer of the retention and the marker retention
+-- ARGV[4]       time to keep the call record and the index key, in
+--               milliseconds: the lease and the longer of the retention and
+--               the marker retention
 -- ARGV[5]       retention in milliseconds: a marker younger than that
 --               answers as a completed record with an empty result
 -- ARGV[6]       marker retention in milliseconds: a marker older than that
 --               is no answer
--- ARGV[7]       the start of the id index keys; an index key is ARGV[7] .. n,
---               n from 0 to ARGV[8] - 1
--- ARGV[8]       how many index keys there are under ARGV[7]
--- ARGV[9]       the start of the call record keys; a call record key is
---               ARGV[9] .. TOKEN
--- ARGV[10]      entries of one index key past which a claim may sweep it of
---               the entries whose call record is gone (0: never)
--- ARGV[11]      'c' to keep new claims compactly, 'r' in records of their own
--- ARGV[11+i]    the field of KEYS[i] in the id index: 8 bytes, a digest of its
---               id, whose first three bytes also choose its index key:
---               (b1 * 65536 + b2 * 256 + b3) % ARGV[8]
--- ARGV[11+n+i]  fingerprint of the request of KEYS[i] (base64url, at most 64
+-- ARGV[7]       the start of the call record keys; a call record key is
+--               ARGV[7] .. TOKEN
+-- ARGV[8]       entries of a block past which it is swept of the entries
+--               whose call record is gone, when one more is added
+-- ARGV[9]       'c' to keep new claims compactly, 'r' in records of their own
+-- ARGV[10]      the block of each record in the index key, a field name of 3
+--               bytes: those of KEYS[i] at 3i-2 to 3i
+-- ARGV[11]      the start of each record's entry, 9 bytes: 7 bytes of the
+--               digest its id is, then its place in this call, 2 bytes
+--               big-endian (i); that of KEYS[i] at 9i-8 to 9i
+-- ARGV[11+i]    fingerprint of the request of KEYS[i] (base64url, at most 64
 --               bytes, may be empty), present only when the call has
---               fingerprints: #ARGV is 11 + n or 11 + 2n
+--               fingerprints: #ARGV is 11 or 11 + n
 --
 -- Returns one flat array: for each record in turn, one of
 --   6                                           claimed compactly by this call:
@@ -53,9 +54,11 @@
 -- then the call's token (0 when no record was claimed compactly) and Redis's
 -- clock (microseconds).
 --
--- The id index: small hashes, field a record's 8-byte digest, value TOKEN
--- PLACE: the token of the call record that holds it, in decimal, and its
--- place in that call, three digits. The call record, a string:
+-- The id index: hashes whose fields are blocks of entries, each entry 16
+-- bytes: DIGEST7 PLACE2 TOKEN7, the record's digest, its place in the call
+-- that holds it and that call's token (microseconds), big-endian. One HMGET
+-- reads the blocks of a call's records, one HSET writes those that changed:
+-- no Redis command per record. The call record, a string:
 --   "i1B" LEASE_UNTIL_US ":" DONE_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
 -- STATES holds one byte per place of the call: P pending (held by the call),
 -- C completed (a marker), R released, X not claimed by the call, M moved to
@@ -67,19 +70,24 @@
 -- lease. The token of a call is Redis's clock in microseconds, made unique
 -- among the call records there are, so that it is above every token its
 -- records had before. Whatever takes a place over marks it in the call
--- record, so the call record alone says whether the call still holds it.
+-- record, and takes the entry out of the index, so the call record alone
+-- says whether the call still holds it.
 --
 -- A record key's value comes first: when it holds a record, the index is
--- not asked, and the rules are those of claim.lua. A compact claim whose
+-- not asked, and the rules are those of claim.lua. (A compact claim does
+-- not look at a record key that holds no string; a claim of a record
+-- answers it "not a record of ours".) A compact claim whose
 -- lease ran out, or that was released, is taken over by a record of its own
 -- (attempt 2 and on). Safe to run twice for one call: a record claimed by
 -- the first run is found with the same attempt id and answered the same
 -- claim (10, or 1 for a record).
-local n = #KEYS
+local n = (#KEYS - 1)
+local ikey = KEYS[n + 1]
 local attempt, lease, keep, callkeep = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local retention, mretention = tonumber(ARGV[5]) * 1000, tonumber(ARGV[6]) * 1000
-local ibase, icount, cbase, sweepat = ARGV[7], tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
-local compact, withfps = ARGV[11] == 'c', #ARGV == 11 + 2 * n
+local cbase, sweepcut = ARGV[7], 16 * tonumber(ARGV[8])
+local compact, withfps = ARGV[9] == 'c', #ARGV == 11 + n
+local blocknames, heads = ARGV[10], ARGV[11]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -93,6 +101,17 @@ if compact then
   end
 end
 local token_s = string.format('%d', token)
+
+-- bytes7 is x, below 2^56, in 7 bytes big-endian.
+local function bytes7(x)
+  local b = {}
+  for j = 7, 1, -1 do
+    b[j] = x % 256
+    x = (x - b[j]) / 256
+  end
+  return string.char(b[1], b[2], b[3], b[4], b[5], b[6], b[7])
+end
+local tok7 = bytes7(token)
 
 -- refused answers a write that Redis refused: a value that is not ours is
 -- corrupt; anything else (OOM, READONLY, ...) is Redis's to answer.
@@ -126,9 +145,19 @@ local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
     tok = prev + 1
   end
   local c = math.min(cnt + 1, 999999999)
-  local ok = redis.pcall('SET', KEYS[i],
-    'i1P' .. string.format('%d', tok) .. ':' .. c .. ':' .. recovered .. ':' ..
-    until_s .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints, 'PX', keep)
+  local value = 'i1P' .. string.format('%d', tok) .. ':' .. c .. ':' .. recovered .. ':' ..
+    until_s .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints
+  local ok
+  if prev == 0 then
+    -- The key held no string: NX, so that a value of another type there
+    -- is refused rather than overwritten.
+    ok = redis.pcall('SET', KEYS[i], value, 'PX', keep, 'NX')
+    if not ok then
+      return 5, 'wrong type'
+    end
+  else
+    ok = redis.pcall('SET', KEYS[i], value, 'PX', keep)
+  end
   if type(ok) == 'table' and ok.err then
     return refused(ok)
   end
@@ -182,8 +211,8 @@ local function record(i, v, fp)
 end
 
 -- The call records of the entries found, read once each: calls[tok] is the
--- record's value, or false when there is none.
-local calls = {}
+-- record's value, or false when there is none; headers[tok] its header.
+local calls, headers = {}, {}
 local function call(tok)
   local v = calls[tok]
   if v == nil then
@@ -193,55 +222,64 @@ local function call(tok)
   return v
 end
 
--- header reads a call record: its lease end, when it last completed a
--- claim, its attempt id, its fingerprint width, where STATES starts and
--- how many places it has; nil if v is not a call record.
-local function header(v)
-  local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-  if not e then
-    return nil
+-- header reads the call record of tok: its lease end, when it last
+-- completed a claim, its attempt id, its fingerprint width, where STATES
+-- starts and how many places it has; nil if it is not a call record.
+local function header(tok, v)
+  local h = headers[tok]
+  if not h then
+    local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
+    if not e then
+      return nil
+    end
+    fpw = tonumber(fpw)
+    h = {tonumber(u), tonumber(done), att, fpw, e + 1, (#v - e) / (1 + fpw)}
+    headers[tok] = h
   end
-  fpw = tonumber(fpw)
-  return tonumber(u), tonumber(done), att, fpw, e + 1, (#v - e) / (1 + fpw)
+  return h[1], h[2], h[3], h[4], h[5], h[6]
 end
 
 -- mark puts byte s at place p of the call record tok.
 local function mark(tok, p, s)
   local cv = call(tok)
-  local _, _, _, _, at = header(cv)
+  local _, _, _, _, at = header(tok, cv)
   redis.call('SETRANGE', cbase .. tok, at + p - 2, s)
   calls[tok] = string.sub(cv, 1, at + p - 2) .. s .. string.sub(cv, at + p)
 end
 
--- sweep removes from the index key ikey the entries whose call record is
--- gone, as their age says and the call records' absence confirms.
-local function sweep(ikey)
-  local all, gone = redis.call('HGETALL', ikey), {}
-  for j = 2, #all, 2 do
-    local ctok = string.sub(all[j], 1, -4)
-    if now - tonumber(ctok) > tonumber(callkeep) * 1000 and not call(ctok) then
-      gone[#gone + 1] = all[j - 1]
-    end
-  end
-  if #gone > 0 then
-    redis.call('HDEL', ikey, unpack(gone))
-  end
+-- entrytoken reads the token and place of the entry at pos of block blk.
+local function entrytoken(blk, pos)
+  local p1, p2, a, b, c, d, e, f, g = string.byte(blk, pos + 7, pos + 15)
+  return string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g)), p1 * 256 + p2
 end
 
--- entryof answers for KEYS[i] from its index entry: nil when the entry is
--- stale (its call record gone, or no longer holding the record).
-local function entryof(i, fp, ikey, field, entry)
-  local ctok, place = string.sub(entry, 1, -4), tonumber(string.sub(entry, -3))
+-- sweep returns blk without the entries whose call record is gone, as
+-- their age says and the call record's absence confirms.
+local function sweep(blk)
+  local kept = {}
+  for pos = 1, #blk, 16 do
+    local tok = entrytoken(blk, pos)
+    if now - tonumber(tok) <= tonumber(callkeep) * 1000 or call(tok) then
+      kept[#kept + 1] = string.sub(blk, pos, pos + 15)
+    end
+  end
+  return table.concat(kept)
+end
+
+-- entryof answers for KEYS[i] from its index entry, that of call ctok at
+-- place: nil when the entry is stale (its call record gone, or no longer
+-- holding the record); drop is set when the entry must leave the index.
+local function entryof(i, fp, ctok, place)
   local cv = call(ctok)
   if not cv then
-    return nil
+    return true, nil
   end
-  local u, done, att, cfpw, at, places = header(cv)
+  local u, done, att, cfpw, at, places = header(ctok, cv)
   if not u then
-    return 5, 'unknown format'
+    return false, 5, 'unknown format'
   end
-  if not place or place < 1 or place > places then
-    return nil
+  if place < 1 or place > places then
+    return true, nil
   end
   local st = string.sub(cv, at + place - 1, at + place - 1)
   if st == 'P' or st == 'C' then
@@ -251,15 +289,15 @@ local function entryof(i, fp, ikey, field, entry)
       rfp = string.gsub(string.sub(cv, from, from + cfpw - 1), '%.+$', '')
     end
     if rfp ~= fp then
-      return 4
+      return false, 4
     end
   end
   if st == 'P' then
     if att == attempt then
-      return 10, tonumber(ctok), place
+      return false, 10, tonumber(ctok), place
     end
     if u > now then
-      return 3, math.ceil((u - now) / 1000)
+      return false, 3, math.ceil((u - now) / 1000)
     end
   end
   if st == 'P' or st == 'R' then
@@ -270,136 +308,140 @@ local function entryof(i, fp, ikey, field, entry)
     local code, x, y, z, w = newrecord(i, tonumber(ctok), 1, recovered, fp, '')
     if code == 1 then
       mark(ctok, place, 'M')
-      redis.call('HDEL', ikey, field)
+      return true, code, x, y, z, w
     end
-    return code, x, y, z, w
+    return false, code, x, y, z, w
   end
   if st == 'C' then
     local age = now - done
     if age <= retention then
-      return 8, tonumber(ctok)
+      return false, 8, tonumber(ctok)
     end
     if age <= mretention then
-      return 9, tonumber(ctok)
+      return false, 9, tonumber(ctok)
     end
   end
-  return nil
-end
-
--- index answers for KEYS[i], which holds no record, from the id index, and
--- claims it if nothing there holds it.
-local function index(i, fp)
-  local field = ARGV[11 + i]
-  local a, b, c = string.byte(field, 1, 3)
-  local ikey = ibase .. ((a * 65536 + b * 256 + c) % icount)
-  local entry
-  if compact then
-    local set = redis.pcall('HSETNX', ikey, field, token_s .. string.sub(1000 + i, 2))
-    if set == 1 then
-      if sweepat > 0 and string.byte(field, 4) < 4 and redis.call('HLEN', ikey) > sweepat then
-        sweep(ikey) -- one new entry in 64 checks the size of its index key
-      end
-      return 6
-    end
-    if type(set) == 'table' then
-      local code, why = refused(set)
-      if code == 5 then
-        return code, why
-      end
-      -- A write was refused; a marker, or another's claim, is still an answer.
-      entry = redis.pcall('HGET', ikey, field)
-      if type(entry) ~= 'string' then
-        return code, why
-      end
-      local x, y, z, w, q = entryof(i, fp, ikey, field, entry)
-      if not x then
-        return code, why
-      end
-      return x, y, z, w, q
-    end
-  end
-  entry = redis.pcall('HGET', ikey, field)
-  if type(entry) == 'table' then
-    return 5, 'wrong type'
-  end
-  if entry then
-    local x, y, z, w, q = entryof(i, fp, ikey, field, entry)
-    if x then
-      return x, y, z, w, q
-    end
-  end
-  -- No entry, or a stale one: the record is free.
-  if compact then
-    local ok = redis.pcall('HSET', ikey, field, token_s .. string.sub(1000 + i, 2))
-    if type(ok) == 'table' then
-      return refused(ok)
-    end
-    return 6
-  end
-  if entry then
-    redis.pcall('HDEL', ikey, field)
-  end
-  return newrecord(i, 0, 0, 0, fp, '')
+  return true, nil
 end
 
 local fpw = 0
 if withfps then
   for i = 1, n do
-    fpw = math.max(fpw, #ARGV[11 + n + i])
+    fpw = math.max(fpw, #ARGV[11 + i])
   end
 end
 local pad = string.rep('.', fpw)
 
+-- The records of a call come ordered by block, so that those of one block
+-- are next to each other: blk is the block of the record at hand, as this
+-- call changes it, and writes the blocks to write back, block then value.
+local names = {}
+for i = 1, n do
+  names[i] = string.sub(blocknames, 3 * i - 2, 3 * i)
+end
+local blocks = redis.call('HMGET', ikey, unpack(names))
+local recs = redis.call('MGET', unpack(KEYS, 1, n))
+local writes, nw = {}, 0
 local out, m, states, fps, claimed = {}, 0, {}, {}, false
-local recs = redis.call('MGET', unpack(KEYS))
--- MGET answers nil for a key that holds no string, as for one that holds
--- nothing: one EXISTS of them all tells whether there is any such key.
-local found = 0
+local lastf, blk, dirty
 for i = 1, n do
-  if recs[i] then
-    found = found + 1
-  end
-end
-local other = {}
-if redis.call('EXISTS', unpack(KEYS)) > found then
-  for i = 1, n do
-    if not recs[i] and redis.call('TYPE', KEYS[i]).ok ~= 'none' then
-      other[i] = true
+  local f = names[i]
+  if f ~= lastf then
+    if dirty then
+      writes[nw + 1], writes[nw + 2], nw = lastf, blk, nw + 2
     end
+    lastf, blk, dirty = f, blocks[i] or '', false
   end
-end
-for i = 1, n do
   local fp = ''
   if withfps then
-    fp = ARGV[11 + n + i]
+    fp = ARGV[11 + i]
   end
   local code, a, b, c, d
-  if other[i] then
-    code, a = 5, 'wrong type'
-  elseif recs[i] then
+  if recs[i] then
     code, a, b, c, d = record(i, recs[i], fp)
   else
-    code, a, b, c, d = index(i, fp)
+    local head = string.sub(heads, 9 * i - 8, 9 * i)
+    if blk ~= '' then
+      local d7 = string.sub(head, 1, 7)
+      local pos = string.find(blk, d7, 1, true)
+      while pos and pos % 16 ~= 1 do
+        pos = string.find(blk, d7, pos + 1, true)
+      end
+      if pos then
+        local ctok, place = entrytoken(blk, pos)
+        local drop
+        drop, code, a, b, c, d = entryof(i, fp, ctok, place)
+        if drop then
+          blk, dirty = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16), true
+        end
+      end
+    end
+    if not code then
+      -- No entry, or a stale one: the record is free.
+      if compact then
+        if #blk >= sweepcut then
+          blk = sweep(blk)
+        end
+        blk, dirty, code = blk .. head .. tok7, true, 6
+      else
+        code, a, b, c, d = newrecord(i, 0, 0, 0, fp, '')
+      end
+    end
   end
   m = m + 1
   out[m] = code
-  if code == 1 then
-    out[m + 1], out[m + 2], out[m + 3], out[m + 4] = a, b, c, d
-    m = m + 4
-  elseif code == 10 then
-    out[m + 1], out[m + 2] = a, b
-    m = m + 2
-  elseif code ~= 4 and code ~= 6 then
-    m = m + 1
-    out[m] = a
-  end
   if code == 6 then
     states[i], claimed = 'P', true
   else
     states[i] = 'X'
+    if code == 1 then
+      out[m + 1], out[m + 2], out[m + 3], out[m + 4] = a, b, c, d
+      m = m + 4
+    elseif code == 10 then
+      out[m + 1], out[m + 2] = a, b
+      m = m + 2
+    elseif code ~= 4 then
+      m = m + 1
+      out[m] = a
+    end
   end
   if fpw > 0 then
     fps[i] = string.sub(fp .. pad, 1, fpw)
+  end
+end
+if dirty then
+  writes[nw + 1], writes[nw + 2], nw = lastf, blk, nw + 2
+end
+
+if nw > 0 then
+  local ok = redis.pcall('HSET', ikey, unpack(writes, 1, nw))
+  if type(ok) == 'table' and ok.err then
+    -- Redis refused the call's first write (OOM, READONLY): nothing was
+    -- written, and no record was claimed compactly.
+    local _, why = refused(ok)
+    local again, k, j = {}, 0, 1
+    while j <= m do
+      local code, size = out[j], 2
+      if code == 1 then
+        size = 5
+      elseif code == 10 then
+        size = 3
+      elseif code == 4 or code == 6 then
+        size = 1
+      end
+      if code == 6 then
+        again[k + 1], again[k + 2], k = 7, why, k + 2
+      else
+        for x = j, j + size - 1 do
+          k = k + 1
+          again[k] = out[x]
+        end
+      end
+      j = j + size
+    end
+    out, m, claimed = again, k, false
+  else
+    redis.call('PEXPIRE', ikey, callkeep)
   end
 end
 

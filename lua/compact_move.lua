@@ -10,10 +10,10 @@
 -- ARGV[5]      renewing: the time to keep the call record from now, at
 --              least, in milliseconds; moving: the time to keep a pending
 --              record
--- ARGV[6]      the start of the id index keys
--- ARGV[7]      how many index keys there are
--- ARGV[6+2j]   the place in the call of the j-th claim
--- ARGV[7+2j]   its field in the id index (8 bytes)
+-- ARGV[6]      the index key of the claims' entries (see compact_claim.lua)
+-- ARGV[4+3j]   the place in the call of the j-th claim
+-- ARGV[5+3j]   its block in the index key
+-- ARGV[6+3j]   the first 7 bytes of its entry, its digest
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 renewed or
 -- moved, 0 lease lost, or the reason a value is not one of ours.
@@ -22,12 +22,11 @@
 -- claim the call still holds, in one write. Moving writes each claim named a
 -- pending record of its own (its token, attempt 1, the call's lease end and
 -- attempt id, the fingerprint the call record keeps, no checkpoints), marks
--- its place M in the call record and removes its entry from the id index: it
+-- its place M in the call record and takes its entry out of the index: it
 -- is a record like any other from then on (Checkpoint, Complete with a
 -- value). A claim whose record holds its token already was moved by an
 -- earlier run of the same call, and is answered as moved. Safe to run twice.
-local ck, token, mode = ARGV[1], ARGV[2], ARGV[3]
-local ibase, icount = ARGV[6], tonumber(ARGV[7])
+local ck, token, mode, ikey = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local k = #KEYS
 
 local out = {}
@@ -65,7 +64,7 @@ local st = {string.byte(v, at, at + places - 1)}
 if mode == 'E' then
   local any = false
   for j = 1, k do
-    out[j] = st[tonumber(ARGV[6 + 2 * j])] == 80 and 1 or 0 -- 'P'
+    out[j] = st[tonumber(ARGV[4 + 3 * j])] == 80 and 1 or 0 -- 'P'
     any = any or out[j] == 1
   end
   if any then
@@ -83,7 +82,7 @@ end
 
 local changed = false
 for j = 1, k do
-  local p, field = tonumber(ARGV[6 + 2 * j]), ARGV[7 + 2 * j]
+  local p = tonumber(ARGV[4 + 3 * j])
   if st[p] == 80 then
     local fp = ''
     if w > 0 then
@@ -91,8 +90,23 @@ for j = 1, k do
       fp = string.gsub(string.sub(v, from, from + w - 1), '%.+$', '')
     end
     redis.call('SET', KEYS[j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
-    local a, b, c = string.byte(field, 1, 3)
-    redis.call('HDEL', ibase .. ((a * 65536 + b * 256 + c) % icount), field)
+    -- Its entry leaves the index.
+    local block, d7 = ARGV[5 + 3 * j], ARGV[6 + 3 * j]
+    local blk = redis.call('HGET', ikey, block)
+    if blk then
+      local pos = string.find(blk, d7, 1, true)
+      while pos and pos % 16 ~= 1 do
+        pos = string.find(blk, d7, pos + 1, true)
+      end
+      if pos then
+        blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
+        if blk == '' then
+          redis.call('HDEL', ikey, block)
+        else
+          redis.call('HSET', ikey, block, blk)
+        end
+      end
+    end
     st[p], changed = 77, true -- 'M'
     out[j] = 1
   elseif st[p] == 77 and moved(j) then

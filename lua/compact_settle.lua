@@ -9,7 +9,7 @@
 -- ARGV[3]    completing: the call record is kept for at least this long from
 --            now, in milliseconds (the longer of the retention and the
 --            marker retention)
--- ARGV[3+j]  the place in the call of the j-th claim
+-- ARGV[4]    the places in the call of the claims, two bytes each, big-endian
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 done, 2 done
 -- before by this call (completed or released already: a retried call), 0
@@ -21,8 +21,8 @@
 -- (a claim after its lease ran out or after a release, Forget, Abandon)
 -- marks the place in the call record as it does. One read and one write for
 -- the whole call. Safe to run twice.
-local ck, target = ARGV[1], ARGV[2]
-local k = #ARGV - 3
+local ck, target, places_s = ARGV[1], ARGV[2], ARGV[4]
+local k = #places_s / 2
 
 local out = {}
 local function all(x)
@@ -48,7 +48,8 @@ local places = (#v - e) / (1 + tonumber(fpw))
 local st = {string.byte(v, at, at + places - 1)}
 local want, changed = string.byte(target), false
 for j = 1, k do
-  local p = tonumber(ARGV[3 + j])
+  local hi, lo = string.byte(places_s, 2 * j - 1, 2 * j)
+  local p = hi * 256 + lo
   local s = st[p]
   if s == 80 then -- 'P'
     st[p], out[j], changed = want, 1, true
