@@ -87,14 +87,15 @@ const unavailableRetryAfter = "1"
 //     the lease is renewed while the handler runs. The response goes to the
 //     client as it is written; a copy is kept.
 //   - The handler finished: a stored status (WithStorePolicy; default
-//     DefaultStorePolicy: 2xx, 3xx, and 4xx except 408, 409, 425, 429) is
-//     stored with its headers and body, for the Keeper's retention, or its
-//     ErrorRetention for 4xx. Any other status releases the key, so a retry
-//     runs the handler again. So does a panic (the key is released, then the
-//     panic goes on) and a handler that returns after the client went away
-//     (its request context is done) without having written a 2xx or 3xx
-//     status: a success written after the client left is stored, because its
-//     side effect happened.
+//     DefaultStorePolicy: 2xx, 3xx, and 4xx except 401, 403, 407, 408, 409,
+//     425, 429) is stored with its headers and body, for the Keeper's
+//     retention, or its ErrorRetention for 4xx. Any other status releases
+//     the key, so a retry runs the handler again: a 401, 403 or 407 says the
+//     request failed authentication, which is not the operation's answer. So
+//     does a panic (the key is released, then the panic goes on) and a
+//     handler that returns after the client went away (its request context
+//     is done) without having written a 2xx or 3xx status: a success written
+//     after the client left is stored, because its side effect happened.
 //   - A response body larger than WithResponseLimit (default 1 MiB), or one
 //     the handler flushed while writing it: the status and headers are
 //     stored, the body is not; the key is not released for that reason.
