@@ -173,7 +173,7 @@ func (k *Keeper) beginCall(ctx context.Context, scope, key string, opts []Option
 		id, attempt = claimIDs(scope, key)
 		out, err = k.begin(ctx, id, attempt, &c)
 		if out.Claim != nil {
-			out.Claim.scope = scope
+			out.Claim.scope, out.Claim.key = scope, key
 		}
 	}
 	if k.observer != nil || c.info != nil {
