@@ -82,7 +82,8 @@ const unavailableRetryAfter = "1"
 // Then one round trip to Redis decides:
 //
 //   - First request with the key: the handler runs. Its context carries the
-//     Claim (ClaimFromContext: fencing token, attempt, recovered flag) and is
+//     Claim (ClaimFromContext: fencing token, attempt, recovered flag; and
+//     RequestKey: the tenant and the key) and is
 //     cancelled, with a cause wrapping ErrLeaseLost, if the lease is lost;
 //     the lease is renewed while the handler runs. The response goes to the
 //     client as it is written; a copy is kept.
@@ -213,7 +214,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	out, err := m.begin(r, scope, key, body)
 	switch {
 	case err != nil:
-		m.fail(next, w, r, &rep, err)
+		m.fail(next, w, r, &rep, scope, key, err)
 	case out.Replayed:
 		m.replay(w, &rep, out)
 	default:
@@ -286,8 +287,8 @@ func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
 	}}
 }
 
-// fail answers an error of Begin.
-func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+// fail answers an error of Begin for the request of tenant and key.
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, tenant, key string, err error) {
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
@@ -316,7 +317,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		m.canceled(w, rep, err)
 	case m.failOpen:
 		rep.End(idem.ResultFailOpen, 0, err) // before the handler, which may panic
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, withRequestKey(r, tenant, key))
 	default:
 		w.Header().Set("Retry-After", unavailableRetryAfter)
 		m.refuse(w, rep, idem.ResultUnavailable, err, problem{

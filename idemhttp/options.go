@@ -168,9 +168,9 @@ func WithWait(d time.Duration) Option {
 }
 
 // WithFailOpen makes the middleware run the handler unguarded (no Claim in
-// its context, nothing stored) when the store is unreachable, instead of
-// answering 503. Retries may then run the handler more than once. Default:
-// false.
+// its context, nothing stored; RequestKey still gives the tenant and the
+// key) when the store is unreachable, instead of answering 503. Retries may
+// then run the handler more than once. Default: false.
 func WithFailOpen(open bool) Option {
 	return func(m *middleware) { m.failOpen = open }
 }
