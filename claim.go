@@ -23,10 +23,11 @@ type Claim struct {
 	attempt   int
 	recovered bool
 	// scope and key are what the claim was asked for with (Begin, Do,
-	// BeginBatch); claimedAt is when, by the Keeper's clock, for the
-	// Observer.
+	// BeginBatch); claimedAt is when, by the Keeper's clock, and inRequest
+	// whether for a layer's request (Event.InRequest), for the Observer.
 	scope, key string
 	claimedAt  time.Time
+	inRequest  bool
 	// fp is the fingerprint digest the claim was made with, known when
 	// fpKnown (a claim of Begin), for the replay cache.
 	fp      string

@@ -211,7 +211,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if rep.Observed() {
 		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
 	}
-	out, err := m.begin(r, scope, key, body)
+	out, err := m.begin(rep.Context(), r, scope, key, body)
 	switch {
 	case err != nil:
 		m.fail(next, w, r, &rep, scope, key, err)
@@ -222,12 +222,13 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// begin claims the request's key in its scope, fingerprinted with its body,
-// and gives the handler the whole body again.
-func (m *middleware) begin(r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
+// begin claims the request's key in its scope with ctx (the request's
+// Request.Context), fingerprinted with its body, and gives the handler the
+// whole body again.
+func (m *middleware) begin(ctx context.Context, r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
 	fp := m.fingerprintOf(r, body)
 	restoreBody(r, body)
-	return m.k.Begin(r.Context(), scope, key, idem.WithFingerprint(fp), m.waitOption)
+	return m.k.Begin(ctx, scope, key, idem.WithFingerprint(fp), m.waitOption)
 }
 
 // keyName names the key in the middleware's answers: the key header, or
@@ -370,7 +371,7 @@ var bodyHeaders = []string{
 
 // replay answers the stored response.
 func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.Outcome) {
-	rep.Event.Token = out.Token
+	rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
 	s, err := decodeResponse(out.Value)
 	if err != nil {
 		m.corrupt(w, rep, err)
