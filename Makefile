@@ -6,9 +6,10 @@
 # need redis-server use it from PATH, or skip with a message;
 # IDEM_REQUIRE_REDIS=1 turns the skips into failures.
 #
-# make check is the loop for editing (.ci/check): the same tests without
-# -race and with -short, which leaves out the long fault and soak suites,
-# every module side by side; under 90 s on 2 shared vCPUs.
+# make check is the loop for editing (.ci/check): the tests of the core,
+# idemgrpc and idemotel side by side, without -race and with -short, which
+# leaves out the long fault and soak suites (and bench/peers, a benchmark);
+# about a minute on 2 shared vCPUs.
 
 MODULES := . $(patsubst %/go.mod,%,$(wildcard */go.mod */*/go.mod))
 
