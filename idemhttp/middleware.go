@@ -82,8 +82,7 @@ const unavailableRetryAfter = "1"
 // Then one round trip to Redis decides:
 //
 //   - First request with the key: the handler runs. Its context carries the
-//     Claim (ClaimFromContext: fencing token, attempt, recovered flag; and
-//     RequestKey: the tenant and the key) and is
+//     Claim (ClaimFromContext: fencing token, attempt, recovered flag) and is
 //     cancelled, with a cause wrapping ErrLeaseLost, if the lease is lost;
 //     the lease is renewed while the handler runs. The response goes to the
 //     client as it is written; a copy is kept.
@@ -150,6 +149,9 @@ const unavailableRetryAfter = "1"
 // A request that passes through unguarded reports nothing. The Observer is
 // given the request's context, and the event carries the scope and the
 // record's id (idem.RecordID), never the client's key.
+//
+// In the handler, idem.ClaimFromContext gives the claim and RequestKey the
+// tenant and the key the request is guarded under.
 //
 // The capture given to the handler supports http.ResponseController through
 // Unwrap, http.Flusher and io.ReaderFrom. A hijacked connection bypasses it:
