@@ -117,7 +117,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 			res.Outcome, res.Err = k.outcome(id, r.Reply, started, req.Lease, cl)
 		}
 		if c := res.Outcome.Claim; c != nil {
-			c.scope = scope
+			c.scope, c.key = scope, keys[i]
 		}
 		if k.observer != nil {
 			k.reportClaim(ctx, scope, id, started, nil, res.Outcome, res.Err)

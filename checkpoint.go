@@ -66,6 +66,9 @@ type Checkpoint struct {
 // another, ErrInvalidConfig. Other errors are those of Extend. Record the
 // checkpoints of one claim one after another, not concurrently.
 func (c *Claim) Checkpoint(ctx context.Context, name string, value []byte) error {
+	if c == nil {
+		return errNoClaim("checkpoint")
+	}
 	started := c.k.startStep()
 	err := c.checkpoint(ctx, name, value)
 	c.report(ctx, StepCheckpoint, started, err)
@@ -145,16 +148,24 @@ func (c *Claim) checkCheckpoint(name string, value []byte) error {
 // Checkpoints returns the record's recovery points, oldest first: those an
 // earlier attempt recorded (when this claim took the key over, Recovered, or
 // after a release), then those this claim recorded. Empty for a fresh key.
-// The slice is the caller's; the values must not be changed.
+// The slice is the caller's; the values must not be changed. Nil for a nil
+// Claim.
 func (c *Claim) Checkpoints() []Checkpoint {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.checkpoints)
 }
 
 // Checkpointed returns the value of the checkpoint name and true, if the
-// record holds one (see Checkpoints); nil and false otherwise.
+// record holds one (see Checkpoints); nil and false otherwise, and for a
+// nil Claim.
 func (c *Claim) Checkpointed(name string) ([]byte, bool) {
+	if c == nil {
+		return nil, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cp := range c.checkpoints {

@@ -11,16 +11,23 @@ import (
 // Claim is the right to run one operation, held until Complete or Release, or
 // until the lease runs out and another attempt takes it over. A Claim is safe
 // for concurrent use.
+//
+// A nil *Claim, which ClaimFromContext returns for a context that carries
+// none, is safe to use: its accessors return zero values and its steps
+// (Complete, Release, Extend, Checkpoint) return ErrNoClaim. KeepAlive
+// needs a claim.
 type Claim struct {
 	k         *Keeper
 	id        string
 	token     int64
 	attempt   int
 	recovered bool
-	// scope is the scope Begin was called with; claimedAt is when the claim
-	// was asked for, by the Keeper's clock. Both are for the Observer.
-	scope     string
-	claimedAt time.Time
+	// scope and key are what the claim was asked for with (Begin, Do,
+	// BeginBatch); claimedAt is when, by the Keeper's clock, and inRequest
+	// whether for a layer's request (Event.InRequest), for the Observer.
+	scope, key string
+	claimedAt  time.Time
+	inRequest  bool
 	// fp is the fingerprint digest the claim was made with, known when
 	// fpKnown (a claim of Begin), for the replay cache.
 	fp      string
@@ -49,16 +56,49 @@ type Claim struct {
 
 // Token returns the fencing token: it strictly increases every time the key
 // is claimed again and is never handed out twice for a key. Pass it on to
-// downstream writes so that they can refuse a stale holder.
-func (c *Claim) Token() int64 { return c.token }
+// downstream writes so that they can refuse a stale holder. 0 for a nil
+// Claim.
+func (c *Claim) Token() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.token
+}
 
 // Attempt returns how many times the key has been claimed, this claim
-// included; 1 for the first.
-func (c *Claim) Attempt() int { return c.attempt }
+// included; 1 for the first. 0 for a nil Claim.
+func (c *Claim) Attempt() int {
+	if c == nil {
+		return 0
+	}
+	return c.attempt
+}
 
 // Recovered reports whether this claim took over a lease that had run out: an
 // earlier attempt may have partly run, so reconcile before acting again.
-func (c *Claim) Recovered() bool { return c.recovered }
+// False for a nil Claim.
+func (c *Claim) Recovered() bool { return c != nil && c.recovered }
+
+// Scope returns the scope the claim was made under, as the caller gave it
+// to Begin, Do, BeginBatch or Consume; under the HTTP middleware, the
+// tenant its scope function named, and under the gRPC interceptor, the
+// full method, a space and the tenant. "" for a nil Claim.
+func (c *Claim) Scope() string {
+	if c == nil {
+		return ""
+	}
+	return c.scope
+}
+
+// Key returns the key the claim holds, as the caller gave it (the client's
+// Idempotency-Key, a message id): the process keeps it, Redis holds only a
+// digest of it. "" for a nil Claim.
+func (c *Claim) Key() string {
+	if c == nil {
+		return ""
+	}
+	return c.key
+}
 
 // Complete stores value as the operation's result, replayed to every later
 // Begin with the key for retention (zero or less means the Keeper's
@@ -66,6 +106,9 @@ func (c *Claim) Recovered() bool { return c.recovered }
 // written). It returns ErrLeaseLost if the claim is no longer the holder;
 // nothing is written then.
 func (c *Claim) Complete(ctx context.Context, value []byte, retention time.Duration) error {
+	if c == nil {
+		return errNoClaim("complete")
+	}
 	return c.complete(ctx, kindBytes, value, retention)
 }
 
@@ -100,6 +143,9 @@ func (c *Claim) completeSealed(ctx context.Context, env []byte, retention time.D
 // operation again, with a higher token. It returns ErrLeaseLost if the claim
 // is no longer the holder.
 func (c *Claim) Release(ctx context.Context) error {
+	if c == nil {
+		return errNoClaim("release")
+	}
 	started := c.k.startStep()
 	err := storeError(ctx, "release", c.storeRelease(ctx))
 	c.endHold(0, nil, err)
@@ -111,6 +157,9 @@ func (c *Claim) Release(ctx context.Context) error {
 // the one Consume was given (WithLease). It returns ErrLeaseLost if the
 // claim is no longer the holder.
 func (c *Claim) Extend(ctx context.Context) error {
+	if c == nil {
+		return errNoClaim("extend")
+	}
 	started := c.k.now()
 	err := c.storeExtend(ctx)
 	if c.k.observer != nil {
@@ -185,4 +234,9 @@ func (c *Claim) localLeaseEnd() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.leaseEnd
+}
+
+// errNoClaim is the error of step on a nil Claim.
+func errNoClaim(step string) error {
+	return fmt.Errorf("%w: %s on a nil *Claim (the context carries no claim)", ErrNoClaim, step)
 }

@@ -17,5 +17,6 @@
 // of every step. The HTTP middleware is package idemhttp.
 //
 // Redis replicates asynchronously: a failover can lose the newest claims and
-// results, and a retry may then run an operation again. See the README.
+// results, and a retry may then run an operation again: docs/durability.md in
+// the repository says what each setting buys.
 package idem

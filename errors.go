@@ -46,6 +46,12 @@ var (
 	// ErrInvalidConfig reports a constructor argument or option that cannot
 	// work, such as a nil client or a lease shorter than zero.
 	ErrInvalidConfig = errors.New("idem: invalid configuration")
+
+	// ErrNoClaim reports a step (Complete, Release, Extend, Checkpoint)
+	// asked of a nil *Claim: the one ClaimFromContext returns for a context
+	// that carries no claim, such as a handler on a route the middleware
+	// does not guard or one it runs fail-open. Nothing was written.
+	ErrNoClaim = errors.New("idem: no claim")
 )
 
 // InProgressError is returned when another attempt holds a live lease on the

@@ -359,6 +359,7 @@ func evictionWorkload(t *testing.T, policy string, maxKeys, refusalsWanted, roun
 // three times: every refusal is an ErrUnavailable (OOM) or an ErrInProgress,
 // every stored result is replayed, and no function ever runs twice.
 func TestEvictionNoevictionRunsNothingTwice(t *testing.T) {
+	redistest.Long(t)
 	r := evictionWorkload(t, "noeviction", 50000, 200, 3)
 	require.GreaterOrEqual(t, r.refused+r.unstored, 200, "Redis never filled up")
 	assert.Zero(t, r.evicted)
@@ -374,6 +375,7 @@ func TestEvictionNoevictionRunsNothingTwice(t *testing.T) {
 // function again. volatile-lru evicts them as well as allkeys-lru: every idem
 // record has a TTL. This is why CheckEviction wants noeviction.
 func TestEvictionEvictingPolicyRunsAgain(t *testing.T) {
+	redistest.Long(t)
 	for _, policy := range []string{"allkeys-lru", "volatile-lru"} {
 		t.Run(policy, func(t *testing.T) {
 			const keys = 6000 // about 2 MB of records on top of Redis's own 1 MB: three times what fits

@@ -591,6 +591,7 @@ func (s goneStore) Extend(ctx context.Context, id string, token int64, lease, ke
 // lease later), and the overlap check failed whenever the machine was busy
 // enough to let another worker claim the key while fn was still running.
 func TestFaults(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	scenarios := []struct {
 		name   string
@@ -948,6 +949,7 @@ func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix s
 // The same happens, in a narrower window, to a claim answered after two
 // thirds of its lease: its first renewal comes after the lease ended.
 func TestLateClaimIsRenewedBeforeItRuns(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.Real(t)
 	rs, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
@@ -992,6 +994,7 @@ func TestLateClaimIsRenewedBeforeItRuns(t *testing.T) {
 // over 12s) and idem's default lease (30s, renewed every 10s), one failed
 // renewal is enough.
 func TestSlowFailedRenewalKeepsTheLease(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.Real(t)
 	rs, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
@@ -1067,6 +1070,7 @@ func (s *lateStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cla
 // the stored result of every key must be the one of its last holder, whose
 // token is the highest ever handed out for the key.
 func TestLeaseExpiryChaos(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	const lease = 40 * time.Millisecond

@@ -127,6 +127,16 @@ type Outcome struct {
 	attempt int // when Replayed: the attempt count of the completing claim
 }
 
+// Attempt returns, for a replay, the attempt count of the claim that
+// completed the stored result (1 when the first attempt did); for a claim,
+// Claim.Attempt; 0 otherwise.
+func (out Outcome) Attempt() int {
+	if out.Claim != nil {
+		return out.Claim.Attempt()
+	}
+	return out.attempt
+}
+
 // own gives out a Value of its own if it shares one.
 func (out *Outcome) own() {
 	if out.shared {
@@ -173,7 +183,8 @@ func (k *Keeper) beginCall(ctx context.Context, scope, key string, opts []Option
 		id, attempt = claimIDs(scope, key)
 		out, err = k.begin(ctx, id, attempt, &c)
 		if out.Claim != nil {
-			out.Claim.scope = scope
+			out.Claim.scope, out.Claim.key = scope, key
+			out.Claim.inRequest = k.observer != nil && inRequest(ctx)
 		}
 	}
 	if k.observer != nil || c.info != nil {
@@ -202,7 +213,7 @@ func (k *Keeper) reportClaim(ctx context.Context, scope, id string, started time
 		*info = CallInfo{Replayed: out.Replayed, Token: ev.Token, Attempt: ev.Attempt, Recovered: ev.Recovered}
 	}
 	if k.observer != nil {
-		ev.Took = k.now().Sub(started)
+		ev.Took, ev.InRequest = k.now().Sub(started), inRequest(ctx)
 		k.observer.Observe(ctx, ev)
 	}
 }

@@ -92,6 +92,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 }
 
 func TestManyKeysManyRacers(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.Real(t)
 	k := newKeeper(t, b)
 	ctx := context.Background()

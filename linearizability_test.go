@@ -560,6 +560,7 @@ func linGoneContext(mode linGone, r *rand.Rand) (context.Context, *callerGone) {
 // unknown: an orphaned claim, never renewed, would expire and be taken
 // over, which the model (without expiry) cannot tell from a bug.
 func TestLinearizabilityOutlivesCaller(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	p := newFaultProxy(t, srv.Addr, 44)
 	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})

@@ -177,6 +177,15 @@ type Event struct {
 	Held time.Duration
 	// Err is the error behind the result, if any.
 	Err error
+	// InRequest is set on the steps a Keeper takes for a request that a
+	// layer on top of it answers (idemhttp, idemgrpc): the request's claim,
+	// its completion or release, its renewals. The request's StepRequest
+	// event follows them, with the outcome, the status answered and the
+	// whole request's duration, so an Observer that wants one line per
+	// request can leave these out at a quiet level (SlogObserver does, at
+	// Debug). False for the StepRequest event itself, and for the steps of
+	// direct calls (Do, Begin, Consume).
+	InRequest bool
 }
 
 // CallInfo tells the caller of Do or Begin how its call went: set it with
@@ -202,10 +211,11 @@ func WithCallInfo(info *CallInfo) Option {
 // Request is the StepRequest event of one request that a layer on top of a
 // Keeper answers (idemhttp, idemgrpc), so that one Observer sees every step:
 // the Keeper's own as they happen, then the request's. StartRequest begins
-// it; the layer fills in Event's Scope, ID, Token, Attempt, Recovered and
-// LeaseLeft as it learns them, calls Running when the operation starts, and
-// End once it has answered. Without an Observer it measures nothing and End
-// does nothing.
+// it; the layer claims the request's key with Context (so that the claim's
+// steps are told InRequest), fills in Event's Scope, ID, Token, Attempt,
+// Recovered and LeaseLeft as it learns them, calls Running when the
+// operation starts, and End once it has answered. Without an Observer it
+// measures nothing and End does nothing.
 type Request struct {
 	// Event is the request's event, told to the Observer by End.
 	Event        Event
@@ -218,10 +228,24 @@ type Request struct {
 // context the Observer is given.
 func (k *Keeper) StartRequest(ctx context.Context) Request {
 	if k.observer == nil {
-		return Request{}
+		return Request{ctx: ctx}
 	}
+	ctx = context.WithValue(ctx, inRequestKey{}, true)
 	return Request{Event: Event{Step: StepRequest}, k: k, ctx: ctx, started: k.now()}
 }
+
+// Context returns the context to claim the request's key with (Begin): the
+// one StartRequest was given, marked, when there is an Observer, so that
+// the claim and every later step of it are told InRequest. Give the
+// operation a context of its own (Claim.KeepAlive's, from the request's),
+// so that calls it makes of a Keeper are not marked.
+func (r *Request) Context() context.Context { return r.ctx }
+
+// inRequestKey marks the context of a request's claim (Request.Context).
+type inRequestKey struct{}
+
+// inRequest reports whether ctx is a request's (Request.Context).
+func inRequest(ctx context.Context) bool { return ctx.Value(inRequestKey{}) != nil }
 
 // Observed reports whether End will tell an Observer: what costs something
 // to fill in (a record id) need only be filled in then.
@@ -292,7 +316,7 @@ func (c *Claim) report(ctx context.Context, step Step, started time.Time, err er
 	ev := Event{
 		Step: step, Result: ResultDone, Scope: c.scope, ID: c.id,
 		Token: c.token, Attempt: c.attempt, Recovered: c.recovered,
-		Took: now.Sub(started), Err: err,
+		Took: now.Sub(started), Err: err, InRequest: c.inRequest,
 	}
 	if err != nil {
 		ev.Result = errorResult(err)

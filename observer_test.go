@@ -216,10 +216,14 @@ func TestRequestEvent(t *testing.T) {
 		Took: evs[0].Took, Held: evs[0].Held}, evs[0])
 	assert.GreaterOrEqual(t, evs[0].Took, evs[0].Held)
 
+	assert.True(t, inRequest(req.Context()), "an observed request's steps are marked")
+
 	quiet := newKeeper(t, b)
-	req = quiet.StartRequest(context.Background())
+	ctx := context.Background()
+	req = quiet.StartRequest(ctx)
 	assert.False(t, req.Observed())
 	req.Running()
 	req.End(ResultDone, 201, nil) // nothing to tell, nothing measured
-	assert.Equal(t, Request{}, req)
+	assert.Equal(t, Request{ctx: ctx}, req)
+	assert.Equal(t, ctx, req.Context(), "without an Observer, the context is the request's own")
 }

@@ -79,8 +79,8 @@ func WithPrefix(prefix string) Option {
 // (no waiting), WithMarkerScale (DefaultMarkerScale) and WithoutMarkers
 // (markers on); others are refused with ErrInvalidConfig.
 //
-// With an AutoPipeliner (client.AutoPipelineWithOptions; the README has a
-// setting that suits idem), concurrent calls share pipelines. Three things
+// With an AutoPipeliner (client.AutoPipelineWithOptions; docs/benchmarks.md
+// has a setting that suits idem), concurrent calls share pipelines. Three things
 // hold then: a call's deadline is not honoured once its command is queued,
 // so bound calls with the client's ReadTimeout and WriteTimeout; a batch that
 // fails on a network error is sent again whole, which every script

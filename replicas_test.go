@@ -101,6 +101,7 @@ func TestWithReplicasReloadsScripts(t *testing.T) {
 // lagging (the proxy holds the master's stream back) when the master dies.
 // With the option no acknowledged completion may be lost.
 func TestFailoverLosesAcknowledgedCompletions(t *testing.T) {
+	redistest.Long(t)
 	for _, lagging := range []bool{false, true} {
 		for _, durable := range []bool{false, true} {
 			name := fmt.Sprintf("lagging=%v/WithReplicas=%v", lagging, durable)

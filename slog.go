@@ -10,6 +10,10 @@ import (
 // record's digest: client keys are never logged), idem.token, idem.attempt,
 // idem.recovered, idem.took, and when they are set idem.held,
 // idem.lease_left, idem.status (a request's answer) and the error.
+// Durations (idem.took, idem.held, idem.lease_left) are logged as Go
+// duration strings, such as "1.5ms", by every handler alike (JSONHandler
+// would print a time.Duration as integer nanoseconds); time.ParseDuration
+// reads them back.
 //
 // Levels: replays, claims, in-progress answers, cancellations and steps
 // that went through at Debug; mismatches, invalid keys, bodies over the
@@ -17,6 +21,14 @@ import (
 // earlier attempt may have partly run), a lost lease, an unavailable store
 // and a request run unguarded for it (fail open) at Warn; a corrupt record
 // at Error.
+//
+// A request that a layer answers (idemhttp, idemgrpc) writes one line at
+// Debug, its own (idem.step "request"): it carries the outcome, the status
+// answered, the attempt and the whole request's duration, which the lines
+// of its claim and completion would only repeat in part, so those
+// (Event.InRequest) are not logged at Debug. At Info and above every step
+// is logged, a request's steps too: a recovered claim or a lost lease
+// within a request still warns.
 //
 // The call's context is handed to the logger (Logger.LogAttrs), so a handler
 // that reads trace ids from the context (an OpenTelemetry bridge) correlates
@@ -29,7 +41,7 @@ func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog
 	}
 	return ObserverFunc(func(ctx context.Context, ev Event) {
 		level := slogLevel(ev)
-		if !logger.Enabled(ctx, level) {
+		if level == slog.LevelDebug && ev.InRequest || !logger.Enabled(ctx, level) {
 			return
 		}
 		attrs := []slog.Attr{
@@ -40,13 +52,13 @@ func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog
 			slog.Int64("idem.token", ev.Token),
 			slog.Int("idem.attempt", ev.Attempt),
 			slog.Bool("idem.recovered", ev.Recovered),
-			slog.Duration("idem.took", ev.Took),
+			slog.String("idem.took", ev.Took.String()),
 		}
 		if ev.Held > 0 {
-			attrs = append(attrs, slog.Duration("idem.held", ev.Held))
+			attrs = append(attrs, slog.String("idem.held", ev.Held.String()))
 		}
 		if ev.LeaseLeft > 0 {
-			attrs = append(attrs, slog.Duration("idem.lease_left", ev.LeaseLeft))
+			attrs = append(attrs, slog.String("idem.lease_left", ev.LeaseLeft.String()))
 		}
 		if ev.Status != 0 {
 			attrs = append(attrs, slog.Int("idem.status", ev.Status))

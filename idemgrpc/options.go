@@ -99,14 +99,17 @@ func WithStorePolicy(store func(codes.Code) bool) Option {
 
 // DefaultStorePolicy stores OK and the codes that say the request itself
 // was wrong or cannot be served, whatever the moment: InvalidArgument,
-// NotFound, AlreadyExists, PermissionDenied, FailedPrecondition, OutOfRange
-// and Unimplemented. It releases the codes that say "try again" or "the
+// NotFound, AlreadyExists, FailedPrecondition, OutOfRange and
+// Unimplemented. It releases the codes that say "try again" or "the
 // outcome is unknown": Canceled, Unknown, DeadlineExceeded,
 // ResourceExhausted, Aborted, Internal, Unavailable and DataLoss; and
-// Unauthenticated, so that a retry with fresh credentials runs.
+// Unauthenticated and PermissionDenied, which say the call failed
+// authentication and never started the operation (as idemhttp releases
+// 401, 403 and 407): a call with forged or stale credentials cannot answer
+// for the key, and a retry with valid ones runs.
 func DefaultStorePolicy(code codes.Code) bool {
 	switch code {
-	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
 		codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented:
 		return true
 	}

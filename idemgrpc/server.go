@@ -160,7 +160,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	case err != nil:
 		return nil, reply(&rep, result, cause, err)
 	case out.Replayed:
-		rep.Event.Token = out.Token
+		rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
 		resp, result, err := replay(ctx, out)
 		return resp, reply(&rep, result, nil, err)
 	}
@@ -187,7 +187,7 @@ func (s *server) begin(ctx context.Context, rep *idem.Request, fullMethod, key s
 	if rep.Observed() {
 		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
 	}
-	out, err := s.k.Begin(ctx, scope, key, opts...)
+	out, err := s.k.Begin(rep.Context(), scope, key, opts...)
 	if err != nil {
 		return out, idem.ResultOf(err), err, s.beginError(err)
 	}

@@ -72,6 +72,38 @@ func TestErrorStatusReplaysWithDetails(t *testing.T) {
 	})
 }
 
+// A handler that refuses the caller's credentials (Unauthenticated,
+// PermissionDenied) gives the key back: the refusal is not the operation's
+// answer, and the call with valid credentials that follows runs.
+func TestAuthenticationFailureReleasesTheKey(t *testing.T) {
+	for _, refusal := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied} {
+		t.Run(refusal.String(), func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b *backend) {
+				var runs atomic.Int64
+				h := func(ctx context.Context, _ string, req *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+					runs.Add(1)
+					if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("auth")) == 0 {
+						return nil, status.Error(refusal, "not signed")
+					}
+					return wrapperspb.String("charged " + req.GetValue()), nil
+				}
+				conn := dial(t, serve(t, b.keeper(t), h), nil, nil)
+				ctx := withKey(t.Context(), "order-45")
+
+				assert.Equal(t, refusal, status.Code(call(ctx, conn, chargeMethod, "10 EUR").err))
+				signed := metadata.AppendToOutgoingContext(ctx, "auth", "acme")
+				second := call(signed, conn, chargeMethod, "10 EUR")
+				require.NoError(t, second.err, "the signed call runs")
+				assert.False(t, second.replayed())
+				third := call(signed, conn, chargeMethod, "10 EUR")
+				require.NoError(t, third.err)
+				assert.True(t, third.replayed())
+				assert.EqualValues(t, 2, runs.Load())
+			})
+		})
+	}
+}
+
 // Codes that say "try again" release the key: the retry runs the handler
 // again, and its success is then stored.
 func TestRetryableErrorReleasesTheKey(t *testing.T) {
@@ -99,7 +131,7 @@ func TestRetryableErrorReleasesTheKey(t *testing.T) {
 
 func TestDefaultStorePolicy(t *testing.T) {
 	stored := []codes.Code{codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
-		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented}
+		codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented}
 	for c := codes.OK; c <= codes.Unauthenticated; c++ {
 		want := false
 		for _, s := range stored {

@@ -372,6 +372,7 @@ func cgDo(srv *cgServer, r *http.Request) cgAnswer {
 // on redis-server the step is slept (a lease of a second, renewed every
 // third of it).
 func TestHandlerOutlivesClient(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		lease := 300 * time.Millisecond // renewals come in real time; miniredis's clock is moved
 		var opts []idem.Option
@@ -620,6 +621,7 @@ func (s cgSplitStore) Extend(ctx context.Context, id string, token int64, lease,
 //   - Once the faults stop and the leases have run out, every key answers
 //     201.
 func TestClientGoneStorm(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		p, err := faultproxy.New(b.Client.Options().Addr, 7)
 		require.NoError(t, err)

@@ -108,3 +108,31 @@ func newKeeper(opts ...idem.Option) (*idem.Keeper, func()) {
 	}
 	return keeper, func() { client.Close(); m.Close() }
 }
+
+// A handler asks the middleware what it guards the request under: the
+// tenant its scope function named and the key, to pass on to a downstream
+// API's own idempotency, say.
+func ExampleRequestKey() {
+	keeper, done := newKeeper()
+	defer done()
+	guard, err := idemhttp.New(keeper, idemhttp.WithScope(func(r *http.Request) (string, error) {
+		return r.Header.Get("X-Account"), nil
+	}))
+	if err != nil {
+		panic(err)
+	}
+	h := guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant, key, ok := idemhttp.RequestKey(r)
+		fmt.Printf("tenant %q, key %q, guarded %v\n", tenant, key, ok)
+		w.WriteHeader(http.StatusCreated)
+	}))
+
+	req := httptest.NewRequest("POST", "/payments", strings.NewReader(`{"amount":1000}`))
+	req.Header.Set("Idempotency-Key", "order-42")
+	req.Header.Set("X-Account", "acme")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/payments", nil)) // not guarded
+	// Output:
+	// tenant "acme", key "order-42", guarded true
+	// tenant "", key "", guarded false
+}

@@ -87,14 +87,15 @@ const unavailableRetryAfter = "1"
 //     the lease is renewed while the handler runs. The response goes to the
 //     client as it is written; a copy is kept.
 //   - The handler finished: a stored status (WithStorePolicy; default
-//     DefaultStorePolicy: 2xx, 3xx, and 4xx except 408, 409, 425, 429) is
-//     stored with its headers and body, for the Keeper's retention, or its
-//     ErrorRetention for 4xx. Any other status releases the key, so a retry
-//     runs the handler again. So does a panic (the key is released, then the
-//     panic goes on) and a handler that returns after the client went away
-//     (its request context is done) without having written a 2xx or 3xx
-//     status: a success written after the client left is stored, because its
-//     side effect happened.
+//     DefaultStorePolicy: 2xx, 3xx, and 4xx except 401, 403, 407, 408, 409,
+//     425, 429) is stored with its headers and body, for the Keeper's
+//     retention, or its ErrorRetention for 4xx. Any other status releases
+//     the key, so a retry runs the handler again: a 401, 403 or 407 says the
+//     request failed authentication, which is not the operation's answer. So
+//     does a panic (the key is released, then the panic goes on) and a
+//     handler that returns after the client went away (its request context
+//     is done) without having written a 2xx or 3xx status: a success written
+//     after the client left is stored, because its side effect happened.
 //   - A response body larger than WithResponseLimit (default 1 MiB), or one
 //     the handler flushed while writing it: the status and headers are
 //     stored, the body is not; the key is not released for that reason.
@@ -148,6 +149,9 @@ const unavailableRetryAfter = "1"
 // A request that passes through unguarded reports nothing. The Observer is
 // given the request's context, and the event carries the scope and the
 // record's id (idem.RecordID), never the client's key.
+//
+// In the handler, idem.ClaimFromContext gives the claim and RequestKey the
+// tenant and the key the request is guarded under.
 //
 // The capture given to the handler supports http.ResponseController through
 // Unwrap, http.Flusher and io.ReaderFrom. A hijacked connection bypasses it:
@@ -209,10 +213,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if rep.Observed() {
 		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
 	}
-	out, err := m.begin(r, scope, key, body)
+	out, err := m.begin(rep.Context(), r, scope, key, body)
 	switch {
 	case err != nil:
-		m.fail(next, w, r, &rep, err)
+		m.fail(next, w, r, &rep, scope, key, err)
 	case out.Replayed:
 		m.replay(w, &rep, out)
 	default:
@@ -220,12 +224,13 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// begin claims the request's key in its scope, fingerprinted with its body,
-// and gives the handler the whole body again.
-func (m *middleware) begin(r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
+// begin claims the request's key in its scope with ctx (the request's
+// Request.Context), fingerprinted with its body, and gives the handler the
+// whole body again.
+func (m *middleware) begin(ctx context.Context, r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
 	fp := m.fingerprintOf(r, body)
 	restoreBody(r, body)
-	return m.k.Begin(r.Context(), scope, key, idem.WithFingerprint(fp), m.waitOption)
+	return m.k.Begin(ctx, scope, key, idem.WithFingerprint(fp), m.waitOption)
 }
 
 // keyName names the key in the middleware's answers: the key header, or
@@ -285,8 +290,8 @@ func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
 	}}
 }
 
-// fail answers an error of Begin.
-func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+// fail answers an error of Begin for the request of tenant and key.
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, tenant, key string, err error) {
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
@@ -315,7 +320,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 		m.canceled(w, rep, err)
 	case m.failOpen:
 		rep.End(idem.ResultFailOpen, 0, err) // before the handler, which may panic
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, withRequestKey(r, tenant, key))
 	default:
 		w.Header().Set("Retry-After", unavailableRetryAfter)
 		m.refuse(w, rep, idem.ResultUnavailable, err, problem{
@@ -368,7 +373,7 @@ var bodyHeaders = []string{
 
 // replay answers the stored response.
 func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.Outcome) {
-	rep.Event.Token = out.Token
+	rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
 	s, err := decodeResponse(out.Value)
 	if err != nil {
 		m.corrupt(w, rep, err)

@@ -332,12 +332,12 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 			require.NoError(t, out.Claim.Complete(context.Background(), []byte{0x93, 1, 2}, 0))
 		}, req: post("k1", "a"), status: 500, problem: ProblemCorrupt, event: idem.ResultCorrupt},
 	}
-	for _, status := range []int{500, 502, 503, 408, 409, 425, 429} {
+	for _, status := range []int{500, 502, 503, 401, 403, 407, 408, 409, 425, 429} {
 		rows = append(rows, row{name: fmt.Sprintf("%d is released", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
 			status: 201, header: fresh, body: run2, runs: 2, event: idem.ResultDone})
 	}
-	for _, status := range []int{200, 202, 301, 303, 400, 403, 404, 410, 422} {
+	for _, status := range []int{200, 202, 301, 303, 400, 402, 404, 410, 422} {
 		rows = append(rows, row{name: fmt.Sprintf("%d is stored", status), handler: answer(status, 201),
 			before: first(post("k1", "a")), req: post("k1", "a"),
 			status: status, header: replayed, body: run1, runs: 1, event: idem.ResultReplayed})
@@ -993,7 +993,8 @@ func TestMiddlewareRefusesMisuse(t *testing.T) {
 func TestDefaultStorePolicy(t *testing.T) {
 	stored := map[int]bool{
 		100: false, 101: false, 200: true, 201: true, 204: true, 301: true, 304: true,
-		400: true, 401: true, 404: true, 408: false, 409: false, 410: true, 422: true,
+		400: true, 401: false, 402: true, 403: false, 404: true, 405: true, 407: false,
+		408: false, 409: false, 410: true, 422: true,
 		425: false, 429: false, 499: true, 500: false, 502: false, 503: false,
 	}
 	for status, want := range stored {

@@ -21,6 +21,15 @@ func WithMethods(methods ...string) Option {
 
 // WithKeyHeader sets the request header that carries the key. Default:
 // "Idempotency-Key" (DefaultKeyHeader).
+//
+// Authenticate before the middleware runs: in middleware outside it, or in
+// the scope function (WithScope), which may refuse the request; for a
+// webhook, check the signature in a key function (WithKeyFunc). A request
+// refused there never reaches Redis, so it cannot block the key. A check
+// left to the handler still works: its 401, 403 or 407 is released, not
+// stored (DefaultStorePolicy), so the genuine request with the key runs
+// when it comes; but the refused request has claimed the key meanwhile, and
+// a genuine one arriving at that moment is answered 409.
 func WithKeyHeader(name string) Option {
 	return func(m *middleware) { m.header = name }
 }
@@ -73,6 +82,13 @@ func WithScope(tenant func(r *http.Request) (string, error)) Option {
 // not verify answers the status of Refuse(http.StatusUnauthorized, ...),
 // and the handler does not run. A key that ValidateKey refuses answers 400.
 // Default: none; the key is the key header's value.
+//
+// This is where a webhook's signature belongs: a forged or mis-signed
+// delivery is refused before its event id is claimed, so it can neither
+// replay an answer nor hold the id while the genuine delivery arrives. A
+// signature checked in the handler instead answers 401, which is released
+// rather than stored (DefaultStorePolicy), so the genuine delivery still
+// runs; only a custom store policy that keeps 401 would lock it out.
 func WithKeyFunc(key func(r *http.Request, body []byte) (string, error)) Option {
 	return func(m *middleware) { m.keyFunc = key }
 }
@@ -118,17 +134,24 @@ func WithResponseLimit(n int64) Option {
 
 // WithStorePolicy sets which statuses are stored and replayed; for the
 // others the key is released, so that a retry runs the handler again.
-// Default: DefaultStorePolicy.
+// Default: DefaultStorePolicy. A policy that stores 401, 403 or 407 lets a
+// request that failed authentication answer for the key: a forged webhook
+// delivery would then lock its event id for the error retention.
 func WithStorePolicy(store func(status int) bool) Option {
 	return func(m *middleware) { m.store = store }
 }
 
-// DefaultStorePolicy stores 2xx, 3xx, and 4xx except 408 Request Timeout,
-// 409 Conflict, 425 Too Early and 429 Too Many Requests, which say "try
-// again"; it releases 1xx and 5xx.
+// DefaultStorePolicy stores 2xx, 3xx, and 4xx except 401 Unauthorized, 403
+// Forbidden and 407 Proxy Authentication Required, which say the request
+// failed authentication and never started the operation (as Stripe saves
+// no result for a request that did not start executing), and 408 Request
+// Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests, which say
+// "try again"; it releases 1xx and 5xx. A released status is answered to its
+// request and not replayed: the next request with the key runs the handler.
 func DefaultStorePolicy(status int) bool {
 	switch status {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
 		return false
 	}
 	return status >= 200 && status < 500
@@ -145,9 +168,9 @@ func WithWait(d time.Duration) Option {
 }
 
 // WithFailOpen makes the middleware run the handler unguarded (no Claim in
-// its context, nothing stored) when the store is unreachable, instead of
-// answering 503. Retries may then run the handler more than once. Default:
-// false.
+// its context, nothing stored; RequestKey still gives the tenant and the
+// key) when the store is unreachable, instead of answering 503. Retries may
+// then run the handler more than once. Default: false.
 func WithFailOpen(open bool) Option {
 	return func(m *middleware) { m.failOpen = open }
 }

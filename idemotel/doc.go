@@ -33,5 +33,6 @@
 //
 // Prometheus users get the metrics through OpenTelemetry's Prometheus
 // exporter (go.opentelemetry.io/otel/exporters/prometheus) as a Reader of
-// the MeterProvider given to WithMeterProvider; see the README.
+// the MeterProvider given to WithMeterProvider; docs/observing.md in the
+// repository shows it.
 package idemotel

@@ -6,7 +6,7 @@ replace github.com/idemkit/idem => ../
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0

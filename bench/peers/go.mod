@@ -7,7 +7,7 @@ replace github.com/idemkit/idem => ../..
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1

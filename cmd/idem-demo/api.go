@@ -32,13 +32,15 @@ type receipt struct {
 
 // charge is one execution of a payment, as the ledger saw it.
 type charge struct {
-	Key      string `json:"key"`
+	ID       string `json:"charge"`
+	Payment  string `json:"payment"`
 	Amount   int64  `json:"amount"`
 	Response []byte `json:"-"` // the body answered to the request that charged
 	Location string `json:"location"`
 }
 
-// ledger is the in-memory card network: it records every charge, by key.
+// ledger is the in-memory card network: it records every charge, by the
+// payment the request named (whatever Idempotency-Key it carried, or none).
 type ledger struct {
 	mu      sync.Mutex
 	charges map[string][]charge
@@ -47,24 +49,29 @@ type ledger struct {
 
 func newLedger() *ledger { return &ledger{charges: map[string][]charge{}} }
 
-// charge books a payment and returns its charge id.
-func (l *ledger) charge(key string, amount int64) string {
+// charge books a charge of payment and returns its charge id.
+func (l *ledger) charge(payment string, amount int64) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.n++
-	l.charges[key] = append(l.charges[key], charge{Key: key, Amount: amount})
-	return "ch_" + strconv.Itoa(l.n)
+	id := "ch_" + strconv.Itoa(l.n)
+	l.charges[payment] = append(l.charges[payment], charge{ID: id, Payment: payment, Amount: amount})
+	return id
 }
 
-// answered records the answer to the latest charge of key.
-func (l *ledger) answered(key string, body []byte, location string) {
+// answered records the answer to the charge id of payment.
+func (l *ledger) answered(payment, id string, body []byte, location string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cs := l.charges[key]
-	cs[len(cs)-1].Response, cs[len(cs)-1].Location = body, location
+	cs := l.charges[payment]
+	for i := range cs {
+		if cs[i].ID == id {
+			cs[i].Response, cs[i].Location = body, location
+		}
+	}
 }
 
-// snapshot returns the charges by key.
+// snapshot returns the charges by payment.
 func (l *ledger) snapshot() map[string][]charge {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -89,7 +96,7 @@ func newAPI(k *idem.Keeper, l *ledger, work time.Duration) (http.Handler, error)
 		for _, cs := range l.snapshot() {
 			all = append(all, cs...)
 		}
-		sort.Slice(all, func(i, j int) bool { return all[i].Key < all[j].Key })
+		sort.Slice(all, func(i, j int) bool { return all[i].Payment < all[j].Payment })
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(all)
 	})
@@ -104,7 +111,9 @@ func unguardedAPI(l *ledger, work time.Duration) http.Handler {
 	return mux
 }
 
-// pay charges a payment. It spends work/2 talking to the card network
+// pay charges the payment the body names: a request that names one twice
+// is charged twice, with or without a key, unless the middleware stops it.
+// It spends work/2 talking to the card network
 // before charging (a client that goes away meanwhile aborts it: nothing is
 // charged and the middleware releases the key), then work/2 writing the
 // receipt, which it finishes even if the client went away: the charge
@@ -124,8 +133,7 @@ func pay(l *ledger, work time.Duration) http.Handler {
 			t.Stop()
 			return
 		}
-		key := r.Header.Get(idemhttp.DefaultKeyHeader)
-		rc := receipt{Charge: l.charge(key, req.Amount), Payment: req.Payment, Amount: req.Amount, Currency: req.Currency}
+		rc := receipt{Charge: l.charge(req.Payment, req.Amount), Payment: req.Payment, Amount: req.Amount, Currency: req.Currency}
 		if claim != nil {
 			rc.Token = claim.Token()
 		}
@@ -133,7 +141,7 @@ func pay(l *ledger, work time.Duration) http.Handler {
 		body, _ := json.Marshal(rc)
 		body = append(body, '\n')
 		location := "/payments/" + rc.Charge
-		l.answered(key, body, location)
+		l.answered(req.Payment, rc.Charge, body, location)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", location)
 		w.WriteHeader(http.StatusCreated)

@@ -100,7 +100,7 @@ func runConsumers(ctx context.Context, stdout, stderr io.Writer, client *redis.C
 	if !guarded {
 		how = "WITHOUT idem (-unguarded)"
 	}
-	fmt.Fprintf(stdout, "\nconsumers: %d consumer processes, %s, take batches of up to %d from %d partitions of %d orders (%.0f%% published twice); %.0f%% of batches crash (at most %d), %d partitions handed over mid-batch besides the rebalances crashes cause, lease %s (seed %d)\n\n",
+	fmt.Fprintf(stdout, "\nconsumers: %d consumer processes, %s, take batches of up to %d from %d partitions of %d orders (%.0f%% published twice); %.0f%% of batches crash (at most %d), %d partitions handed over mid-batch besides the rebalances crashes cause, lease %s (seed %d: the same events and draws again, not the same interleaving)\n\n",
 		cfg.Consumers, how, cfg.Batch, cfg.Partitions, cfg.Events, 100*cfg.DupRate, 100*cfg.CrashRate, cfg.MaxCrashes, cfg.Rebalances, cfg.Lease, cfg.Seed)
 	cctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()

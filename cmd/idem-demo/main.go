@@ -14,7 +14,9 @@
 //	go run ./cmd/idem-demo -unguarded            # the same storm without idem
 //
 // With no -redis flag it starts an embedded miniredis, so it needs nothing but
-// Go. It exits with status 1 if a payment was charged twice, a replay differed
+// Go. -seed repeats the traffic (the requests, the events, the crash and
+// rebalance draws), not the interleaving: the counts differ from run to
+// run, the checks do not. It exits with status 1 if a payment was charged twice, a replay differed
 // from the first response, a payment never got an answer, or an order's step
 // took effect twice or never; 2 on bad flags or an unreachable Redis.
 package main
@@ -61,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.CutRate, "cut", cfg.CutRate, "share of requests cut off by a client timeout (then retried)")
 	fs.Float64Var(&cfg.ChangeRate, "change", cfg.ChangeRate, "share of payments retried once more with another amount")
 	fs.Float64Var(&cfg.NoKeyRate, "nokey", cfg.NoKeyRate, "share of payments also sent once without a key")
-	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed of the storm (0: a random one)")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the random choices (0: a random one): a seed sends the same requests again (amounts, which are cut off and when, which are resent changed or without a key) and publishes the same events, but clients and consumers interleave as the scheduler runs them, so the counts differ from run to run")
 	deadline := fs.Duration("deadline", time.Minute, "give up on the storm, and on the consumer scenario, after this long")
 	ccfg, consumers := consumerFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -136,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "idem-demo: a retry storm against POST %s/payments, %s\n", base, guard)
 	fmt.Fprintf(stdout, "Redis: %s\n", where)
-	fmt.Fprintf(stdout, "storm: %d clients send %d payments, each as %d concurrent copies then %d more, %s per charge, %.0f%% cut off by client timeouts (seed %d)\n\n",
+	fmt.Fprintf(stdout, "storm: %d clients send %d payments, each as %d concurrent copies then %d more, %s per charge, %.0f%% cut off by client timeouts (-seed %d sends the same requests again; the counts vary with the interleaving)\n\n",
 		cfg.Clients, cfg.Payments, cfg.Copies, cfg.Resends, cfg.Work, 100*cfg.CutRate, cfg.Seed)
 
 	sctx, cancel := context.WithTimeout(ctx, *deadline)

@@ -88,6 +88,31 @@ func TestStormCatchesDoubleCharges(t *testing.T) {
 	assert.Contains(t, out.String(), "idem-demo: FAILED")
 }
 
+// Without the middleware, a payment sent again without a key is charged
+// again, under the payment it names: the ledger names every payment
+// charged twice, none with a blank id.
+func TestStormChargesWithoutAKeyUnderThePayment(t *testing.T) {
+	book := newLedger()
+	srv := httptest.NewServer(unguardedAPI(book, smallStorm().Work))
+	defer srv.Close()
+	cfg := smallStorm()
+	cfg.CutRate, cfg.ChangeRate, cfg.NoKeyRate = 0, 0, 1
+	rep, err := storm(context.Background(), srv.URL, cfg)
+	require.NoError(t, err)
+	v := check(rep, book)
+	assert.Equal(t, cfg.Payments, v.Charged, "every charge is one of the payments")
+	assert.Equal(t, cfg.Payments*(cfg.Copies+cfg.Resends+1), v.Charges, "each copy, each resend and the request without a key")
+	assert.NotContains(t, book.snapshot(), "", "no charge under a blank payment")
+	require.Len(t, v.Double, cfg.Payments)
+	for _, d := range v.Double {
+		assert.Regexp(t, `^order-\d{5} charged \d+ times$`, d)
+	}
+
+	var out bytes.Buffer
+	printTable(&out, cfg, rep, v, &eventCounts{}, time.Second)
+	assert.NotRegexp(t, `(?m)^\s+charged`, out.String(), "no line with a blank payment id")
+}
+
 func TestStormCatchesReplaysThatDiffer(t *testing.T) {
 	book := newLedger()
 	api := guardedAPI(t, book, &eventCounts{})
@@ -206,7 +231,7 @@ func TestServeMode(t *testing.T) {
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Equal(t, 1, strings.Count(string(b), `"key":"order-1"`), "one charge in the ledger: %s", b)
+	assert.Equal(t, 1, strings.Count(string(b), `"payment":"order-1"`), "one charge in the ledger: %s", b)
 
 	cancel()
 	assert.Equal(t, 0, <-done)

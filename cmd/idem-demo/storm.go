@@ -74,8 +74,8 @@ type stormReport struct {
 	Unexpected []string
 	// Unanswered counts payments that got no 201 in maxSends tries.
 	Unanswered int
-	Latencies  []time.Duration // of every request answered
-	Answers    map[string][]answer
+	Latencies  []time.Duration     // of every request answered
+	Answers    map[string][]answer // the 201s to a request with a key, by payment
 }
 
 // maxSends bounds the tries of one copy of a payment.
@@ -143,12 +143,12 @@ func (s *stormer) payment(ctx context.Context, i int) {
 		changed := req
 		changed.Amount++
 		b, _ := json.Marshal(changed)
-		if st, _ := s.send(ctx, key, b, 0); st != 0 && st != http.StatusUnprocessableEntity {
+		if st, _ := s.send(ctx, key, key, b, 0); st != 0 && st != http.StatusUnprocessableEntity {
 			s.unexpected("%s: %d to a changed amount, want 422", key, st)
 		}
 	}
 	if rng.Float64() < s.cfg.NoKeyRate {
-		if st, _ := s.send(ctx, "", body, 0); st != 0 && st != http.StatusBadRequest {
+		if st, _ := s.send(ctx, key, "", body, 0); st != 0 && st != http.StatusBadRequest {
 			s.unexpected("%s: %d to a request without a key, want 400", key, st)
 		}
 	}
@@ -161,7 +161,7 @@ func (s *stormer) deliver(ctx context.Context, key string, body []byte, rng *ran
 		if rng.Float64() < s.cfg.CutRate {
 			cut = time.Millisecond + time.Duration(rng.Int64N(int64(s.cfg.Work)))
 		}
-		status, err := s.send(ctx, key, body, cut)
+		status, err := s.send(ctx, key, key, body, cut)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -179,9 +179,10 @@ func (s *stormer) deliver(ctx context.Context, key string, body []byte, rng *ran
 	s.mu.Unlock()
 }
 
-// send sends one request, cut off after cut if it is not zero, and records
-// the answer. It returns the status, or 0 and the error.
-func (s *stormer) send(ctx context.Context, key string, body []byte, cut time.Duration) (int, error) {
+// send sends one request for payment with key (none if ""), cut off after
+// cut if it is not zero, and records the answer under payment. It returns
+// the status, or 0 and the error.
+func (s *stormer) send(ctx context.Context, payment, key string, body []byte, cut time.Duration) (int, error) {
 	rctx := ctx
 	if cut > 0 {
 		var cancel context.CancelFunc
@@ -229,7 +230,9 @@ func (s *stormer) send(ctx context.Context, key string, body []byte, cut time.Du
 		} else {
 			r.Fresh++
 		}
-		r.Answers[key] = append(r.Answers[key], a)
+		if key != "" { // one without is no copy of the first request: the ledger shows its charge
+			r.Answers[payment] = append(r.Answers[payment], a)
+		}
 	case http.StatusConflict:
 		r.Conflicts++
 	case http.StatusUnprocessableEntity:
