@@ -266,15 +266,18 @@ func TestRedisCPUCountsScriptsOnce(t *testing.T) {
 
 	after := serverCPU{usec: map[string]int64{"evalsha": 160, "set": 27, "config": 30, "info": 500}, process: 1_750_401}
 	var c cost
-	c.add(reading{cpu: before, redis: true, mallocs: 10}, reading{cpu: after, redis: true, mallocs: 30}, scriptCommands)
-	commandUsec, processUsec, allocs := c.perOp(4)
-	assert.InDelta(t, 25, commandUsec, 1e-9, "evalsha's 100µs over 4 operations; the nested SETs and INFO are not counted")
-	assert.InDelta(t, 100, processUsec, 1e-9)
-	assert.InDelta(t, 5, allocs, 1e-9)
+	c.add(reading{cpu: before, redis: true, mallocs: 10, clientUsec: 1000, client: true},
+		reading{cpu: after, redis: true, mallocs: 30, clientUsec: 1040, client: true}, scriptCommands)
+	p := c.perOp(4)
+	assert.InDelta(t, 25, p.commandUsec, 1e-9, "evalsha's 100µs over 4 operations; the nested SETs and INFO are not counted")
+	assert.InDelta(t, 100, p.processUsec, 1e-9)
+	assert.InDelta(t, 10, p.clientUsec, 1e-9)
+	assert.InDelta(t, 5, p.allocs, 1e-9)
 
-	c.add(reading{redis: false}, reading{redis: true}, scriptCommands)
-	commandUsec, _, _ = c.perOp(4)
-	assert.Zero(t, commandUsec, "a phase that could not be read makes the figure unknown, not smaller")
+	c.add(reading{redis: false}, reading{redis: true, client: true}, scriptCommands)
+	p = c.perOp(4)
+	assert.Zero(t, p.commandUsec, "a phase that could not be read makes the figure unknown, not smaller")
+	assert.Zero(t, p.clientUsec, "nor the process's")
 }
 
 func TestJSONBody(t *testing.T) {
