@@ -362,6 +362,15 @@ func TestCluster(t *testing.T) {
 	assert.Positive(t, res["replays"])
 	assertRedisCPU(t, res)
 
+	t.Run("batch against setnx2", func(t *testing.T) {
+		code, res, stderr := runJSON(t, append([]string{"-cluster", strings.Join(c.Addrs(), ","), "-baseline", "setnx2"}, batchRun...)...)
+		require.Equal(t, 0, code, stderr)
+		assertIdemBatchCounts(t, res, 0)
+		assertBaselineBatchCounts(t, res, "setnx2", 0)
+		assertRedisCPU(t, res)
+		assert.Equal(t, "not measured on a Cluster: run it on one server", res["memory_method"])
+	})
+
 	t.Run("every master", func(t *testing.T) {
 		ctx := context.Background()
 		var want int64
