@@ -74,6 +74,10 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	if err != nil {
 		return nil, err
 	}
+	if o.workload == workloadBatch {
+		// Before the Keeper writes anything of its own.
+		h.memory = newMemoryProbe(ctx, o, idemClient, baseClient)
+	}
 	k, closeKeeper, err := newKeeper(ctx, o, idemClient)
 	if err != nil {
 		return nil, err
@@ -92,8 +96,8 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	}
 	h.k, h.cache0 = k, k.ReplayCacheStats()
 	h.meter = newMeter(ctx, baseClient)
-	if o.workload == workloadBatch {
-		h.memory = newMemoryProbe(ctx, o, idemClient, baseClient)
+	if h.memory != nil {
+		h.memory.start(ctx)
 	}
 	if !o.json {
 		printHeader(stdout, o, h.server)

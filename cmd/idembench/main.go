@@ -137,14 +137,16 @@
 // With -workload batch, on one server, the run also reports the Redis memory
 // per id each side remembers: used_memory (INFO memory) after the run minus
 // before, less the memory of the connections (CLIENT LIST tot-mem), divided
-// by the ids the side delivered, each of which leaves one key. So that each
-// side's keys have hash tables of their own, the baseline's keys live in
-// database -baseline-db (default: idem's database plus one); after the run
-// they are deleted, and once Redis has freed that database's tables, what
-// remains is idem's. memory_method says so, and says when a database held
-// other keys before the run (the keys of an earlier run, say), whose hash
-// tables the side's keys then share: measure on a server of its own for
-// figures worth quoting. Not measured on a Cluster or on miniredis.
+// by the ids the side delivered; and the keys its database gained
+// (keys_added: one an id for a baseline; idem's as its store lays its
+// records out). So that each side's keys have hash tables of their own, the
+// baseline's keys live in database -baseline-db (default: idem's database
+// plus one); after the run they are deleted, and once Redis has freed that
+// database's tables, what remains is idem's. memory_method says so, and
+// says when a database held other keys before the run (the keys of an
+// earlier run, say), whose hash tables the side's keys then share: measure
+// on a server of its own for figures worth quoting. Not measured on a
+// Cluster or on miniredis.
 //
 // The text output gives each side's ops/s, latency percentiles and costs per
 // operation, and the ratios between idem and the baseline (idem's figure

@@ -13,23 +13,28 @@ import (
 
 // memoryProbe measures, for -workload batch, the Redis memory each side's
 // remembered ids take: used_memory after the run minus before, divided by
-// the ids the side delivered, each of which leaves one key on each side
-// (idem's record; the baseline's SET key, which in the two-phase baseline
-// holds a failed id for its lease). The memory of the connections (CLIENT
-// LIST's tot-mem: their buffers, which grow with a batch's commands and
-// shrink when idle) is left out. The sides' keys live in databases of their
-// own; after the run the baseline's keys are deleted, and its database's
-// hash tables freed, so that what remains is idem's alone.
+// the ids the side delivered, with the keys its database gained beside it
+// (one an id for a baseline, and in the two-phase baseline a failed id's
+// key held for its lease; idem's as its store lays its records out). The
+// memory of the connections (CLIENT LIST's tot-mem: their buffers, which
+// grow with a batch's commands and shrink when idle) is left out. The
+// sides' keys live in databases of their own; after the run the baseline's
+// keys are deleted, and its database's hash tables freed, so that what
+// remains is idem's alone.
 type memoryProbe struct {
 	idemC, baseC client
 	idemDB       int
 	baseDB       int
+	withBaseline bool
 	// why says why memory is not measured; empty when it is.
 	why string
 
-	before    memInfo
-	idemKeys0 int64
-	baseKeys0 int64
+	// idemOthers and baseOthers are the keys the databases held before the
+	// run began to write; idemKeys0 and baseKeys0 those they held when the
+	// clock started, and before the used_memory then.
+	idemOthers, baseOthers int64
+	idemKeys0, baseKeys0   int64
+	before                 memInfo
 }
 
 // memInfo is what INFO memory and CLIENT LIST say.
@@ -57,10 +62,10 @@ func (m memory) perID() float64 {
 	return float64(m.bytes) / float64(m.ids)
 }
 
-// newMemoryProbe reads the server's memory before the run: on one server
-// with INFO memory, else it says why it will not measure.
+// newMemoryProbe counts the keys of the sides' databases before the run
+// writes any, on one server, or says why it will not measure.
 func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memoryProbe {
-	p := &memoryProbe{idemC: idemC, baseC: baseC}
+	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != ""}
 	if o.cluster != "" {
 		p.why = "not measured on a Cluster: run it on one server"
 		return p
@@ -72,17 +77,35 @@ func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memor
 		p.baseDB = c.Options().DB
 	}
 	var err error
-	if p.before, err = readMemory(ctx, idemC); err != nil {
-		p.why = "not measured: " + err.Error()
-		return p
-	}
-	if p.idemKeys0, err = idemC.DBSize(ctx).Result(); err == nil && o.baseline != "" {
-		p.baseKeys0, err = baseC.DBSize(ctx).Result()
-	}
-	if err != nil {
+	if p.idemOthers, p.baseOthers, err = p.dbSizes(ctx); err != nil {
 		p.why = "not measured: DBSIZE: " + err.Error()
 	}
 	return p
+}
+
+// start reads the server's memory when the clock starts.
+func (p *memoryProbe) start(ctx context.Context) {
+	if p.why != "" {
+		return
+	}
+	var err error
+	if p.before, err = readMemory(ctx, p.idemC); err != nil {
+		p.why = "not measured: " + err.Error()
+		return
+	}
+	if p.idemKeys0, p.baseKeys0, err = p.dbSizes(ctx); err != nil {
+		p.why = "not measured: DBSIZE: " + err.Error()
+	}
+}
+
+// dbSizes returns the keys of idem's database and, with a baseline, of the
+// baseline's.
+func (p *memoryProbe) dbSizes(ctx context.Context) (idem, base int64, err error) {
+	if idem, err = p.idemC.DBSize(ctx).Result(); err != nil || !p.withBaseline {
+		return idem, 0, err
+	}
+	base, err = p.baseC.DBSize(ctx).Result()
+	return idem, base, err
 }
 
 // readMemory reads INFO memory and CLIENT LIST of c's server, in one round
@@ -144,17 +167,13 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 	if err != nil {
 		return fail(err)
 	}
-	idemKeys, err := p.idemC.DBSize(ctx).Result()
+	idemKeys, baseKeys, err := p.dbSizes(ctx)
 	if err != nil {
 		return fail(err)
 	}
 	idem = memory{ids: deliveredIDs(idemSide), keys: idemKeys - p.idemKeys0}
 	alone := after
 	if base != nil {
-		baseKeys, err := p.baseC.DBSize(ctx).Result()
-		if err != nil {
-			return fail(err)
-		}
 		if err := deleteKeys(ctx, p.baseC, base); err != nil {
 			return fail(fmt.Errorf("deleting the baseline's keys: %w", err))
 		}
@@ -164,11 +183,11 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 		baseline = memory{bytes: after.data() - alone.data(), ids: deliveredIDs(base), keys: baseKeys - p.baseKeys0}
 	}
 	idem.bytes = alone.data() - p.before.data()
-	return idem, baseline, p.method(base != nil)
+	return idem, baseline, p.method()
 }
 
 // method says how memory was measured.
-func (p *memoryProbe) method(withBaseline bool) string {
+func (p *memoryProbe) method() string {
 	var b strings.Builder
 	b.WriteString("used_memory after the run minus before, less the connections' memory (CLIENT LIST tot-mem), over the ids delivered")
 	shared := func(side string, db int, keys int64) {
@@ -176,14 +195,14 @@ func (p *memoryProbe) method(withBaseline bool) string {
 			fmt.Fprintf(&b, "; %s's db %d held %d other keys before the run, whose hash tables its keys share: the figure is approximate", side, db, keys)
 		}
 	}
-	if !withBaseline {
+	if !p.withBaseline {
 		fmt.Fprintf(&b, "; idem's keys on db %d", p.idemDB)
-		shared("idem", p.idemDB, p.idemKeys0)
+		shared("idem", p.idemDB, p.idemOthers)
 		return b.String()
 	}
 	fmt.Fprintf(&b, "; idem's keys on db %d and the baseline's on db %d, each side's in hash tables of its own; the baseline's keys then deleted, and its tables freed, to read idem's alone", p.idemDB, p.baseDB)
-	shared("idem", p.idemDB, p.idemKeys0)
-	shared("the baseline", p.baseDB, p.baseKeys0)
+	shared("idem", p.idemDB, p.idemOthers)
+	shared("the baseline", p.baseDB, p.baseOthers)
 	return b.String()
 }
 
