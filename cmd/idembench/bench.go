@@ -19,6 +19,9 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, 
 	if err := h.measure(ctx, stdout); err != nil {
 		return nil, err
 	}
+	if h.memory != nil {
+		h.idemMemory, h.baseMemory, h.memoryMethod = h.memory.finish(ctx, h.idem, h.base)
+	}
 	return h.result(), nil
 }
 
@@ -32,12 +35,19 @@ type harness struct {
 	// the clock started.
 	k      *idem.Keeper
 	cache0 idem.ReplayCacheStats
-	// cnt counts the commands idem's client sends while idem's side runs.
-	cnt   *counter
-	meter *meter
-	idem  *side
+	// cnt counts the commands idem's client sends while idem's side runs,
+	// baseCnt the baseline client's while the baseline's side runs.
+	cnt, baseCnt *counter
+	meter        *meter
+	idem         *side
 	// base is the baseline's side; nil without -baseline.
 	base *side
+	// memory measures, with -workload batch, the memory each side's ids
+	// take; nil in other workloads. idemMemory, baseMemory and
+	// memoryMethod are what it found.
+	memory                 *memoryProbe
+	idemMemory, baseMemory memory
+	memoryMethod           string
 
 	closers []func()
 }
@@ -64,6 +74,10 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	if err != nil {
 		return nil, err
 	}
+	if o.workload == workloadBatch {
+		// Before the Keeper writes anything of its own.
+		h.memory = newMemoryProbe(ctx, o, idemClient, baseClient)
+	}
 	k, closeKeeper, err := newKeeper(ctx, o, idemClient)
 	if err != nil {
 		return nil, err
@@ -82,6 +96,9 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	}
 	h.k, h.cache0 = k, k.ReplayCacheStats()
 	h.meter = newMeter(ctx, baseClient)
+	if h.memory != nil {
+		h.memory.start(ctx)
+	}
 	if !o.json {
 		printHeader(stdout, o, h.server)
 	}
@@ -99,11 +116,15 @@ func (h *harness) connect(ctx context.Context, stderr io.Writer) (idemClient, ba
 	if err := idemClient.Ping(ctx).Err(); err != nil {
 		return nil, nil, fmt.Errorf("reaching Redis: %w", err)
 	}
+	if err := baseClient.Ping(ctx).Err(); err != nil {
+		return nil, nil, fmt.Errorf("reaching Redis for the baseline (see -baseline-db): %w", err)
+	}
 	if h.server = server; h.server == "" {
 		h.server = serverName(ctx, idemClient)
 	}
-	h.cnt = &counter{}
+	h.cnt, h.baseCnt = &counter{}, &counter{}
 	idemClient.AddHook(h.cnt)
+	baseClient.AddHook(h.baseCnt)
 	return idemClient, baseClient, nil
 }
 
@@ -113,8 +134,11 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 	o := h.o
 	h.w = newWorkload(o, k)
 	h.idem = newSide(h.w.doOp, scriptCommands)
+	h.idem.cnt = h.cnt
 	if o.workload == workloadBatch {
 		h.idem.op = h.w.consumeOp
+		h.idem.ran = h.w.ran
+		h.idem.streams = newStreams(o, h.idem.ran)
 	}
 	if o.mode == modeHTTP {
 		hb, err := startHTTP(o, k, c, h.w.scope, h.w.ran, newBitset())
@@ -124,7 +148,15 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 		h.closers = append(h.closers, hb.close)
 		h.w.http, h.idem.op = hb, h.w.httpOp
 	}
-	if o.baseline == "" {
+	switch {
+	case o.baseline == "":
+		return nil
+	case o.workload == workloadBatch:
+		base, err := newConsumerBaseline(o, h.w.scope, k.Lease(), c)
+		if err != nil {
+			return err
+		}
+		h.base, base.cnt = base, h.baseCnt
 		return nil
 	}
 	base, closeBase, err := newBaseline(ctx, o, h.w, c, stdout)
@@ -132,6 +164,6 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 		return err
 	}
 	h.closers = append(h.closers, closeBase)
-	h.base = base
+	h.base, base.cnt = base, h.baseCnt
 	return nil
 }

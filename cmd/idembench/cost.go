@@ -11,7 +11,7 @@ import (
 var scriptCommands = []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "script"}
 
 // meter reads what a phase of the run costs: Redis CPU, from the server's
-// INFO, and the process's allocations.
+// INFO, and the process's CPU time and allocations.
 type meter struct {
 	c client
 	// redis is false when the server has no INFO commandstats (miniredis):
@@ -30,25 +30,44 @@ func newMeter(ctx context.Context, c client) *meter {
 
 // reading is what a meter read at one moment.
 type reading struct {
-	cpu     serverCPU
-	redis   bool
-	mallocs uint64
+	cpu   serverCPU
+	redis bool
+	// clientUsec is the process's CPU time, user plus system, in
+	// microseconds; client is false where it cannot be read.
+	clientUsec int64
+	client     bool
+	mallocs    uint64
 }
 
-func (m *meter) read(ctx context.Context) reading {
+// read reads the server and the process, at the start of a phase (start),
+// or at its end: the process is read last at the start and first at the
+// end, so that its figures leave out reading the server.
+func (m *meter) read(ctx context.Context, start bool) reading {
 	var r reading
-	if m.redis {
-		// Read even when the run was interrupted, so that the phase that
-		// ended is measured whole.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		cpu, err := readServerCPU(ctx, m.c)
-		r.cpu, r.redis = cpu, err == nil
+	if start {
+		m.readServer(ctx, &r)
 	}
+	r.clientUsec, r.client = processCPU()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	r.mallocs = ms.Mallocs
+	if !start {
+		m.readServer(ctx, &r)
+	}
 	return r
+}
+
+// readServer reads the server's CPU figures into r, if the server has them.
+func (m *meter) readServer(ctx context.Context, r *reading) {
+	if !m.redis {
+		return
+	}
+	// Read even when the run was interrupted, so that the phase that
+	// ended is measured whole.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	cpu, err := readServerCPU(ctx, m.c)
+	r.cpu, r.redis = cpu, err == nil
 }
 
 // cost is what one side of a run cost over its phases.
@@ -58,19 +77,25 @@ type cost struct {
 	commandUsec int64
 	processUsec int64
 	// redis is false if a phase could not be read on the server.
-	redis   bool
-	mallocs uint64
-	phases  int
+	redis bool
+	// clientUsec is the process's CPU time; client is false if a phase
+	// could not read it.
+	clientUsec int64
+	client     bool
+	mallocs    uint64
+	phases     int
 }
 
 // add adds the phase between before and after, in which the side sent
 // commands.
 func (c *cost) add(before, after reading, commands []string) {
 	if c.phases == 0 {
-		c.redis = true
+		c.redis, c.client = true, true
 	}
 	c.phases++
 	c.mallocs += after.mallocs - before.mallocs
+	c.clientUsec += after.clientUsec - before.clientUsec
+	c.client = c.client && before.client && after.client
 	if !before.redis || !after.redis {
 		c.redis = false
 		return
@@ -81,15 +106,27 @@ func (c *cost) add(before, after reading, commands []string) {
 	c.processUsec += after.cpu.process - before.cpu.process
 }
 
-// perOp returns the side's Redis command CPU, Redis process CPU (both in µs;
-// 0 where the server could not say) and allocations per operation.
-func (c *cost) perOp(ops int64) (commandUsec, processUsec, allocs float64) {
+// costPerOp is what one operation of a side cost, on average.
+type costPerOp struct {
+	// commandUsec is the Redis usec of its commands (INFO commandstats),
+	// processUsec the Redis process's CPU time (INFO cpu), both 0 where the
+	// server could not say; clientUsec is this process's CPU time, 0 where
+	// it could not be read; allocs this process's allocations.
+	commandUsec, processUsec, clientUsec, allocs float64
+}
+
+// perOp returns the side's costs per operation.
+func (c *cost) perOp(ops int64) costPerOp {
 	if ops <= 0 {
-		return 0, 0, 0
+		return costPerOp{}
 	}
 	n := float64(ops)
+	p := costPerOp{allocs: float64(c.mallocs) / n}
 	if c.redis {
-		commandUsec, processUsec = float64(c.commandUsec)/n, float64(c.processUsec)/n
+		p.commandUsec, p.processUsec = float64(c.commandUsec)/n, float64(c.processUsec)/n
 	}
-	return commandUsec, processUsec, float64(c.mallocs) / n
+	if c.client {
+		p.clientUsec = float64(c.clientUsec) / n
+	}
+	return p
 }

@@ -19,6 +19,9 @@
 //	idembench -redis redis://127.0.0.1:6379 -autopipeline -c 256 -d 20s -workload first -baseline pair
 //	idembench -redis redis://127.0.0.1:6379 -autopipeline -c 256 -d 20s -workload replay -baseline get
 //	idembench -redis redis://127.0.0.1:6379 -mode http -c 64 -d 10s -workload replay -baseline bare
+//	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx
+//	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx2
+//	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx2 -fail 0.01
 //
 // With -autopipeline, idem's commands go through go-redis's AutoPipeliner,
 // with two batches in flight and a 200µs flush delay unless -ap-batches and
@@ -48,16 +51,31 @@
 //     completed: the storm of retries a real service sees.
 //   - batch: each operation is one message of a queue consumer's batch.
 //     Every caller calls idem.Consume on a batch of -batch messages (default
-//     100) at a time, one handler after another; a share -dup of each batch
-//     (default 0) redelivers keys the caller handled in its earlier batches
-//     (none in its first), the rest are new. ops/s is then messages/s,
+//     100) at a time, one handler after another. Each caller owns its
+//     partition of the message ids (caller i of -c has ids i, i+c, i+2c, ...)
+//     and delivers them as a queue would: in each batch but its first, a
+//     share -dup (default 0) of the -batch messages redelivers ids of its
+//     earlier batches (drawn from the last -keys of them, from -seed), the
+//     rest are new ids. A message the consumer did not acknowledge (its
+//     handler failed) comes again at the head of the caller's next batch,
+//     on top of its -batch messages. ops/s is then messages/s,
 //     commands_per_op Redis commands per message, redis_usec_per_op Redis
 //     µs per message, the latency percentiles are those of a whole batch,
 //     and round_trips_per_batch says how many round trips a Consume call
 //     took (two on one node: the claim and the completion; one for a batch
-//     all redelivered). A batch has no -baseline: a floor per message,
-//     which is all the baselines are, is not the floor of a batch; compare
-//     with a run of -workload first instead. It goes with -mode do.
+//     all redelivered; three when a handler of the batch failed: its
+//     release too). It goes with -mode do. The run lasts -d, then each
+//     side delivers what it has not had acknowledged, until nothing is
+//     left; or, with -messages N, until each side has delivered its N new
+//     ids, and again what it did not have acknowledged.
+//
+// With -fail F (0 to 0.5), a share F of the handler calls fail with an
+// error that is not Final, so that idem releases the key and answers
+// MessageRetry: the same calls on both sides, a hash of -seed, the id and
+// the attempt (the first call of an id on that side, the second, ...)
+// choosing them. The run then reports the ids each side lost (delivered,
+// but whose handler never succeeded by the end of the run), which must be
+// none for idem.
 //
 // Baselines (-baseline NAME; none without the flag):
 //
@@ -73,6 +91,32 @@
 //     values from Redis and answers it: the floor of a replay by any
 //     middleware that keeps its responses in Redis.
 //
+// With -workload batch, the baselines are the consumers a user writes by
+// hand, in place of idem.Consume, handling the same stream (the same ids,
+// redeliveries and batches, by as many callers, each on its partition) in
+// slices that alternate with idem's, in a key space of their own, with the
+// handler idem's side runs:
+//
+//   - setnx: one phase. A pipeline of SET id 1 NX EX ttl (-retention) for
+//     the batch, then the handler of each message whose SET took: one round
+//     trip a batch. A message whose SET did not take is acknowledged as a
+//     duplicate; one whose handler failed is not acknowledged and comes
+//     again, but its key already marks it handled: the id is lost.
+//   - setnx2: two phases. A pipeline of SET id 1 NX PX lease (the Keeper's
+//     lease, 30s), the handlers of the messages whose SET took, then a
+//     pipeline of SET id 1 XX EX ttl for those handled: two round trips a
+//     batch (one when no message is new). A failed handler leaves its key to
+//     run out with the lease; its message, coming again sooner (in the next
+//     batch), is acknowledged as a duplicate, and the id is lost as well.
+//
+// A run of -messages goes in about 20 slices a side, each of the same number
+// of batches per caller, idem's first, so that the i-th slice of both sides
+// carries the same batches; a run of -d, in slices of time, as the other
+// workloads do. The baseline's keys ("<scope>:<baseline>:k<id>", as long as
+// idem's "idem:{<22 characters>}" at 6-digit ids) are deleted when the run
+// ends, on one server, to measure memory (see below); idem's, and the
+// baseline's on a Cluster, are left to run out after -retention.
+//
 // Redis CPU per operation comes from INFO commandstats, read on the server
 // (on a Cluster, every master, summed) before and after each slice of the
 // run: the usec of the commands the side sends, summed and divided by its
@@ -80,26 +124,55 @@
 // commandstats also lists on their own; those are not counted again. Redis
 // times a command from its start to its end, so on a machine whose cores
 // Redis shares, the figure also holds the time Redis was preempted. The
-// process CPU of the server (INFO cpu, user plus system) is reported beside
-// it: it also counts reading requests and writing replies, which batching
-// makes cheaper, and the server's own background work. Allocations per
-// operation are the process's (runtime.MemStats.Mallocs) over the same
-// slices: the client's, and in -mode http the server's too, and miniredis's
-// when it is embedded.
+// process CPU of the server (INFO cpu, used_cpu_user plus used_cpu_sys) is
+// reported beside it: it also counts reading requests and writing replies,
+// which batching makes cheaper, and the server's own background work.
+// Client CPU per operation is this process's CPU time (getrusage, user plus
+// system) over the side's slices: everything the process did in them, its
+// garbage collection (of garbage either side made) included, and in -mode
+// http the server in the process, and miniredis when it is embedded.
+// Allocations per operation are the process's (runtime.MemStats.Mallocs)
+// over the same slices.
+//
+// With -workload batch, on one server, the run also reports the Redis memory
+// per id each side remembers: used_memory (INFO memory) after the run minus
+// before, less the memory of the connections (CLIENT LIST tot-mem), divided
+// by the ids the side delivered; and the keys its database gained
+// (keys_added: one an id for a baseline; idem's as its store lays its
+// records out). So that each side's keys have hash tables of their own, the
+// baseline's keys live in database -baseline-db (default: idem's database
+// plus one); after the run they are deleted, and once Redis has freed that
+// database's tables, what remains is idem's. memory_method says so, and
+// says when a database held other keys before the run (the keys of an
+// earlier run, say), whose hash tables the side's keys then share: measure
+// on a server of its own for figures worth quoting. Not measured on a
+// Cluster or on miniredis.
 //
 // The text output gives each side's ops/s, latency percentiles and costs per
-// operation, and the ratios between idem and the baseline. -json prints one
-// object instead (see Result): ops_per_sec, p50_us, p95_us, p99_us,
-// commands_per_op, redis_usec_per_op, redis_cpu_usec_per_op, allocs_per_op,
+// operation, and the ratios between idem and the baseline (idem's figure
+// over the baseline's). -json prints one object instead (see Result):
+// ops_per_sec, p50_us, p95_us, p99_us, commands_per_op, redis_usec_per_op,
+// redis_cpu_usec_per_op, client_cpu_usec_per_op, allocs_per_op,
 // duplicates, and with -baseline the baseline's name (baseline), its
-// baseline_ops_per_sec, baseline_redis_usec_per_op, baseline_allocs_per_op,
-// ..., and ratio, idem's ops/s over the baseline's. With -cache N the
-// Keeper keeps N completed results in the process (idem.WithReplayCache),
-// and cache_hits and cache_hit_rate (hits over the calls that looked in the
-// cache) say how many operations it answered without Redis.
+// baseline_ops_per_sec, baseline_redis_usec_per_op,
+// baseline_client_cpu_usec_per_op, baseline_allocs_per_op, ..., ratio,
+// idem's ops/s over the baseline's, and ratios, idem's figure over the
+// baseline's for each figure both measured. With -workload batch it also
+// carries batches, round_trips_per_batch, messages, fail, seed, ids,
+// lost_ids, handler_failures, redelivered, used_memory_per_id,
+// used_memory_bytes, keys_added and memory_method, and with a baseline the
+// same prefixed with baseline_ (baseline_lost_ids, baseline_duplicates,
+// baseline_round_trips_per_batch, baseline_used_memory_per_id, ...). With
+// -cache N the Keeper keeps N completed results in the process
+// (idem.WithReplayCache), and cache_hits and cache_hit_rate (hits over the
+// calls that looked in the cache) say how many operations it answered
+// without Redis.
 //
 // The tool counts, in the process, how often each key's operation ran. A key
-// that ran twice is a duplicate execution, and the tool exits with status 1.
+// that ran twice on idem's side is a duplicate execution, and the tool exits
+// with status 1; a baseline's duplicates are reported (baseline_duplicates).
+// So does an id that idem's side of -workload batch lost, unless the run was
+// interrupted; a baseline's lost ids are reported (baseline_lost_ids).
 // It also exits with status 1 when an operation failed (the errors are
 // printed), and with status 2 on bad flags.
 package main
@@ -116,6 +189,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -144,18 +218,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else {
 		printText(stdout, res)
 	}
-	return verdict(res, stderr)
+	return verdict(res, ctx.Err() != nil, stderr)
 }
 
 // verdict prints the errors a run met and what failed, if anything, and
-// returns the exit status.
-func verdict(res *Result, stderr io.Writer) int {
+// returns the exit status. An interrupted run may leave ids not handled.
+func verdict(res *Result, interrupted bool, stderr io.Writer) int {
 	for _, s := range res.errorSamples {
 		fmt.Fprintln(stderr, "idembench: error:", s)
 	}
 	switch {
 	case res.Duplicates > 0:
 		fmt.Fprintf(stderr, "idembench: FAIL: %d operations ran more than once\n", res.Duplicates)
+		return 1
+	case res.LostIDs > 0 && !interrupted:
+		fmt.Fprintf(stderr, "idembench: FAIL: %d message ids delivered to idem.Consume were never handled\n", res.LostIDs)
 		return 1
 	case res.Errors > 0:
 		fmt.Fprintf(stderr, "idembench: FAIL: %d operations failed\n", res.Errors)
@@ -182,6 +259,9 @@ const (
 	// baselineBareGet is -mode http's replay floor: the handler GETs a
 	// stored value from Redis and answers it.
 	baselineBareGet = "bare-get"
+	// baselineSetNX2 is -workload batch's two-phase consumer written by
+	// hand; baselineSetNX names its one-phase consumer there.
+	baselineSetNX2 = "setnx2"
 )
 
 // options are the command's flags.
@@ -206,6 +286,14 @@ type options struct {
 	retention    time.Duration
 	json         bool
 	cpuprofile   string
+	// messages, fail, seed and baselineDB are -workload batch's -messages,
+	// -fail, -seed and -baseline-db (-1: idem's database plus one).
+	messages   int64
+	fail       float64
+	seed       uint64
+	baselineDB int
+	// set holds the names of the flags given.
+	set map[string]bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -218,6 +306,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if err := o.check(dup); err != nil {
 		return nil, err
 	}
@@ -243,11 +333,15 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.apDelay, "ap-delay", 200*time.Microsecond, "with -autopipeline: how long a batch may wait for more commands (AutoPipelineOptions.MaxFlushDelay; go-redis's default is 0)")
 	fs.BoolVar(&o.coalesce, "coalesce", true, "coalesce concurrent calls on one key in the process (idem.WithCoalescing)")
 	fs.IntVar(&o.cache, "cache", 0, "keep up to this many completed results in the process (idem.WithReplayCache, with room for that many -body-byte results and -retention as the max age) and report its hit rate; 0: no cache")
-	fs.StringVar(&o.baseline, "baseline", "", "also run, at the same concurrency and interleaved with idem, and print the ratio: setnx (SET NX of the result under a new key), pair (SET NX PX, then SET XX PX of the result: the floor of a first execution), get (GET of a stored value: the floor of a replay); with -mode http, bare (the same handler without the middleware) or bare-get (a handler that answers a value it GETs from Redis: the floor of a replay kept in Redis)")
+	fs.StringVar(&o.baseline, "baseline", "", "also run, at the same concurrency and interleaved with idem, and print the ratio: setnx (SET NX of the result under a new key), pair (SET NX PX, then SET XX PX of the result: the floor of a first execution), get (GET of a stored value: the floor of a replay); with -mode http, bare (the same handler without the middleware) or bare-get (a handler that answers a value it GETs from Redis: the floor of a replay kept in Redis); with -workload batch, the consumers written by hand: setnx (one phase: pipelined SET id 1 NX EX ttl, then the handler of each new message) or setnx2 (two phases: pipelined SET id 1 NX PX lease, the handlers, pipelined SET id 1 XX EX ttl)")
 	fs.BoolVar(&o.baselineAP, "baseline-autopipeline", false, "with -autopipeline and a Redis baseline: send the baseline's commands through an AutoPipeliner of the same settings (default: a plain client)")
 	fs.DurationVar(&o.retention, "retention", 10*time.Minute, "how long Redis keeps the records (and baseline keys) the run writes")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the measured run (idem and baseline) to this file")
+	fs.Int64Var(&o.messages, "messages", 0, "with -workload batch: end the run when each side has delivered this many new message ids (and what it did not acknowledge, again), in slices of a number of batches, instead of after -d")
+	fs.Float64Var(&o.fail, "fail", 0, "with -workload batch: share of handler calls, 0 to 0.5, that fail transiently (the same calls on both sides: a hash of -seed, the id and the attempt picks them); a message not acknowledged comes again in its caller's next batch")
+	fs.Uint64Var(&o.seed, "seed", 1, "with -workload batch: the seed of the stream's redeliveries and of -fail's choice")
+	fs.IntVar(&o.baselineDB, "baseline-db", -1, "with -workload batch, a baseline and -redis: the database of the baseline's keys, so that each side's used_memory can be told apart (default: idem's database plus one)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: idembench [flags]\n\nPuts idem under load and reports ops/s, latency, Redis commands and Redis CPU per operation and duplicate executions.\nWithout -redis or -cluster it uses an embedded miniredis: a real server is the honest choice.\n\n")
 		fs.PrintDefaults()
@@ -311,28 +405,63 @@ func (o *options) check(dup share) error {
 // idem.Consume.
 const workloadBatch = "batch"
 
+// batchFlags are the flags that go with -workload batch only.
+var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db"}
+
 // checkBatch checks -batch, and what goes with -workload batch, and fills in
-// its default.
+// its defaults.
 func checkBatch(o *options) error {
 	if o.workload != workloadBatch {
-		if o.batch != 0 {
-			return fmt.Errorf("-batch %d: goes with -workload batch", o.batch)
+		for _, name := range batchFlags {
+			if o.set[name] {
+				return fmt.Errorf("-%s: goes with -workload batch", name)
+			}
 		}
 		return nil
 	}
 	switch {
-	case o.batch < 0:
+	case o.batch < 0 || o.set["batch"] && o.batch == 0:
 		return fmt.Errorf("-batch %d: want at least 1", o.batch)
 	case o.mode != modeDo:
 		return fmt.Errorf("-workload batch: goes with -mode do, not %s", o.mode)
-	case o.baseline != "":
-		return fmt.Errorf("-baseline %s: -workload batch has no baseline; a floor per message is not the floor of a batch: compare with -workload first", o.baseline)
+	case o.baseline != "" && o.baseline != baselineSetNX && o.baseline != baselineSetNX2:
+		return fmt.Errorf("-baseline %q: -workload batch compares with setnx (one phase) or setnx2 (two phases), the consumers written by hand", o.baseline)
+	case o.baselineAP:
+		return errors.New("-baseline-autopipeline: the baselines of -workload batch pipeline their batches themselves")
+	case o.messages < 0 || o.set["messages"] && o.messages == 0:
+		return fmt.Errorf("-messages %d: want at least 1", o.messages)
+	case o.messages > 0 && o.set["d"]:
+		return errors.New("-messages and -d: choose one (a run of -messages ends when its ids are delivered)")
+	case o.messages >= 1<<32:
+		return fmt.Errorf("-messages %d: want fewer than 2^32", o.messages)
+	case o.fail < 0 || o.fail > maxFail:
+		return fmt.Errorf("-fail %v: want a share from 0 to %v", o.fail, maxFail)
+	case o.set["baseline-db"] && (o.baseline == "" || o.redisURL == ""):
+		return errors.New("-baseline-db: goes with -baseline and -redis (a Cluster has one database)")
+	case o.set["baseline-db"] && o.baselineDB < 0:
+		return fmt.Errorf("-baseline-db %d: want 0 or more", o.baselineDB)
+	}
+	if o.set["baseline-db"] {
+		opt, err := redis.ParseURL(o.redisURL)
+		if err != nil {
+			return fmt.Errorf("-redis: %w", err)
+		}
+		if opt.DB == o.baselineDB {
+			return fmt.Errorf("-baseline-db %d: idem's database; the baseline needs one of its own", o.baselineDB)
+		}
 	}
 	if o.batch == 0 {
 		o.batch = defaultBatch
 	}
+	if o.messages > 0 && redelivered(o) >= o.batch {
+		return fmt.Errorf("-dup %v with -batch %d and -messages: no batch but the first would carry a new id", o.dup, o.batch)
+	}
 	return nil
 }
+
+// maxFail is the largest share -fail takes: a message is delivered until its
+// handler succeeds, on average 1/(1-fail) times.
+const maxFail = 0.5
 
 // checkModeAndBaseline checks -mode, -baseline and -baseline-autopipeline,
 // which depend on each other.
@@ -341,6 +470,10 @@ func checkModeAndBaseline(o *options) error {
 	case modeDo:
 		switch o.baseline {
 		case "", baselineSetNX, baselinePair, baselineGet:
+		case baselineSetNX2:
+			if o.workload != workloadBatch {
+				return fmt.Errorf("-baseline %s: the two-phase consumer; it goes with -workload batch", o.baseline)
+			}
 		case baselineBare, baselineBareGet:
 			return fmt.Errorf("-baseline %s: an HTTP handler without the middleware; it goes with -mode http", o.baseline)
 		default:

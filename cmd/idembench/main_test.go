@@ -266,15 +266,18 @@ func TestRedisCPUCountsScriptsOnce(t *testing.T) {
 
 	after := serverCPU{usec: map[string]int64{"evalsha": 160, "set": 27, "config": 30, "info": 500}, process: 1_750_401}
 	var c cost
-	c.add(reading{cpu: before, redis: true, mallocs: 10}, reading{cpu: after, redis: true, mallocs: 30}, scriptCommands)
-	commandUsec, processUsec, allocs := c.perOp(4)
-	assert.InDelta(t, 25, commandUsec, 1e-9, "evalsha's 100µs over 4 operations; the nested SETs and INFO are not counted")
-	assert.InDelta(t, 100, processUsec, 1e-9)
-	assert.InDelta(t, 5, allocs, 1e-9)
+	c.add(reading{cpu: before, redis: true, mallocs: 10, clientUsec: 1000, client: true},
+		reading{cpu: after, redis: true, mallocs: 30, clientUsec: 1040, client: true}, scriptCommands)
+	p := c.perOp(4)
+	assert.InDelta(t, 25, p.commandUsec, 1e-9, "evalsha's 100µs over 4 operations; the nested SETs and INFO are not counted")
+	assert.InDelta(t, 100, p.processUsec, 1e-9)
+	assert.InDelta(t, 10, p.clientUsec, 1e-9)
+	assert.InDelta(t, 5, p.allocs, 1e-9)
 
-	c.add(reading{redis: false}, reading{redis: true}, scriptCommands)
-	commandUsec, _, _ = c.perOp(4)
-	assert.Zero(t, commandUsec, "a phase that could not be read makes the figure unknown, not smaller")
+	c.add(reading{redis: false}, reading{redis: true, client: true}, scriptCommands)
+	p = c.perOp(4)
+	assert.Zero(t, p.commandUsec, "a phase that could not be read makes the figure unknown, not smaller")
+	assert.Zero(t, p.clientUsec, "nor the process's")
 }
 
 func TestJSONBody(t *testing.T) {
@@ -351,13 +354,24 @@ func TestBitsetCountsDuplicates(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
-	code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline", "pair")
-	require.Equal(t, 0, code, stderr)
-	assert.True(t, strings.HasPrefix(res["server"].(string), "redis cluster "), res["server"])
-	assertSound(t, res)
-	assertBaseline(t, res, "pair")
-	assert.Positive(t, res["replays"])
-	assertRedisCPU(t, res)
+	t.Run("mixed against pair", func(t *testing.T) {
+		code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline", "pair")
+		require.Equal(t, 0, code, stderr)
+		assert.True(t, strings.HasPrefix(res["server"].(string), "redis cluster "), res["server"])
+		assertSound(t, res)
+		assertBaseline(t, res, "pair")
+		assert.Positive(t, res["replays"])
+		assertRedisCPU(t, res)
+	})
+
+	t.Run("batch against setnx2", func(t *testing.T) {
+		code, res, stderr := runJSON(t, append([]string{"-cluster", strings.Join(c.Addrs(), ","), "-baseline", "setnx2"}, batchRun...)...)
+		require.Equal(t, 0, code, stderr)
+		assertIdemBatchCounts(t, res, 0)
+		assertBaselineBatchCounts(t, res, "setnx2", 0)
+		assertRedisCPU(t, res)
+		assert.Equal(t, "not measured on a Cluster: run it on one server", res["memory_method"])
+	})
 
 	t.Run("every master", func(t *testing.T) {
 		ctx := context.Background()

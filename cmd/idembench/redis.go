@@ -20,22 +20,36 @@ import (
 type client = redis.UniversalClient
 
 // connect returns two clients of the same server, made alike: one for idem
-// and one for the baseline, and a function that closes everything.
+// and one for the baseline, and a function that closes everything. With
+// -workload batch and a baseline, on one server, the baseline's client uses
+// a database of its own (-baseline-db), so that each side's keys have their
+// own hash tables; elsewhere both use the same database.
 func connect(o *options, stderr io.Writer) (idemClient, baseClient client, server string, closeAll func(), err error) {
 	var mini *miniredis.Miniredis
-	mk := func() (client, error) {
+	mk := func(baseline bool) (client, error) {
+		var opt *redis.Options
 		switch {
 		case o.cluster != "":
 			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.cluster, ",")}), nil
 		case o.redisURL != "":
-			opt, err := redis.ParseURL(o.redisURL)
-			if err != nil {
+			var err error
+			if opt, err = redis.ParseURL(o.redisURL); err != nil {
 				return nil, fmt.Errorf("-redis: %w", err)
 			}
-			return redis.NewClient(opt), nil
 		default:
-			return redis.NewClient(&redis.Options{Addr: mini.Addr()}), nil
+			opt = &redis.Options{Addr: mini.Addr()}
 		}
+		if baseline && o.workload == workloadBatch && o.baseline != "" {
+			db := o.baselineDB
+			if db < 0 {
+				db = opt.DB + 1
+			}
+			if db == opt.DB {
+				return nil, fmt.Errorf("-baseline-db %d: idem's database; the baseline needs one of its own", db)
+			}
+			opt.DB = db
+		}
+		return redis.NewClient(opt), nil
 	}
 	if o.redisURL == "" && o.cluster == "" {
 		mini, err = miniredis.Run()
@@ -45,8 +59,8 @@ func connect(o *options, stderr io.Writer) (idemClient, baseClient client, serve
 		fmt.Fprintln(stderr, "idembench: no -redis given: using an embedded miniredis, whose Lua is several times slower than Redis; pass -redis redis://host:port for figures worth quoting")
 		server = "miniredis (embedded)"
 	}
-	if idemClient, err = mk(); err == nil {
-		baseClient, err = mk()
+	if idemClient, err = mk(false); err == nil {
+		baseClient, err = mk(true)
 	}
 	closeAll = func() {
 		if idemClient != nil {

@@ -38,19 +38,51 @@ type Result struct {
 	// INFO commandstats (miniredis).
 	RedisUsecPerOp    float64 `json:"redis_usec_per_op"`
 	RedisCPUUsecPerOp float64 `json:"redis_cpu_usec_per_op"`
+	// ClientCPUUsecPerOp is this process's CPU time (getrusage, user plus
+	// system) per operation over the side's slices: everything the process
+	// did then, its garbage collection, the meter's reading of the process
+	// and, in -mode http, the server in the process and, without -redis, the
+	// embedded miniredis included. 0 where it cannot be read.
+	ClientCPUUsecPerOp float64 `json:"client_cpu_usec_per_op"`
 	// AllocsPerOp is the process's allocations per operation.
 	AllocsPerOp float64 `json:"allocs_per_op"`
 	Executions  int64   `json:"executions"`
 	Replays     int64   `json:"replays"`
 	InProgress  int64   `json:"in_progress"`
-	Errors      int64   `json:"errors"`
-	Duplicates  int64   `json:"duplicates"`
+	// Errors counts the operations that failed, on both sides.
+	Errors     int64 `json:"errors"`
+	Duplicates int64 `json:"duplicates"`
 	// BatchSize is -batch with -workload batch, 0 otherwise; Batches counts
 	// the idem.Consume calls, and RoundTripsPerBatch their round trips
 	// each. Ops then counts messages.
 	BatchSize          int     `json:"batch_size,omitempty"`
 	Batches            int64   `json:"batches,omitempty"`
 	RoundTripsPerBatch float64 `json:"round_trips_per_batch,omitempty"`
+
+	// The figures of -workload batch, 0 in the other workloads. Messages is
+	// -messages, 0 for a run of -d; Fail is -fail, Seed -seed.
+	Messages int64   `json:"messages"`
+	Fail     float64 `json:"fail"`
+	Seed     uint64  `json:"seed"`
+	// IDs counts the new message ids idem's side delivered; LostIDs those
+	// whose handler never succeeded by the end of the run;
+	// HandlerFailures the handler calls that -fail made fail; Redelivered
+	// the messages not acknowledged, which came again (counted in Ops, as
+	// are Executions, Replays and InProgress: the messages idem handled,
+	// acknowledged without handling, and found in progress).
+	IDs             int64 `json:"ids"`
+	LostIDs         int64 `json:"lost_ids"`
+	HandlerFailures int64 `json:"handler_failures"`
+	Redelivered     int64 `json:"redelivered"`
+	// UsedMemoryPerID is the used_memory idem's keys took per id
+	// delivered, UsedMemoryBytes all of it, and KeysAdded the keys its
+	// database gained. MemoryMethod says how they were measured, or why
+	// they were not (then they are 0).
+	UsedMemoryPerID float64 `json:"used_memory_per_id"`
+	UsedMemoryBytes int64   `json:"used_memory_bytes"`
+	KeysAdded       int64   `json:"keys_added"`
+	MemoryMethod    string  `json:"memory_method"`
+
 	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
 	// the operations its cache answered without Redis; CacheHitRate is
 	// CacheHits over the calls that looked in the cache.
@@ -58,19 +90,45 @@ type Result struct {
 	CacheHits    uint64  `json:"cache_hits"`
 	CacheHitRate float64 `json:"cache_hit_rate"`
 
-	// Baseline names the baseline (setnx, pair, get, bare), empty without
-	// -baseline; its figures, and Ratio, are 0 then.
-	Baseline                  string  `json:"baseline"`
-	BaselineAutopipeline      bool    `json:"baseline_autopipeline"`
-	BaselineOps               int64   `json:"baseline_ops"`
-	BaselineOpsPerSec         float64 `json:"baseline_ops_per_sec"`
-	BaselineP50us             float64 `json:"baseline_p50_us"`
-	BaselineP99us             float64 `json:"baseline_p99_us"`
-	BaselineRedisUsecPerOp    float64 `json:"baseline_redis_usec_per_op"`
-	BaselineRedisCPUUsecPerOp float64 `json:"baseline_redis_cpu_usec_per_op"`
-	BaselineAllocsPerOp       float64 `json:"baseline_allocs_per_op"`
+	// Baseline names the baseline (setnx, setnx2, pair, get, bare,
+	// bare-get), empty without -baseline; its figures, and Ratio, are 0
+	// then. Each baseline_ figure is the baseline's of the field without
+	// the prefix.
+	Baseline                   string  `json:"baseline"`
+	BaselineAutopipeline       bool    `json:"baseline_autopipeline"`
+	BaselineOps                int64   `json:"baseline_ops"`
+	BaselineDurationSec        float64 `json:"baseline_duration_s"`
+	BaselineOpsPerSec          float64 `json:"baseline_ops_per_sec"`
+	BaselineP50us              float64 `json:"baseline_p50_us"`
+	BaselineP95us              float64 `json:"baseline_p95_us"`
+	BaselineP99us              float64 `json:"baseline_p99_us"`
+	BaselineCommandsPerOp      float64 `json:"baseline_commands_per_op"`
+	BaselineRedisUsecPerOp     float64 `json:"baseline_redis_usec_per_op"`
+	BaselineRedisCPUUsecPerOp  float64 `json:"baseline_redis_cpu_usec_per_op"`
+	BaselineClientCPUUsecPerOp float64 `json:"baseline_client_cpu_usec_per_op"`
+	BaselineAllocsPerOp        float64 `json:"baseline_allocs_per_op"`
+	// The baseline's figures of -workload batch, 0 in the other workloads.
+	BaselineExecutions         int64   `json:"baseline_executions"`
+	BaselineReplays            int64   `json:"baseline_replays"`
+	BaselineRedelivered        int64   `json:"baseline_redelivered"`
+	BaselineHandlerFailures    int64   `json:"baseline_handler_failures"`
+	BaselineIDs                int64   `json:"baseline_ids"`
+	BaselineLostIDs            int64   `json:"baseline_lost_ids"`
+	BaselineDuplicates         int64   `json:"baseline_duplicates"`
+	BaselineErrors             int64   `json:"baseline_errors"`
+	BaselineBatches            int64   `json:"baseline_batches"`
+	BaselineRoundTripsPerBatch float64 `json:"baseline_round_trips_per_batch"`
+	BaselineUsedMemoryPerID    float64 `json:"baseline_used_memory_per_id"`
+	BaselineUsedMemoryBytes    int64   `json:"baseline_used_memory_bytes"`
+	BaselineKeysAdded          int64   `json:"baseline_keys_added"`
 	// Ratio is idem's ops/s over the baseline's.
 	Ratio float64 `json:"ratio"`
+	// Ratios holds idem's figure over the baseline's, by the name of the
+	// figure (ops_per_sec, redis_usec_per_op, redis_cpu_usec_per_op,
+	// client_cpu_usec_per_op, allocs_per_op, commands_per_op, and with
+	// -workload batch round_trips_per_batch and used_memory_per_id): the
+	// figures both sides measured, the baseline's above 0.
+	Ratios map[string]float64 `json:"ratios,omitempty"`
 
 	// redisMeasured is whether the Redis CPU figures could be read.
 	redisMeasured bool
@@ -98,7 +156,8 @@ func (h *harness) result() *Result {
 		res.CommandsPerOp = float64(h.cnt.commands.Load()) / float64(res.Ops)
 		res.RoundTripsPerOp = float64(h.cnt.roundTrips.Load()) / float64(res.Ops)
 	}
-	res.RedisUsecPerOp, res.RedisCPUUsecPerOp, res.AllocsPerOp = h.idem.cost.perOp(res.Ops)
+	c := h.idem.cost.perOp(res.Ops)
+	res.RedisUsecPerOp, res.RedisCPUUsecPerOp, res.ClientCPUUsecPerOp, res.AllocsPerOp = c.commandUsec, c.processUsec, c.clientUsec, c.allocs
 	res.redisMeasured = h.idem.cost.redis
 	res.Executions = s.executed.Load()
 	res.Replays = s.replayed.Load()
@@ -107,9 +166,12 @@ func (h *harness) result() *Result {
 	res.Duplicates = h.w.ran.duplicates.Load()
 	if o.workload == workloadBatch {
 		res.BatchSize, res.Batches = o.batch, s.batches.Load()
-		if res.Batches > 0 {
-			res.RoundTripsPerBatch = float64(h.cnt.roundTrips.Load()) / float64(res.Batches)
-		}
+		res.RoundTripsPerBatch = perBatch(h.cnt, res.Batches)
+		res.Messages, res.Fail, res.Seed = o.messages, o.fail, o.seed
+		res.IDs, res.LostIDs, res.HandlerFailures = batchIDs(h.idem)
+		res.Redelivered = s.redelivered.Load()
+		res.UsedMemoryPerID, res.UsedMemoryBytes, res.KeysAdded = h.idemMemory.perID(), h.idemMemory.bytes, h.idemMemory.keys
+		res.MemoryMethod = h.memoryMethod
 	}
 	res.errorSamples = s.samples()
 	res.CacheEntries = o.cache
@@ -118,20 +180,76 @@ func (h *harness) result() *Result {
 	if looked := res.CacheHits + st.Misses - h.cache0.Misses; looked > 0 {
 		res.CacheHitRate = float64(res.CacheHits) / float64(looked)
 	}
-
-	if b := h.base; b != nil {
-		res.BaselineOps = b.stats.ops()
-		res.BaselineOpsPerSec = rate(res.BaselineOps, b.stats.elapsed)
-		res.BaselineP50us, res.BaselineP99us = b.stats.hist.Quantile(0.50), b.stats.hist.Quantile(0.99)
-		res.BaselineRedisUsecPerOp, res.BaselineRedisCPUUsecPerOp, res.BaselineAllocsPerOp = b.cost.perOp(res.BaselineOps)
-		res.redisMeasured = res.redisMeasured && b.cost.redis
-		if res.BaselineOpsPerSec > 0 {
-			res.Ratio = res.OpsPerSec / res.BaselineOpsPerSec
-		}
-		res.Errors += b.stats.errors.Load()
-		res.errorSamples = append(res.errorSamples, b.stats.samples()...)
+	if h.base != nil {
+		h.baselineResult(res)
 	}
 	return res
+}
+
+// baselineResult adds the baseline's figures, and the ratios, to res.
+func (h *harness) baselineResult(res *Result) {
+	b := h.base
+	res.BaselineOps = b.stats.ops()
+	res.BaselineOpsPerSec = rate(res.BaselineOps, b.stats.elapsed)
+	res.BaselineDurationSec = b.stats.elapsed.Seconds()
+	res.BaselineP50us, res.BaselineP95us, res.BaselineP99us = b.stats.hist.Quantile(0.50), b.stats.hist.Quantile(0.95), b.stats.hist.Quantile(0.99)
+	if res.BaselineOps > 0 {
+		res.BaselineCommandsPerOp = float64(h.baseCnt.commands.Load()) / float64(res.BaselineOps)
+	}
+	c := b.cost.perOp(res.BaselineOps)
+	res.BaselineRedisUsecPerOp, res.BaselineRedisCPUUsecPerOp = c.commandUsec, c.processUsec
+	res.BaselineClientCPUUsecPerOp, res.BaselineAllocsPerOp = c.clientUsec, c.allocs
+	res.redisMeasured = res.redisMeasured && b.cost.redis
+	if b.streams != nil {
+		res.BaselineExecutions, res.BaselineReplays = b.stats.executed.Load(), b.stats.replayed.Load()
+		res.BaselineRedelivered, res.BaselineDuplicates = b.stats.redelivered.Load(), b.ran.duplicates.Load()
+		res.BaselineIDs, res.BaselineLostIDs, res.BaselineHandlerFailures = batchIDs(b)
+		res.BaselineBatches = b.stats.batches.Load()
+		res.BaselineRoundTripsPerBatch = perBatch(h.baseCnt, res.BaselineBatches)
+		res.BaselineUsedMemoryPerID, res.BaselineUsedMemoryBytes, res.BaselineKeysAdded = h.baseMemory.perID(), h.baseMemory.bytes, h.baseMemory.keys
+	}
+	if res.BaselineOpsPerSec > 0 {
+		res.Ratio = res.OpsPerSec / res.BaselineOpsPerSec
+	}
+	res.Ratios = map[string]float64{}
+	ratio := func(name string, ours, theirs float64) {
+		if theirs > 0 {
+			res.Ratios[name] = ours / theirs
+		}
+	}
+	ratio("ops_per_sec", res.OpsPerSec, res.BaselineOpsPerSec)
+	if res.redisMeasured {
+		ratio("redis_usec_per_op", res.RedisUsecPerOp, res.BaselineRedisUsecPerOp)
+		ratio("redis_cpu_usec_per_op", res.RedisCPUUsecPerOp, res.BaselineRedisCPUUsecPerOp)
+	}
+	ratio("client_cpu_usec_per_op", res.ClientCPUUsecPerOp, res.BaselineClientCPUUsecPerOp)
+	ratio("allocs_per_op", res.AllocsPerOp, res.BaselineAllocsPerOp)
+	ratio("commands_per_op", res.CommandsPerOp, res.BaselineCommandsPerOp)
+	ratio("round_trips_per_batch", res.RoundTripsPerBatch, res.BaselineRoundTripsPerBatch)
+	if res.UsedMemoryPerID > 0 {
+		ratio("used_memory_per_id", res.UsedMemoryPerID, res.BaselineUsedMemoryPerID)
+	}
+	res.BaselineErrors = b.stats.errors.Load()
+	res.Errors += res.BaselineErrors
+	res.errorSamples = append(res.errorSamples, b.stats.samples()...)
+}
+
+// perBatch returns the round trips cnt counted per batch.
+func perBatch(cnt *counter, batches int64) float64 {
+	if batches <= 0 {
+		return 0
+	}
+	return float64(cnt.roundTrips.Load()) / float64(batches)
+}
+
+// batchIDs returns the new ids a batch side delivered, those whose handler
+// never succeeded, and its failed handler calls.
+func batchIDs(s *side) (ids, lost, failures int64) {
+	ids = deliveredIDs(s)
+	for _, st := range s.streams {
+		failures += st.handlerFailures
+	}
+	return ids, ids - s.ran.count(), failures
 }
 
 func printJSON(w io.Writer, r *Result) {
@@ -146,24 +264,28 @@ func printHeader(w io.Writer, o *options, server string) {
 	if o.autopipeline {
 		client = fmt.Sprintf("autopipeline (%d batches in flight, %s flush delay)", o.apBatches, o.apDelay)
 	}
+	length := o.duration.String()
+	if o.messages > 0 {
+		length = fmt.Sprintf("%d message ids a side", o.messages)
+	}
+	workload := o.workload
+	if o.workload == workloadBatch {
+		workload = fmt.Sprintf("batch of %d, fail %g, seed %d", o.batch, o.fail, o.seed)
+	}
 	fmt.Fprintf(w, "idembench: %s, mode %s, workload %s, %d callers, %s, %d-byte results, dup %.2f, %s, coalescing %v\n",
-		server, o.mode, o.workload, o.concurrency, o.duration, o.body, o.dup, client, o.coalesce)
+		server, o.mode, workload, o.concurrency, length, o.body, o.dup, client, o.coalesce)
 }
 
 func printText(w io.Writer, r *Result) {
-	unit := "ops/s"
 	if r.BatchSize > 0 {
-		unit = "messages/s"
+		printBatchText(w, r)
+		return
 	}
-	fmt.Fprintf(w, "idem      %10.0f %s   p50 %s  p95 %s  p99 %s   %.2f commands/op  %.3f round trips/op\n",
-		r.OpsPerSec, unit, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp, r.RoundTripsPerOp)
+	fmt.Fprintf(w, "idem      %10.0f ops/s   p50 %s  p95 %s  p99 %s   %.2f commands/op  %.3f round trips/op\n",
+		r.OpsPerSec, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp, r.RoundTripsPerOp)
 	fmt.Fprintf(w, "          %d ops in %.1fs: %d executed, %d replayed, %d in progress, %d errors; duplicates executed: %d\n",
 		r.Ops, r.DurationSec, r.Executions, r.Replays, r.InProgress, r.Errors, r.Duplicates)
-	fmt.Fprintf(w, "          %s\n", costLine(r, r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.AllocsPerOp))
-	if r.BatchSize > 0 {
-		fmt.Fprintf(w, "          batches of %d messages (an op is a message; latency is a batch's): %d batches, %.2f round trips/batch, %.3f commands/message\n",
-			r.BatchSize, r.Batches, r.RoundTripsPerBatch, r.CommandsPerOp)
-	}
+	fmt.Fprintf(w, "          %s\n", costLine(r, "op", r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.ClientCPUUsecPerOp, r.AllocsPerOp))
 	if r.CacheEntries > 0 {
 		fmt.Fprintf(w, "          replay cache of %d entries: %d hits, hit rate %.3f\n", r.CacheEntries, r.CacheHits, r.CacheHitRate)
 	}
@@ -172,36 +294,122 @@ func printText(w io.Writer, r *Result) {
 	}
 	fmt.Fprintf(w, "baseline  %10.0f ops/s   p50 %s  p99 %s   (%s, same concurrency, interleaved)\n",
 		r.BaselineOpsPerSec, us(r.BaselineP50us), us(r.BaselineP99us), describeBaseline(r))
-	fmt.Fprintf(w, "          %s\n", costLine(r, r.BaselineRedisUsecPerOp, r.BaselineRedisCPUUsecPerOp, r.BaselineAllocsPerOp))
-	fmt.Fprintf(w, "ratio     %10.2fx idem ops/s over %s ops/s", r.Ratio, r.Baseline)
-	if r.redisMeasured && r.BaselineRedisUsecPerOp > 0 {
-		fmt.Fprintf(w, "; Redis command µs/op %.2fx, Redis CPU µs/op %.2fx",
-			r.RedisUsecPerOp/r.BaselineRedisUsecPerOp, r.RedisCPUUsecPerOp/r.BaselineRedisCPUUsecPerOp)
+	fmt.Fprintf(w, "          %s\n", costLine(r, "op", r.BaselineRedisUsecPerOp, r.BaselineRedisCPUUsecPerOp, r.BaselineClientCPUUsecPerOp, r.BaselineAllocsPerOp))
+	fmt.Fprintf(w, "ratio     %10.2fx idem ops/s over %s ops/s%s\n", r.Ratio, r.Baseline, costRatios(r, "op"))
+}
+
+// printBatchText prints the figures of -workload batch: for each side,
+// messages/s and latency, what became of the messages and ids, and what a
+// message cost; then the memory of both sides, and the ratios.
+func printBatchText(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "idem      %10.0f messages/s   p50 %s  p95 %s  p99 %s (a batch's)   idem.Consume, %.3f commands/message\n",
+		r.OpsPerSec, us(r.P50us), us(r.P95us), us(r.P99us), r.CommandsPerOp)
+	fmt.Fprintf(w, "          %s\n", messagesLine(r.Ops, r.DurationSec, r.Executions, r.Replays, r.Redelivered, r.HandlerFailures, r.InProgress, r.Errors-r.BaselineErrors))
+	fmt.Fprintf(w, "          ids: %d delivered, %d lost; duplicates executed: %d\n", r.IDs, r.LostIDs, r.Duplicates)
+	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.ClientCPUUsecPerOp, r.AllocsPerOp))
+	fmt.Fprintf(w, "          batches of %d messages: %d batches, %.2f round trips/batch\n", r.BatchSize, r.Batches, r.RoundTripsPerBatch)
+	if r.Baseline == "" {
+		if r.MemoryMethod != "" {
+			fmt.Fprintf(w, "memory    idem %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.IDs, r.KeysAdded), r.MemoryMethod)
+		}
+		return
 	}
-	if r.BaselineAllocsPerOp > 0 {
-		fmt.Fprintf(w, "; allocs/op %.2fx", r.AllocsPerOp/r.BaselineAllocsPerOp)
+	fmt.Fprintf(w, "baseline  %10.0f messages/s   p50 %s  p95 %s  p99 %s (a batch's)   %s, %.3f commands/message\n",
+		r.BaselineOpsPerSec, us(r.BaselineP50us), us(r.BaselineP95us), us(r.BaselineP99us), describeBaseline(r), r.BaselineCommandsPerOp)
+	fmt.Fprintf(w, "          %s\n", messagesLine(r.BaselineOps, r.BaselineDurationSec, r.BaselineExecutions, r.BaselineReplays, r.BaselineRedelivered, r.BaselineHandlerFailures, 0, r.BaselineErrors))
+	fmt.Fprintf(w, "          ids: %d delivered, %d lost; duplicates executed: %d\n", r.BaselineIDs, r.BaselineLostIDs, r.BaselineDuplicates)
+	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.BaselineRedisUsecPerOp, r.BaselineRedisCPUUsecPerOp, r.BaselineClientCPUUsecPerOp, r.BaselineAllocsPerOp))
+	fmt.Fprintf(w, "          %d batches, %.2f round trips/batch; the same stream, by the same callers, in alternating slices\n", r.BaselineBatches, r.BaselineRoundTripsPerBatch)
+	if r.UsedMemoryPerID > 0 {
+		fmt.Fprintf(w, "memory    idem %s, %s %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.IDs, r.KeysAdded),
+			r.Baseline, memoryFigure(r.BaselineUsedMemoryPerID, r.BaselineIDs, r.BaselineKeysAdded), r.MemoryMethod)
+	} else if r.MemoryMethod != "" {
+		fmt.Fprintf(w, "memory    %s\n", r.MemoryMethod)
+	}
+	fmt.Fprintf(w, "lost      ids whose handler never succeeded: idem %d, %s %d of %d; duplicates executed: idem %d, %s %d\n",
+		r.LostIDs, r.Baseline, r.BaselineLostIDs, r.BaselineIDs, r.Duplicates, r.Baseline, r.BaselineDuplicates)
+	fmt.Fprintf(w, "ratio     %10.2fx idem messages/s over %s messages/s", r.Ratio, r.Baseline)
+	fmt.Fprint(w, costRatios(r, "message"))
+	if v, ok := r.Ratios["round_trips_per_batch"]; ok {
+		fmt.Fprintf(w, "; round trips/batch %.2fx", v)
+	}
+	if v, ok := r.Ratios["used_memory_per_id"]; ok {
+		fmt.Fprintf(w, "; used_memory/id %.2fx", v)
 	}
 	fmt.Fprintln(w)
 }
 
-// costLine says what an operation of one side of r cost Redis and the
-// process.
-func costLine(r *Result, commandUsec, cpuUsec, allocs float64) string {
+// messagesLine says what became of a side's messages; seconds 0 is left
+// out.
+func messagesLine(ops int64, seconds float64, executed, replayed, redelivered, failures, inProgress, errs int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d messages", ops)
+	if seconds > 0 {
+		fmt.Fprintf(&b, " in %.1fs", seconds)
+	}
+	fmt.Fprintf(&b, ": %d handled, %d acknowledged without handling, %d not acknowledged and delivered again (%d handler calls failed)",
+		executed, replayed, redelivered, failures)
+	if inProgress > 0 {
+		fmt.Fprintf(&b, ", %d in progress", inProgress)
+	}
+	fmt.Fprintf(&b, ", %d errors", errs)
+	return b.String()
+}
+
+// memoryFigure says what a side's ids took in Redis.
+func memoryFigure(perID float64, ids, keys int64) string {
+	return fmt.Sprintf("%.0f B/id (%d ids, %d keys)", perID, ids, keys)
+}
+
+// costRatios says idem's costs per unit over the baseline's, where both
+// were measured.
+func costRatios(r *Result, unit string) string {
+	var b strings.Builder
+	if v, ok := r.Ratios["redis_cpu_usec_per_op"]; ok {
+		fmt.Fprintf(&b, "; Redis CPU µs/%s %.2fx (INFO cpu)", unit, v)
+	}
+	if v, ok := r.Ratios["redis_usec_per_op"]; ok {
+		fmt.Fprintf(&b, ", %.2fx in commands (INFO commandstats)", v)
+	}
+	if v, ok := r.Ratios["client_cpu_usec_per_op"]; ok {
+		fmt.Fprintf(&b, "; client CPU µs/%s %.2fx", unit, v)
+	}
+	if v, ok := r.Ratios["allocs_per_op"]; ok {
+		fmt.Fprintf(&b, "; allocs/%s %.2fx", unit, v)
+	}
+	return b.String()
+}
+
+// costLine says what an operation (a message in -workload batch) of one
+// side of r cost Redis and the process.
+func costLine(r *Result, unit string, commandUsec, cpuUsec, clientUsec, allocs float64) string {
 	redis := "Redis CPU: n/a (no INFO commandstats)"
 	if r.redisMeasured {
-		redis = fmt.Sprintf("Redis %.2f µs/op in commands (INFO commandstats), %.2f µs/op of process CPU (INFO cpu)", commandUsec, cpuUsec)
+		redis = fmt.Sprintf("Redis %.2f µs/%s of process CPU (INFO cpu), %.2f µs/%s in commands (INFO commandstats)", cpuUsec, unit, commandUsec, unit)
 	}
-	process := "in this process"
+	process, included := "this process", ""
 	if strings.HasPrefix(r.Server, "miniredis") {
-		process = "in this process, miniredis included"
+		process, included = "this process, miniredis included", ", miniredis included"
 	}
-	return fmt.Sprintf("%s; %.1f allocs/op %s", redis, allocs, process)
+	client := "client CPU: n/a"
+	if clientUsec > 0 {
+		client = fmt.Sprintf("client CPU %.2f µs/%s (getrusage: all this process did in the side's slices%s)", clientUsec, unit, included)
+	}
+	return fmt.Sprintf("%s; %s; %.1f allocs/%s in %s", redis, client, allocs, unit, process)
 }
 
 func describeBaseline(r *Result) string {
 	client := "plain client"
 	if r.BaselineAutopipeline {
 		client = "autopipeline"
+	}
+	if r.Workload == workloadBatch {
+		switch r.Baseline {
+		case baselineSetNX:
+			return "one phase: pipelined SET id 1 NX EX ttl, then the handler of each new message"
+		case baselineSetNX2:
+			return "two phases: pipelined SET id 1 NX PX lease, the handlers, pipelined SET id 1 XX EX ttl"
+		}
 	}
 	switch r.Baseline {
 	case baselineSetNX:

@@ -22,10 +22,32 @@ type side struct {
 	commands []string
 	stats    *stats
 	cost     cost
+	// cnt counts the commands and round trips of the side's client while
+	// the side runs; nil where they are not counted.
+	cnt *counter
+
+	// With -workload batch: streams are the callers' shares of the queue,
+	// which last from one slice to the next; ran marks the ids whose
+	// handler succeeded on this side; prefix starts the side's Redis keys
+	// (a baseline's: idem's are the Keeper's).
+	streams []*stream
+	ran     *bitset
+	prefix  string
 }
 
 func newSide(op func(context.Context, *worker), commands []string) *side {
 	return &side{op: op, commands: commands, stats: newStats()}
+}
+
+// finished reports whether every caller of a batch side has delivered all it
+// had to.
+func (s *side) finished() bool {
+	for _, st := range s.streams {
+		if !st.done() {
+			return false
+		}
+	}
+	return s.streams != nil
 }
 
 // measure is the timed part of the run: slices of idem, and of the baseline
@@ -37,6 +59,10 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	defer stopProfile()
+	if o.messages > 0 {
+		h.measureCount(ctx)
+		return nil
+	}
 	slice := o.duration
 	if h.base != nil {
 		slice = min(time.Second, max(o.duration/4, 100*time.Millisecond))
@@ -47,29 +73,87 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 	}
 	for done := time.Duration(0); done < o.duration && ctx.Err() == nil; {
 		d := min(slice, o.duration-done)
-		h.cnt.on.Store(true)
-		h.phase(ctx, h.idem, d, progress)
-		h.cnt.on.Store(false)
+		h.phase(ctx, h.idem, span{d: d}, progress)
 		s := h.idem.stats
 		progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
 		if h.base != nil {
-			h.phase(ctx, h.base, d, nil)
+			h.phase(ctx, h.base, span{d: d}, nil)
 		}
 		done += d
 	}
 	progress.clear()
+	if o.workload == workloadBatch {
+		// The time is up: no new id, but what was not acknowledged comes
+		// again until it is, so that an id counts as lost only when no
+		// redelivery could save it.
+		for _, sd := range h.sides() {
+			for _, st := range sd.streams {
+				st.ended = true
+			}
+			h.phase(ctx, sd, span{}, nil)
+		}
+	}
 	return nil
 }
 
-// phase runs one slice of s, for d, and adds what it cost to s.
-func (h *harness) phase(ctx context.Context, s *side, d time.Duration, progress *progressLine) {
-	before := h.meter.read(ctx)
-	runSlice(ctx, h.w, d, s.stats, s.op, progress)
-	s.cost.add(before, h.meter.read(ctx), s.commands)
+// countSlices is how many slices of each side a run of -messages takes,
+// about.
+const countSlices = 20
+
+// measureCount is the timed part of a run of -messages: slices of idem's
+// side and the baseline's in turn, each of a number of batches per caller, so
+// that the i-th slice of both sides carries the same batches of the stream;
+// until every caller of both sides has delivered all it had to.
+func (h *harness) measureCount(ctx context.Context) {
+	o := h.o
+	perCaller := (uint64(o.messages) + uint64(o.concurrency) - 1) / uint64(o.concurrency)
+	batches := 1 + perCaller/uint64(max(o.batch-redelivered(o), 1))
+	sl := span{batches: int(max(1, (batches+countSlices-1)/countSlices))}
+	for ctx.Err() == nil {
+		ran := false
+		for _, sd := range h.sides() {
+			if !sd.finished() {
+				h.phase(ctx, sd, sl, nil)
+				ran = true
+			}
+		}
+		if !ran {
+			return
+		}
+	}
 }
 
-// runSlice runs op on w's callers for d, into s.
-func runSlice(ctx context.Context, w *workload, d time.Duration, s *stats, op func(context.Context, *worker), progress *progressLine) {
+// sides returns idem's side, and the baseline's if there is one.
+func (h *harness) sides() []*side {
+	if h.base == nil {
+		return []*side{h.idem}
+	}
+	return []*side{h.idem, h.base}
+}
+
+// span is how long a slice lasts: d, or, when d is 0, until each caller has
+// run batches batches or has nothing left to deliver (-workload batch; with
+// batches 0 too, until it has nothing left).
+type span struct {
+	d       time.Duration
+	batches int
+}
+
+// phase runs one slice of s, and adds what it cost to s.
+func (h *harness) phase(ctx context.Context, s *side, sl span, progress *progressLine) {
+	before := h.meter.read(ctx, true)
+	if s.cnt != nil {
+		s.cnt.on.Store(true)
+	}
+	runSlice(ctx, h.w, sl, s, progress)
+	if s.cnt != nil {
+		s.cnt.on.Store(false)
+	}
+	s.cost.add(before, h.meter.read(ctx, false), s.commands)
+}
+
+// runSlice runs s's op on w's callers for the span sl, into s's stats.
+func runSlice(ctx context.Context, w *workload, sl span, s *side, progress *progressLine) {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	locals := make([]*localStats, w.o.concurrency)
@@ -77,25 +161,42 @@ func runSlice(ctx context.Context, w *workload, d time.Duration, s *stats, op fu
 	for i := range locals {
 		locals[i] = &localStats{}
 		wg.Add(1)
-		go func(ls *localStats) {
+		go func(i int, ls *localStats) {
 			defer wg.Done()
 			wk := w.newWorker(ls)
-			for !stop.Load() {
-				op(ctx, wk)
+			if s.streams != nil {
+				wk.stream = s.streams[i]
+			}
+			for n := 0; !stop.Load(); n++ {
+				if wk.stream != nil && (wk.stream.done() || sl.d == 0 && sl.batches > 0 && n >= sl.batches) {
+					return
+				}
+				s.op(ctx, wk)
 				ls.done.Add(1)
 			}
-		}(locals[i])
+		}(i, locals[i])
 	}
-	t := time.NewTimer(d)
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	var timeUp <-chan time.Time
+	if sl.d > 0 {
+		t := time.NewTimer(sl.d)
+		defer t.Stop()
+		timeUp = t.C
+	}
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 loop:
 	for {
 		select {
-		case <-t.C:
+		case <-timeUp:
+			break loop
+		case <-finished:
 			break loop
 		case <-ctx.Done():
-			t.Stop()
 			break loop
 		case <-tick.C:
 			if progress != nil {
@@ -103,15 +204,15 @@ loop:
 				for _, ls := range locals {
 					n += ls.done.Load()
 				}
-				progress.show(s.elapsed+time.Since(start), s.ops()+n, n, time.Since(start))
+				progress.show(s.stats.elapsed+time.Since(start), s.stats.ops()+n, n, time.Since(start))
 			}
 		}
 	}
 	stop.Store(true)
-	wg.Wait()
-	s.elapsed += time.Since(start)
+	<-finished
+	s.stats.elapsed += time.Since(start)
 	for _, ls := range locals {
-		s.merge(ls)
+		s.stats.merge(ls)
 	}
 }
 
@@ -157,8 +258,9 @@ type worker struct {
 	id  uint64
 	ran bool
 	fn  func(ctx context.Context) ([]byte, error)
-	// batch is the state of -workload batch.
-	batch batchState
+	// stream is the caller's share of the queue in -workload batch, nil
+	// otherwise.
+	stream *stream
 }
 
 func (w *workload) newWorker(s *localStats) *worker {

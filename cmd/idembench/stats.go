@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -15,16 +16,21 @@ type stats struct {
 	executed   atomic.Int64
 	replayed   atomic.Int64
 	inProgress atomic.Int64
-	errors     atomic.Int64
-	// batches counts the calls of idem.Consume of -workload batch.
+	// redelivered counts, in -workload batch, the messages not
+	// acknowledged because a handler failed, which came again.
+	redelivered atomic.Int64
+	errors      atomic.Int64
+	// batches counts the batches of -workload batch.
 	batches    atomic.Int64
 	errSamples map[string]int
 }
 
 func newStats() *stats { return &stats{errSamples: map[string]int{}} }
 
+// ops counts the operations that completed, in -workload batch the
+// messages delivered (errors are not counted).
 func (s *stats) ops() int64 {
-	return s.executed.Load() + s.replayed.Load() + s.inProgress.Load()
+	return s.executed.Load() + s.replayed.Load() + s.inProgress.Load() + s.redelivered.Load()
 }
 
 func (s *stats) merge(ls *localStats) {
@@ -32,6 +38,7 @@ func (s *stats) merge(ls *localStats) {
 	s.executed.Add(ls.executed)
 	s.replayed.Add(ls.replayed)
 	s.inProgress.Add(ls.inProgress)
+	s.redelivered.Add(ls.redelivered)
 	s.errors.Add(ls.errors)
 	s.batches.Add(ls.batches)
 	for m, n := range ls.errSamples {
@@ -51,14 +58,15 @@ func (s *stats) samples() []string {
 
 // localStats is one goroutine's share of a slice, merged at its end.
 type localStats struct {
-	hist       histogram.Histogram
-	done       atomic.Int64 // operations finished, for the progress line
-	executed   int64
-	replayed   int64
-	inProgress int64
-	errors     int64
-	batches    int64
-	errSamples map[string]int
+	hist        histogram.Histogram
+	done        atomic.Int64 // operations finished, for the progress line
+	executed    int64
+	replayed    int64
+	inProgress  int64
+	redelivered int64
+	errors      int64
+	batches     int64
+	errSamples  map[string]int
 }
 
 func (ls *localStats) record(d time.Duration) { ls.hist.Record(d) }
@@ -80,8 +88,8 @@ func rate(n int64, d time.Duration) float64 {
 	return float64(n) / d.Seconds()
 }
 
-// bitset records which keys ran, and counts the keys that ran again.
-// It grows in chunks, without a lock on the path that marks.
+// bitset records which keys ran, and counts the runs of a key that had run
+// before. It grows in chunks, without a lock on the path that marks.
 type bitset struct {
 	chunks     [1 << 16]atomic.Pointer[[chunkWords]atomic.Uint64]
 	duplicates atomic.Int64
@@ -109,4 +117,18 @@ func (b *bitset) mark(id uint64) bool {
 		return false
 	}
 	return true
+}
+
+// count returns how many keys ran, once or more. It reads every chunk: call
+// it once the marking is over.
+func (b *bitset) count() int64 {
+	var n int
+	for i := range b.chunks {
+		if chunk := b.chunks[i].Load(); chunk != nil {
+			for j := range chunk {
+				n += bits.OnesCount64(chunk[j].Load())
+			}
+		}
+	}
+	return int64(n)
 }
