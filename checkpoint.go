@@ -87,8 +87,16 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	if ctx.Err() != nil {
 		return canceled(ctx, "checkpoint")
 	}
-	err := c.ownRecord(ctx)
-	if err == nil {
+	var err error
+	if cc, f := c.compactCheckpointer(); cc != nil {
+		// A compact claim's first checkpoint moves it to a record of its
+		// own, in the same round trip.
+		if err = storeError(ctx, "checkpoint", cc.checkpointCompact(ctx, f, name, value, c.lease+c.k.policy.retention)); err == nil {
+			c.mu.Lock()
+			c.ref = 0
+			c.mu.Unlock()
+		}
+	} else {
 		err = storeError(ctx, "checkpoint", cs.Checkpoint(ctx, c.id, c.token, name, value))
 	}
 	switch {
@@ -104,27 +112,20 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	return nil
 }
 
-// ownRecord moves a compact claim to a record of its own, where its
-// checkpoints go; a claim that has one already has nothing to do.
-func (c *Claim) ownRecord(ctx context.Context) error {
-	_, f := c.compactFence()
-	m, ok := c.k.store.(compactMover)
-	if f.Ref == 0 || !ok {
-		return nil
-	}
-	if err := storeError(ctx, "checkpoint", m.moveToRecords(ctx, []Fence{f}, c.k.policy.pendingKeep())[0]); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.ref = 0
-	c.mu.Unlock()
-	return nil
+// compactCheckpointer is a store that records the checkpoint of a compact
+// claim, moving it to a record of its own: RedisStore.
+type compactCheckpointer interface {
+	checkpointCompact(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error
 }
 
-// compactMover is a BatchStore that can move compact claims to records of
-// their own: RedisStore.
-type compactMover interface {
-	moveToRecords(ctx context.Context, claims []Fence, keep time.Duration) []error
+// compactCheckpointer returns the store as a compactCheckpointer, and the
+// claim's fence, if the claim is compact.
+func (c *Claim) compactCheckpointer() (compactCheckpointer, Fence) {
+	f := c.fence()
+	if cc, ok := c.k.store.(compactCheckpointer); ok && f.Ref > 0 {
+		return cc, f
+	}
+	return nil, f
 }
 
 // checkCheckpoint refuses a checkpoint over the limits.
@@ -197,8 +198,20 @@ var _ CheckpointStore = (*RedisStore)(nil)
 // Checkpoint implements CheckpointStore: one script, one round trip. With
 // WithReplicas it waits for the replicas as a completion does.
 func (s *RedisStore) Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error {
-	keys := []string{s.key(id)}
-	args := []any{token, name, value, MaxCheckpoints}
+	return s.checkpoint(ctx, []string{s.key(id)}, []any{token, name, value, MaxCheckpoints})
+}
+
+// checkpointCompact records a checkpoint of the compact claim f, moving it to
+// a record of its own kept for keep (see checkpoint.lua).
+func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
+	key := s.key(f.ID)
+	e := s.entryAt(f.ID, key)
+	return s.checkpoint(ctx, []string{key}, []any{f.Token, name, value, MaxCheckpoints,
+		f.Ref, string(e.block[:]), e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10), string(e.d7[:]), millis(keep)})
+}
+
+// checkpoint runs checkpoint.lua on keys with args.
+func (s *RedisStore) checkpoint(ctx context.Context, keys []string, args []any) error {
 	var cmd *redis.Cmd
 	if s.durable != nil {
 		cmd = s.durable.run(ctx, s.client, "checkpoint", checkpointScript, keys, args...)

@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,15 +142,19 @@ type compactLayout struct {
 	// keyNames holds the names of the index keys: on one server, of each;
 	// on a Cluster, of each slot's.
 	keyNames []string
+	// desc is describe(), which every index key holds in its field "", so
+	// that a store of another layout sees that it is.
+	desc string
 }
 
-func newCompactLayout(scale int64, client redis.Scripter, prefix string) (*compactLayout, error) {
+func newCompactLayout(scale int64, cluster bool, prefix string) (*compactLayout, error) {
 	if scale < 1 || scale > MaxMarkerScale {
 		return nil, fmt.Errorf("%w: marker scale %d is not between 1 and %d", ErrInvalidConfig, scale, int64(MaxMarkerScale))
 	}
 	l := &compactLayout{scale: scale}
+	l.desc = l.describe()
 	total := int64(1) << bits.Len64(uint64((scale+blockFill-1)/blockFill-1))
-	if _, ok := client.(*redis.ClusterClient); ok {
+	if cluster {
 		l.cluster = true
 		l.blocks, l.keys = max(1, total/redisClusterSlots), 1
 	} else {
@@ -174,12 +179,9 @@ func newCompactLayout(scale int64, client redis.Scripter, prefix string) (*compa
 // redisClusterSlots is the number of hash slots of a Redis Cluster.
 const redisClusterSlots = 16384
 
-// describe is the layout as the store records it in Redis.
+// describe is the layout as the index keys record it.
 func (l *compactLayout) describe() string {
-	if l == nil {
-		return "none"
-	}
-	return "markers v1 scale=" + strconv.FormatInt(l.scale, 10)
+	return "v1 scale=" + strconv.FormatInt(l.scale, 10)
 }
 
 // indexDigest writes the digest of record id the index keeps into dst: 8
@@ -276,53 +278,68 @@ func slotTag(slot uint16) string {
 	return slotTags.tags[slot]
 }
 
-// layoutGate records that a store has checked the layout in use on its
-// prefix against its own.
+// layoutGate holds off the store's first use of the index until its layout
+// is known: a client other than a *redis.Client, a *redis.Conn or a
+// *redis.ClusterClient (an AutoPipeliner, a Ring, a failover client) may
+// reach a Cluster, whose index keys must carry their slot's tag, so the
+// store asks the server once.
 type layoutGate struct {
-	mu sync.Mutex
-	ok bool
+	mu    sync.Mutex
+	ready bool
 }
 
-// layoutKey is where the layout in use on the store's prefix is recorded.
-func (s *RedisStore) layoutKey() string { return s.prefix + "{layout}" }
-
-// checkLayout makes sure, once per store, that every store on the prefix
-// uses the same layout: it records the store's own under prefix +
-// "{layout}" if there is none, and refuses to go on with ErrInvalidConfig if
-// another is recorded there.
-func (s *RedisStore) checkLayout(ctx context.Context) error {
+// layoutReady makes sure the store's layout is known before its first use
+// of the index: for a client of an unknown kind, INFO cluster tells whether
+// the server is a Cluster node. The answer is kept.
+func (s *RedisStore) layoutReady(ctx context.Context) error {
 	g := &s.layout
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.ok {
+	if g.ready {
 		return nil
 	}
-	c, ok := s.client.(redis.Cmdable)
-	if !ok {
-		g.ok = true // a client that runs scripts only: nothing to check with
-		return nil
-	}
-	key, want := s.layoutKey(), s.compact.describe()
-	got, err := c.Get(ctx, key).Result()
-	if errors.Is(err, redis.Nil) {
-		// None is recorded: record this one, unless another store just did.
-		got, err = c.SetArgs(ctx, key, want, redis.SetArgs{Mode: "NX", Get: true}).Result()
-		switch {
-		case errors.Is(err, redis.Nil):
-			got, err = want, nil
-		case err != nil && redis.HasErrorPrefix(err, "READONLY"):
-			return nil // a replica: its master records it; check again next time
+	switch s.client.(type) {
+	case *redis.Client, *redis.Conn, *redis.ClusterClient:
+	default:
+		c, ok := s.client.(interface {
+			Do(ctx context.Context, args ...any) *redis.Cmd
+		})
+		if ok {
+			info, err := c.Do(ctx, "info", "cluster").Text()
+			var reply redis.Error
+			switch {
+			case errors.As(err, &reply):
+				info = "" // a server that has no such section is no Cluster
+			case err != nil:
+				return err
+			}
+			if strings.Contains(info, "cluster_enabled:1") {
+				l, err := newCompactLayout(s.compact.scale, true, s.prefix)
+				if err != nil {
+					return err
+				}
+				s.compact = l
+			}
 		}
 	}
-	if err != nil {
+	g.ready = true
+	return nil
+}
+
+// errLayout is what a script answers when the index it is given was laid
+// out for another scale: its error starts with layoutErrPrefix, then the
+// layout found.
+const layoutErrPrefix = "IDEMLAYOUT "
+
+// layoutError turns a script's answer that the index holds another layout
+// into ErrInvalidConfig; other errors are returned as they are.
+func (s *RedisStore) layoutError(err error) error {
+	if err == nil || !redis.HasErrorPrefix(err, strings.TrimSpace(layoutErrPrefix)) {
 		return err
 	}
-	if got != want {
-		return fmt.Errorf("%w: the records under prefix %q are kept with %q (%s), this store with %q: give every store on a prefix the same WithMarkerScale, or WithoutMarkers on all of them",
-			ErrInvalidConfig, s.prefix, got, key, want)
-	}
-	g.ok = true
-	return nil
+	found := strings.TrimPrefix(err.Error(), layoutErrPrefix)
+	return fmt.Errorf("%w: the index of prefix %q is laid out as %q, this store as %q: give every store on a prefix the same WithMarkerScale",
+		ErrInvalidConfig, s.prefix, found, s.compact.describe())
 }
 
 // compactHead is what compact_claim.lua's call for some records is given
@@ -336,7 +353,7 @@ func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string) []any
 	return []any{
 		req.Attempt, millis(req.Lease), millis(req.Keep), millis(callKeep),
 		millis(orForever(req.Retention)), millis(orForever(req.MarkerRetention)),
-		s.callBase(recordKey), s.compact.sweepArg, mode,
+		s.callBase(recordKey), s.compact.sweepArg, mode, s.compact.desc,
 	}
 }
 
@@ -358,7 +375,7 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 	if len(todo) == 0 {
 		return
 	}
-	if err := s.checkLayout(ctx); err != nil {
+	if err := s.layoutReady(ctx); err != nil {
 		for _, i := range todo {
 			out[i].Err = err
 		}
@@ -376,7 +393,7 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 		op: "claim", script: compactClaimScript, src: compactClaimLua, split: splitCompactClaims,
 		key: func(i int) string { return keys[i] },
 		answer: func(i int, res []any, err error) {
-			out[i].Reply, out[i].Err = batchClaimAnswer(res, err, int(placeOf[i]))
+			out[i].Reply, out[i].Err = batchClaimAnswer(res, s.layoutError(err), int(placeOf[i]))
 		},
 		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 },
 	}
@@ -396,7 +413,7 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 				placeOf[i] = int32(p + 1)
 			}
 			c.keys = append(c.keys, entries[c.records[0]].key)
-			c.args = append(make([]any, 0, 11+len(c.records)), s.compactHead(req, c.keys[0])...)
+			c.args = append(make([]any, 0, 12+len(c.records)), s.compactHead(req, c.keys[0])...)
 			// The blocks and the entries' starts of the call, 3 and 9 bytes
 			// each: two arguments, not two per record.
 			blocks := make([]byte, 0, 3*len(c.records))
@@ -439,8 +456,8 @@ func (s *RedisStore) byIndexKey(todo []int, entries []entryOf) [][]int {
 	return groups
 }
 
-// batchClaimAnswer reads one record's part of the reply of compact_claim.lua
-// or batch_claim.lua, as splitCompactClaims or splitClaims cut it: the
+// batchClaimAnswer reads one record's part of the reply of compact_claim.lua,
+// as splitCompactClaims cut it: the
 // answers of claimReply, {6, token} for a compact claim by this call (at
 // place, the record's place in the call), {10, token, place} for one by an
 // earlier run of it, {7, error} for a write Redis refused.
@@ -647,29 +664,12 @@ func isEmptyResult(env []byte) bool { return bytes.Equal(env, emptyBytes) }
 
 // compactIndexArgs returns the arguments of claim.lua that let it look in
 // the index: the record's block, its index key, the start of the call
-// record keys and the first 7 bytes of its entry; four empty strings for a
-// store that keeps no compact claims.
+// record keys and the first 7 bytes of its entry.
 func (s *RedisStore) compactIndexArgs(id string) (block, index, calls, d7 string) {
-	if s.compact == nil {
-		return "", "", "", ""
-	}
 	e := s.entry(id)
 	return string(e.block[:]), e.key, s.callBase(s.key(id)), string(e.d7[:])
 }
 
-// moveToRecords moves compact claims to records of their own, kept for
-// keep, with the lease they have: after that they are records like any
-// other (Checkpoint, Extend, Complete). A claim kept in a record already is
-// answered nil.
-func (s *RedisStore) moveToRecords(ctx context.Context, claims []Fence, keep time.Duration) []error {
-	errs := make([]error, len(claims))
-	fence := func(j int) Fence { return claims[j] }
-	compact, _ := splitByRef(len(claims), fence)
-	if s.compact != nil {
-		s.runCalls(ctx, s.moveCalls("M", 0, keep, s.compactGroups(compact, fence), fence, errs))
-	}
-	return errs
-}
 
 // keysOf returns the Redis keys of the records ids[i] for i in todo, made
 // in one allocation; the others are "".

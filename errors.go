@@ -133,7 +133,7 @@ func storeError(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrInvalidConfig) {
 		return err
 	}
 	if ctx.Err() != nil {

@@ -15,8 +15,6 @@ import (
 // The batch scripts: each takes one step for many records in one call, with
 // the rules of its single-record script.
 var (
-	//go:embed lua/batch_claim.lua
-	batchClaimLua string
 	//go:embed lua/batch_complete.lua
 	batchCompleteLua string
 	//go:embed lua/batch_release.lua
@@ -24,7 +22,6 @@ var (
 	//go:embed lua/batch_extend.lua
 	batchExtendLua string
 
-	batchClaimScript    = redis.NewScript(batchClaimLua)
 	batchCompleteScript = redis.NewScript(batchCompleteLua)
 	batchReleaseScript  = redis.NewScript(batchReleaseLua)
 	batchExtendScript   = redis.NewScript(batchExtendLua)
@@ -81,19 +78,10 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 			todo = append(todo, i)
 		}
 	}
-	if s.compact != nil {
-		s.claimCompact(ctx, &req, todo, out)
-		return out
+	if s.noCompact {
+		req.Compact = false
 	}
-	s.runBatch(ctx, &batchStep{
-		op: "claim", script: batchClaimScript, src: batchClaimLua, split: splitClaims,
-		head: []any{req.Attempt, millis(req.Lease), millis(req.Keep)},
-		key:  func(i int) string { return s.key(req.IDs[i]) },
-		args: func(dst []any, i int) []any { return append(dst, fp(i)) },
-		answer: func(i int, res []any, err error) {
-			out[i].Reply, out[i].Err = batchClaimAnswer(res, err, 0)
-		},
-	}, todo)
+	s.claimCompact(ctx, &req, todo, out)
 	return out
 }
 
@@ -436,43 +424,9 @@ func answerCall(st *batchStep, call batchCall, result func() ([]any, error)) {
 	}
 }
 
-// splitClaims cuts batch_claim.lua's flat reply into claim.lua's replies.
-func splitClaims(res []any, n int) ([][]any, error) {
-	if len(res) == 0 {
-		return nil, unexpected(res)
-	}
-	now, ok := res[len(res)-1].(int64)
-	if !ok {
-		return nil, unexpected(res[len(res)-1:])
-	}
-	res = res[:len(res)-1]
-	each := make([][]any, 0, n)
-	var fresh []any // the reply of every new record of the call, read only
-	for p := 0; p < len(res); {
-		code, _ := res[p].(int64)
-		if code == 6 {
-			if fresh == nil {
-				fresh = []any{int64(1), now, int64(1), int64(0)}
-			}
-			each = append(each, fresh)
-			p++
-			continue
-		}
-		k := claimFields(code)
-		if k < 0 || p+1+k > len(res) {
-			return nil, unexpected(res[p:])
-		}
-		each = append(each, res[p:p+1+k:p+1+k])
-		p += 1 + k
-	}
-	if len(each) != n {
-		return nil, fmt.Errorf("%w: a batch script answered %d records for %d", ErrCorrupt, len(each), n)
-	}
-	return each, nil
-}
 
 // claimFields is how many fields follow the code of a claim's answer in
-// batch_claim.lua's reply, or -1 for an unknown code.
+// compact_claim.lua's reply, or -1 for a code of its own.
 func claimFields(code int64) int {
 	switch code {
 	case 1:

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -56,11 +55,13 @@ type RedisStore struct {
 	durable *durability
 	// boxes holds the script arguments of the durations the store is given.
 	boxes millisBoxes
-	// compact is the layout of the index of compact claims and markers;
-	// nil for a store made WithoutMarkers. layout records that the store
-	// checked it against the one in use on its prefix.
-	compact *compactLayout
-	layout  layoutGate
+	// compact is the layout of the index of compact claims and markers,
+	// which every claim looks at; layout holds off its first use until it
+	// is known (see layoutReady). noCompact is set for a store made
+	// WithoutMarkers: it keeps no compact claims of its own.
+	compact   *compactLayout
+	layout    layoutGate
+	noCompact bool
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -77,7 +78,7 @@ func WithPrefix(prefix string) Option {
 //
 // Options that apply to a RedisStore: WithPrefix ("idem:"), WithReplicas
 // (no waiting), WithMarkerScale (DefaultMarkerScale) and WithoutMarkers
-// (markers on); others are refused with ErrInvalidConfig.
+// (compact claims on); others are refused with ErrInvalidConfig.
 //
 // With an AutoPipeliner (client.AutoPipelineWithOptions; docs/benchmarks.md
 // has a setting that suits idem), concurrent calls share pipelines. Three things
@@ -107,15 +108,12 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 			return nil, err
 		}
 	}
-	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas}
-	if !s.noMarkers {
-		l, err := newCompactLayout(s.markerScale, client, s.prefix)
-		if err != nil {
-			return nil, err
-		}
-		st.compact = l
+	_, cluster := client.(*redis.ClusterClient)
+	l, err := newCompactLayout(s.markerScale, cluster, s.prefix)
+	if err != nil {
+		return nil, err
 	}
-	return st, nil
+	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: l, noCompact: s.noMarkers}, nil
 }
 
 // NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
@@ -149,16 +147,16 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if !isBase64URL(req.Fingerprint) || !isBase64URL(req.Attempt) || req.Attempt == "" {
 		return ClaimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
 	}
-	if err := s.checkLayout(ctx); err != nil {
+	if err := s.layoutReady(ctx); err != nil {
 		return ClaimReply{}, err
 	}
 	block, index, calls, d7 := s.compactIndexArgs(id)
-	args := s.evalArgs(claimEval, id, 10)
+	args := s.evalArgs(claimEval, id, 11)
 	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep),
-		block, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)), d7)
+		block, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)), d7, s.compact.desc)
 	res, err := s.eval(ctx, claimEval, args).Result()
 	if err != nil {
-		return ClaimReply{}, err
+		return ClaimReply{}, s.layoutError(err)
 	}
 	return claimAnswer(res)
 }
@@ -491,23 +489,14 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVALSHA is answered NOSCRIPT runs its script once by EVAL, which also loads
 // it again, so the call costs one more round trip and the next ones none. An
 // EVAL that fails is the call's error; nothing is tried a third time.
-//
-// It also checks the store's layout against the one in use on its prefix
-// (see WithMarkerScale), which the store's first call does otherwise, one
-// round trip more: ErrInvalidConfig when they differ.
+
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript,
-		checkpointScript, batchClaimScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
+		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
 		compactClaimScript, compactSettleScript, compactMoveScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}
-	}
-	if err := s.checkLayout(ctx); err != nil {
-		if errors.Is(err, ErrInvalidConfig) {
-			return err
-		}
-		return fmt.Errorf("%w: checking the layout: %w", ErrUnavailable, err)
 	}
 	return nil
 }

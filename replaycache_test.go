@@ -73,7 +73,6 @@ func TestReplayCacheAnswersWithoutARoundTrip(t *testing.T) {
 
 		// Another Keeper replays from the store once, then from its cache.
 		k2 := newKeeper(t, b, WithReplayCache(100, 1<<20, time.Hour))
-		require.NoError(t, k2.store.(*RedisStore).LoadScripts(ctx)) // its check of the layout
 		n = cnt.Count(func() { v, err = Do(ctx, k2, "s", "k", fn) })
 		require.NoError(t, err)
 		assert.Equal(t, "result", v)

@@ -5,6 +5,10 @@
 -- ARGV[2]  the checkpoint's name (bytes, not empty)
 -- ARGV[3]  the checkpoint's value (bytes, may be empty)
 -- ARGV[4]  how many checkpoints a record may hold
+-- ARGV[5]  for a compact claim (see compact_claim.lua), its place in its call,
+--          else ''; then ARGV[6] its block, ARGV[7] its index key, ARGV[8]
+--          its call record key, ARGV[9] the first 7 bytes of its entry, and
+--          ARGV[10] how long to keep a pending record, in milliseconds
 --
 -- Returns
 --   {1}          recorded (or already recorded by this same call: a retried call)
@@ -17,9 +21,58 @@
 -- recorded again under its name replaces the earlier one and becomes the last.
 -- Safe to run twice: the second run writes the same record again. The record's
 -- time to live is kept.
+--
+-- A compact claim's first checkpoint moves it to a record of its own, as
+-- compact_move.lua does, in the same call: its token, attempt 1, the call's
+-- lease end, attempt id and the fingerprint the call record keeps; its place
+-- is marked M and its entry leaves the index. The record is kept for
+-- ARGV[10] from then on.
 local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 
 local v = redis.pcall('GET', key)
+local ttl = 'KEEPTTL'
+if not v and ARGV[5] and ARGV[5] ~= '' then
+  local p, ck, ikey, block, d7 = tonumber(ARGV[5]), ARGV[8], ARGV[7], ARGV[6], ARGV[9]
+  local cv = redis.pcall('GET', ck)
+  if type(cv) == 'table' then
+    return {5, 'wrong type'}
+  end
+  if not cv then
+    return {0}
+  end
+  local _, e, u, _, att, fpw = string.find(cv, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
+  if not e then
+    return {5, 'unknown format'}
+  end
+  local w = tonumber(fpw)
+  local places = (#cv - e) / (1 + w)
+  if p < 1 or p > places or string.sub(cv, e + p, e + p) ~= 'P' then
+    return {0}
+  end
+  local fp = ''
+  if w > 0 then
+    local from = e + 1 + places + (p - 1) * w
+    fp = string.gsub(string.sub(cv, from, from + w - 1), '%.+$', '')
+  end
+  v = 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':'
+  redis.call('SETRANGE', ck, e + p - 1, 'M')
+  local blk = redis.call('HGET', ikey, block)
+  if blk then
+    local pos = string.find(blk, d7, 1, true)
+    while pos and pos % 16 ~= 1 do
+      pos = string.find(blk, d7, pos + 1, true)
+    end
+    if pos then
+      blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
+      if blk == '' then
+        redis.call('HDEL', ikey, block)
+      else
+        redis.call('HSET', ikey, block, blk)
+      end
+    end
+  end
+  ttl = nil
+end
 if type(v) == 'table' then
   return {5, 'wrong type'}
 end
@@ -71,5 +124,9 @@ if count > tonumber(ARGV[4]) then
   return {6}
 end
 kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
-redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'KEEPTTL')
+if ttl then
+  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), ttl)
+else
+  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[10])
+end
 return {1}

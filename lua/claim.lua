@@ -12,6 +12,8 @@
 -- ARGV[8]  retention in milliseconds, ARGV[9] marker retention in
 --          milliseconds: how a marker answers (see compact_claim.lua)
 -- ARGV[10] the first 7 bytes of its entry in the block: its digest
+-- ARGV[11] the layout of the index: an index key of another is refused with
+--          the error "IDEMLAYOUT " and the layout it holds
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -65,7 +67,11 @@ local v = redis.pcall('GET', key)
 if not v then
   local prev, cnt, rec = 0, 0, 0
   if ARGV[5] ~= '' then
-    local blk = redis.call('HGET', ARGV[6], ARGV[5])
+    local got = redis.call('HMGET', ARGV[6], ARGV[5], '')
+    if got[2] and got[2] ~= ARGV[11] then
+      return redis.error_reply('IDEMLAYOUT ' .. got[2])
+    end
+    local blk = got[1]
     local pos = blk and string.find(blk, ARGV[10], 1, true)
     while pos and pos % 16 ~= 1 do
       pos = string.find(blk, ARGV[10], pos + 1, true)

@@ -23,14 +23,16 @@
 -- ARGV[8]       entries of a block past which it is swept of the entries
 --               whose call record is gone, when one more is added
 -- ARGV[9]       'c' to keep new claims compactly, 'r' in records of their own
--- ARGV[10]      the block of each record in the index key, a field name of 3
+-- ARGV[10]      the layout of the index, which every index key holds in its
+--               field "": a key of another layout is refused
+-- ARGV[11]      the block of each record in the index key, a field name of 3
 --               bytes: those of KEYS[i] at 3i-2 to 3i
--- ARGV[11]      the start of each record's entry, 9 bytes: 7 bytes of the
+-- ARGV[12]      the start of each record's entry, 9 bytes: 7 bytes of the
 --               digest its id is, then its place in this call, 2 bytes
 --               big-endian (i); that of KEYS[i] at 9i-8 to 9i
--- ARGV[11+i]    fingerprint of the request of KEYS[i] (base64url, at most 64
+-- ARGV[12+i]    fingerprint of the request of KEYS[i] (base64url, at most 64
 --               bytes, may be empty), present only when the call has
---               fingerprints: #ARGV is 11 or 11 + n
+--               fingerprints: #ARGV is 12 or 12 + n
 --
 -- Returns one flat array: for each record in turn, one of
 --   6                                           claimed compactly by this call:
@@ -52,7 +54,8 @@
 --   7, error                                    Redis refused a write (OOM,
 --                                               READONLY, ...): not claimed
 -- then the call's token (0 when no record was claimed compactly) and Redis's
--- clock (microseconds).
+-- clock (microseconds); or the error "IDEMLAYOUT " and the layout the index
+-- key holds, when it is not ARGV[10], and nothing is done.
 --
 -- The id index: hashes whose fields are blocks of entries, each entry 16
 -- bytes: DIGEST7 PLACE2 TOKEN7, the record's digest, its place in the call
@@ -86,8 +89,8 @@ local ikey = KEYS[n + 1]
 local attempt, lease, keep, callkeep = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local retention, mretention = tonumber(ARGV[5]) * 1000, tonumber(ARGV[6]) * 1000
 local cbase, sweepcut = ARGV[7], 16 * tonumber(ARGV[8])
-local compact, withfps = ARGV[9] == 'c', #ARGV == 11 + n
-local blocknames, heads = ARGV[10], ARGV[11]
+local compact, withfps = ARGV[9] == 'c', #ARGV == 12 + n
+local layout, blocknames, heads = ARGV[10], ARGV[11], ARGV[12]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -327,7 +330,7 @@ end
 local fpw = 0
 if withfps then
   for i = 1, n do
-    fpw = math.max(fpw, #ARGV[11 + i])
+    fpw = math.max(fpw, #ARGV[12 + i])
   end
 end
 local pad = string.rep('.', fpw)
@@ -335,26 +338,30 @@ local pad = string.rep('.', fpw)
 -- The records of a call come ordered by block, so that those of one block
 -- are next to each other: blk is the block of the record at hand, as this
 -- call changes it, and writes the blocks to write back, block then value.
-local names = {}
+local names = {''}
 for i = 1, n do
-  names[i] = string.sub(blocknames, 3 * i - 2, 3 * i)
+  names[i + 1] = string.sub(blocknames, 3 * i - 2, 3 * i)
 end
 local blocks = redis.call('HMGET', ikey, unpack(names))
+-- blocks[1] is the field "", the layout: blocks[i + 1] that of KEYS[i].
+if blocks[1] and blocks[1] ~= layout then
+  return redis.error_reply('IDEMLAYOUT ' .. blocks[1])
+end
 local recs = redis.call('MGET', unpack(KEYS, 1, n))
 local writes, nw = {}, 0
 local out, m, states, fps, claimed = {}, 0, {}, {}, false
 local lastf, blk, dirty
 for i = 1, n do
-  local f = names[i]
+  local f = names[i + 1]
   if f ~= lastf then
     if dirty then
       writes[nw + 1], writes[nw + 2], nw = lastf, blk, nw + 2
     end
-    lastf, blk, dirty = f, blocks[i] or '', false
+    lastf, blk, dirty = f, blocks[i + 1] or '', false
   end
   local fp = ''
   if withfps then
-    fp = ARGV[11 + i]
+    fp = ARGV[12 + i]
   end
   local code, a, b, c, d
   if recs[i] then
@@ -414,6 +421,9 @@ if dirty then
 end
 
 if nw > 0 then
+  if not blocks[1] then
+    writes[nw + 1], writes[nw + 2], nw = '', layout, nw + 2
+  end
   local ok = redis.pcall('HSET', ikey, unpack(writes, 1, nw))
   if type(ok) == 'table' and ok.err then
     -- Redis refused the call's first write (OOM, READONLY): nothing was
