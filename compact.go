@@ -670,7 +670,6 @@ func (s *RedisStore) compactIndexArgs(id string) (block, index, calls, d7 string
 	return string(e.block[:]), e.key, s.callBase(s.key(id)), string(e.d7[:])
 }
 
-
 // keysOf returns the Redis keys of the records ids[i] for i in todo, made
 // in one allocation; the others are "".
 func (s *RedisStore) keysOf(ids []string, todo []int) []string {

@@ -424,7 +424,6 @@ func answerCall(st *batchStep, call batchCall, result func() ([]any, error)) {
 	}
 }
 
-
 // claimFields is how many fields follow the code of a claim's answer in
 // compact_claim.lua's reply, or -1 for a code of its own.
 func claimFields(code int64) int {
