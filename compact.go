@@ -65,12 +65,12 @@ func WithMarkerRetention(d time.Duration) Option {
 // WithMarkerScale sizes a RedisStore's index of compact claims and markers
 // for about n of them held at once: the messages handled within the marker
 // retention, and the claims in progress. The index keeps an entry of 16
-// bytes per claim or marker, in blocks of about 16 (n/16 blocks, rounded up
+// bytes per claim or marker, in blocks of about 32 (n/32 blocks, rounded up
 // to a power of two, a million to an index key; on a Cluster, one index key
-// per slot): about 20 bytes per marker in all. A store that holds many more
+// per slot): 21 to 24 bytes per marker in all. A store that holds many more
 // than n markers still answers right, with larger blocks (each claim reads
-// and writes its block, so a claim costs Redis more); one that holds far
-// fewer pays the blocks' own cost, about 60 bytes each.
+// and writes its block, so a claim costs Redis a little more); one that
+// holds far fewer pays the blocks' own cost, about 60 bytes each.
 //
 // Every RedisStore on a prefix must have the same scale: the first to claim
 // records it in Redis (under prefix + "{layout}"), and a store with another
@@ -114,13 +114,14 @@ func WithCompactClaims() Option {
 var ErrResultExpired = errors.New("idem: the operation completed; its result is no longer kept")
 
 // blockFill is how many entries a block of the index holds when the store
-// holds as many claims and markers as its scale: 16 entries of 16 bytes, a
-// value of 256 bytes in a hash Redis keeps as a hash table, whose own cost
-// (its field, its slot in the table) is about 4 bytes an entry.
-const blockFill = 16
+// holds as many claims and markers as its scale: 32 entries of 16 bytes, a
+// value of 512 bytes in a hash Redis keeps as a hash table, whose own cost
+// (its field, its slot in the table, the allocator's rounding) is about 2
+// to 4 bytes an entry.
+const blockFill = 32
 
-// maxBlocks is the most blocks one index key holds: 2^20, some 16 million
-// entries at the fill, about 300 MB. A store of a larger scale spreads its
+// maxBlocks is the most blocks one index key holds: 2^20, some 32 million
+// entries at the fill, about 700 MB. A store of a larger scale spreads its
 // index over several keys.
 const maxBlocks = 1 << 20
 

@@ -25,7 +25,9 @@ import (
 //     A panic releases the key and the keys not yet run, settles the others,
 //     and panics again in Consume's caller.
 //   - handled before (a redelivery, a duplicate from the producer): handle
-//     does not run; acknowledged (MessageReplayed).
+//     does not run; acknowledged (MessageReplayed). A message handled
+//     within the marker retention is known by its marker, a few bytes in
+//     Redis, after its record has gone (see WithMarkerRetention).
 //   - its key earlier in the batch: handle does not run; acknowledged when
 //     the first one is (MessageDuplicate).
 //   - held by another consumer, the store unreachable, the lease lost: not
@@ -155,6 +157,9 @@ func unclaimedResult(r BatchResult) MessageResult {
 	switch {
 	case r.Err == nil:
 		m.Status, m.Ack, m.Err = MessageReplayed, true, r.Outcome.Err
+	case errors.Is(r.Err, ErrResultExpired):
+		// Handled before, longer ago than the retention: a marker.
+		m.Status, m.Ack, m.Err = MessageReplayed, true, nil
 	case errors.Is(r.Err, ErrDuplicate):
 		m.Status = MessageDuplicate
 	case errors.Is(r.Err, ErrInvalidKey), errors.Is(r.Err, ErrMismatch), errors.Is(r.Err, ErrCorrupt):

@@ -125,6 +125,8 @@ type Outcome struct {
 	// Do copies only what its result would share.
 	shared  bool
 	attempt int // when Replayed: the attempt count of the completing claim
+	// marker is set when the answer came from a marker (ClaimReply.Marker).
+	marker bool
 }
 
 // Attempt returns, for a replay, the attempt count of the claim that
@@ -199,7 +201,7 @@ func (k *Keeper) beginCall(ctx context.Context, scope, key string, opts []Option
 // reportClaim tells the Observer, and info if the caller asked for it, how
 // a claim went.
 func (k *Keeper) reportClaim(ctx context.Context, scope, id string, started time.Time, info *CallInfo, out Outcome, err error) {
-	ev := Event{Step: StepClaim, Result: claimResult(out, err), Scope: scope, ID: id, Token: out.Token, Err: err}
+	ev := Event{Step: StepClaim, Result: claimResult(out, err), Scope: scope, ID: id, Token: out.Token, Marker: out.marker, Err: err}
 	var ip *InProgressError
 	switch c := out.Claim; {
 	case c != nil:
@@ -238,6 +240,8 @@ func errorResult(err error) Result {
 		return ResultInvalid
 	case errors.Is(err, ErrInProgress):
 		return ResultInProgress
+	case errors.Is(err, ErrResultExpired):
+		return ResultExpired
 	case errors.Is(err, ErrMismatch):
 		return ResultMismatch
 	case errors.Is(err, ErrCorrupt):
@@ -354,7 +358,7 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.
 		if err != nil {
 			return Outcome{}, err
 		}
-		out := Outcome{Replayed: true, Value: body, Token: r.Token, attempt: r.Attempt, kind: kind}
+		out := Outcome{Replayed: true, Value: body, Token: r.Token, attempt: r.Attempt, kind: kind, marker: r.Marker}
 		if out.Err, err = replayedFinal(kind, body); err != nil {
 			return Outcome{}, err
 		}
@@ -364,7 +368,7 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.
 	case StatusMismatch:
 		return Outcome{}, ErrMismatch
 	case StatusResultExpired:
-		return Outcome{Token: r.Token, attempt: r.Attempt}, ErrResultExpired
+		return Outcome{Token: r.Token, attempt: r.Attempt, marker: true}, ErrResultExpired
 	}
 	return Outcome{}, fmt.Errorf("%w: claim status %d unknown", ErrCorrupt, r.Status)
 }

@@ -125,6 +125,9 @@ const (
 	// ResultRefused (StepRequest): the layer's scope or key function
 	// refused the request; Err is its error.
 	ResultRefused
+	// ResultExpired: the operation had completed and its result is no
+	// longer kept (ErrResultExpired): only a marker is left.
+	ResultExpired
 )
 
 var resultNames = [...]string{
@@ -133,6 +136,7 @@ var resultNames = [...]string{
 	ResultCorrupt: "corrupt", ResultUnavailable: "unavailable", ResultCanceled: "canceled",
 	ResultDone: "done", ResultLeaseLost: "lease_lost", ResultReleased: "released",
 	ResultFailOpen: "fail_open", ResultTooLarge: "too_large", ResultRefused: "refused",
+	ResultExpired: "result_expired",
 }
 
 // String returns the result's name, such as "replayed".
@@ -161,6 +165,10 @@ type Event struct {
 	// LeaseLeft is, for ResultInProgress, the time left on the holder's
 	// lease as the store reported it; zero otherwise.
 	LeaseLeft time.Duration
+	// Marker is set, for a claim, when the answer came from a marker: what
+	// a compact claim completed with an empty result leaves (a replay of
+	// the empty result, or ResultExpired; see WithMarkerRetention).
+	Marker bool
 	// Status is, for StepRequest, what the request was answered: an HTTP
 	// status (idemhttp), a gRPC code (idemgrpc); for an operation that
 	// ran, the status it answered. Zero for the other steps, and for a

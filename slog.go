@@ -9,7 +9,8 @@ import (
 // with the attributes idem.step, idem.result, idem.scope, idem.id (the
 // record's digest: client keys are never logged), idem.token, idem.attempt,
 // idem.recovered, idem.took, and when they are set idem.held,
-// idem.lease_left, idem.status (a request's answer) and the error.
+// idem.lease_left, idem.status (a request's answer), idem.marker (an answer
+// from a marker) and the error.
 // Durations (idem.took, idem.held, idem.lease_left) are logged as Go
 // duration strings, such as "1.5ms", by every handler alike (JSONHandler
 // would print a time.Duration as integer nanoseconds); time.ParseDuration
@@ -63,6 +64,9 @@ func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog
 		if ev.Status != 0 {
 			attrs = append(attrs, slog.Int("idem.status", ev.Status))
 		}
+		if ev.Marker {
+			attrs = append(attrs, slog.Bool("idem.marker", true))
+		}
 		if ev.Err != nil {
 			attrs = append(attrs, slog.String("error", ev.Err.Error()))
 		}
@@ -80,7 +84,7 @@ func slogLevel(ev Event) slog.Level {
 		return slog.LevelError
 	case ResultRecovered, ResultLeaseLost, ResultUnavailable, ResultFailOpen:
 		return slog.LevelWarn
-	case ResultMismatch, ResultInvalid, ResultTooLarge, ResultRefused:
+	case ResultMismatch, ResultInvalid, ResultTooLarge, ResultRefused, ResultExpired:
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug

@@ -42,6 +42,10 @@ const (
 	// ReasonNotFingerprintable (Internal): the request is not a proto
 	// message, so it cannot be fingerprinted; the handler did not run.
 	ReasonNotFingerprintable = "REQUEST_NOT_FINGERPRINTABLE"
+	// ReasonResultExpired (FailedPrecondition): a call with the key ran and
+	// completed, and its answer is no longer kept (idem.ErrResultExpired:
+	// only the fact is, a marker); the handler did not run again.
+	ReasonResultExpired = "RESULT_EXPIRED"
 )
 
 // answer is an answer of the server interceptor's own: code and message,
@@ -71,6 +75,9 @@ func (s *server) beginError(err error) error {
 			"idemgrpc: this idempotency key was first used with another request; send a new key for a new request", 0)
 	case errors.Is(err, idem.ErrInvalidKey):
 		return answer(codes.InvalidArgument, ReasonKeyInvalid, "idemgrpc: "+err.Error(), 0)
+	case errors.Is(err, idem.ErrResultExpired):
+		return answer(codes.FailedPrecondition, ReasonResultExpired,
+			"idemgrpc: a call with this idempotency key ran and completed; its answer is no longer kept, and it was not run again", 0)
 	case errors.Is(err, idem.ErrCorrupt):
 		return corruptAnswer()
 	case errors.Is(err, idem.ErrUnavailable):

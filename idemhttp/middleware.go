@@ -116,6 +116,9 @@ const unavailableRetryAfter = "1"
 //   - The store is unreachable: 503 with "Retry-After: 1", and the handler
 //     does not run; with WithFailOpen, the handler runs unguarded instead.
 //   - The record cannot be read (ErrCorrupt): 500; nothing is overwritten.
+//   - A request with the key completed and its response is no longer kept
+//     (idem.ErrResultExpired: a marker, see idem.WithMarkerRetention): 410,
+//     ProblemResultExpired; the handler does not run again.
 //
 // Every answer of the middleware's own is an RFC 9457 application/problem+json
 // body with type (the Problem constants), title, status and detail.
@@ -311,6 +314,8 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
 			Detail: err.Error(),
 		})
+	case errors.Is(err, idem.ErrResultExpired):
+		m.expired(w, rep, err)
 	case errors.Is(err, idem.ErrCorrupt):
 		m.corrupt(w, rep, err)
 	case r.Context().Err() != nil:
@@ -328,6 +333,15 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.keyName() + ".",
 		})
 	}
+}
+
+// expired answers a key whose request completed and whose response is not
+// kept (ErrResultExpired, or a completion with nothing to replay).
+func (m *middleware) expired(w http.ResponseWriter, rep *idem.Request, err error) {
+	m.refuse(w, rep, idem.ResultExpired, err, problem{
+		Type: ProblemResultExpired, Title: "Response no longer kept", Status: http.StatusGone,
+		Detail: "A request with this " + m.keyName() + " ran and completed; its response is no longer kept, and it was not run again. Send a new key for a new request.",
+	})
 }
 
 // retryAfterSeconds is the Retry-After of a 409 while the other request's
@@ -374,6 +388,12 @@ var bodyHeaders = []string{
 // replay answers the stored response.
 func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.Outcome) {
 	rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
+	if len(out.Value) == 0 {
+		// Completed with nothing to replay: a marker (a consumer's
+		// message under the same key), not a response of this middleware.
+		m.expired(w, rep, nil)
+		return
+	}
 	s, err := decodeResponse(out.Value)
 	if err != nil {
 		m.corrupt(w, rep, err)

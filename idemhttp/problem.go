@@ -30,6 +30,12 @@ const (
 	// ProblemUnavailable (503): the store could not be reached; the handler
 	// did not run.
 	ProblemUnavailable = "https://github.com/idemkit/idem/problems/store-unavailable"
+	// ProblemResultExpired (410): a request with the key ran and completed,
+	// and its response is no longer kept: all that is left of it is the
+	// fact (idem.ErrResultExpired, a marker past the retention), or it was
+	// completed with nothing to replay (a consumer's message under the same
+	// key). The handler did not run again; send a new key for a new request.
+	ProblemResultExpired = "https://github.com/idemkit/idem/problems/result-expired"
 	// ProblemCorrupt (500): the record of the key cannot be read; nothing was
 	// run or overwritten.
 	ProblemCorrupt = "https://github.com/idemkit/idem/problems/record-corrupt"

@@ -16,6 +16,7 @@ const (
 	keyAttempt   = attribute.Key("idem.attempt")
 	keyRecovered = attribute.Key("idem.recovered")
 	keyStatus    = attribute.Key("idem.status")
+	keyMarker    = attribute.Key("idem.marker")
 	keyErrorType = attribute.Key("error.type")
 )
 

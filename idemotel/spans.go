@@ -30,7 +30,7 @@ func (o *Observer) span(ctx context.Context, ev idem.Event, l *label, end time.T
 // spanAttributes are the attributes of ev's span: the result, scope and
 // record id always; the status a request was answered (StepRequest); the token when there is one (for a replay, the
 // completing claim's); the attempt and whether it recovered when the call
-// held a claim.
+// held a claim; idem.marker for an answer from a marker.
 func spanAttributes(ev idem.Event, l *label) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{l.result, keyScope.String(ev.Scope), keyID.String(ev.ID)}
 	if ev.Token != 0 {
@@ -41,6 +41,9 @@ func spanAttributes(ev idem.Event, l *label) []attribute.KeyValue {
 	}
 	if ev.Status != 0 {
 		attrs = append(attrs, keyStatus.Int(ev.Status))
+	}
+	if ev.Marker {
+		attrs = append(attrs, keyMarker.Bool(true))
 	}
 	return attrs
 }
