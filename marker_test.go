@@ -391,7 +391,6 @@ func TestMarkerMemory(t *testing.T) {
 	}
 }
 
-
 // TestCompactClaimSentTwice: a compact claim call run again whole (its reply
 // lost) answers the first run's claims: the same token and place for each
 // record, nothing claimed twice.
