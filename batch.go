@@ -237,11 +237,19 @@ type settlement struct {
 
 // completeBatch stores each settlement, as Claim.complete would.
 func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error {
-	errs := make([]error, len(items))
+	errs, _ := k.settleBatch(ctx, items, nil)
+	return errs
+}
+
+// settleBatch stores each settlement of items, as Claim.complete would, and
+// releases each of gives, as Claim.Release would: in one round trip per
+// node when the store can (RedisStore), else in one store call each.
+func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*Claim) (doneErrs, giveErrs []error) {
+	doneErrs = make([]error, len(items))
 	send := make([]BatchCompletion, 0, len(items))
 	sent := make([]int, 0, len(items))
 	for i, it := range items {
-		if errs[i] = k.ownClaim(it.claim); errs[i] != nil {
+		if doneErrs[i] = k.ownClaim(it.claim); doneErrs[i] != nil {
 			continue
 		}
 		keep := it.retention
@@ -249,7 +257,7 @@ func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error 
 			keep = k.policy.retention
 		}
 		if keep > MaxDuration {
-			errs[i] = fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, keep)
+			doneErrs[i] = fmt.Errorf("%w: retention %s is longer than MaxDuration", ErrInvalidConfig, keep)
 			continue
 		}
 		f, env := it.claim.fence(), sealBatch(it.kind, it.body)
@@ -259,14 +267,28 @@ func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error 
 		send = append(send, BatchCompletion{Fence: f, Value: env, Keep: keep})
 		sent = append(sent, i)
 	}
+	giveErrs = make([]error, len(gives))
+	fences, given := k.fences(gives, giveErrs)
 	started := k.startStep()
-	for j, err := range k.storeCompleteBatch(ctx, send) {
-		i, c := sent[j], items[sent[j]].claim
-		errs[i] = storeError(ctx, "complete", err)
-		c.endHold(items[i].kind, items[i].body, errs[i])
-		c.report(ctx, StepComplete, started, errs[i])
+	var cerrs, rerrs []error
+	if rs, ok := k.store.(*RedisStore); ok && len(send) > 0 && len(fences) > 0 {
+		cerrs, rerrs = rs.settleBatch(ctx, send, fences, k.policy.tombstoneTTL())
+	} else {
+		cerrs, rerrs = k.storeCompleteBatch(ctx, send), k.storeReleaseBatch(ctx, fences)
 	}
-	return errs
+	for j, err := range cerrs {
+		i, c := sent[j], items[sent[j]].claim
+		doneErrs[i] = storeError(ctx, "complete", err)
+		c.endHold(items[i].kind, items[i].body, doneErrs[i])
+		c.report(ctx, StepComplete, started, doneErrs[i])
+	}
+	for j, err := range rerrs {
+		i := given[j]
+		giveErrs[i] = storeError(ctx, "release", err)
+		gives[i].endHold(0, nil, giveErrs[i])
+		gives[i].report(ctx, StepRelease, started, giveErrs[i])
+	}
+	return doneErrs, giveErrs
 }
 
 // emptyBytes is the envelope of an empty kindBytes result, which Consume
@@ -300,23 +322,22 @@ func (k *Keeper) storeCompleteBatch(ctx context.Context, items []BatchCompletion
 // ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). With
 // a RedisStore it costs one round trip per Redis node.
 func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
-	errs := make([]error, len(claims))
-	fences, sent := k.fences(claims, errs)
-	started := k.startStep()
-	var serrs []error
-	if bs, ok := k.store.(BatchStore); ok && len(fences) > 0 {
-		serrs = bs.ReleaseBatch(ctx, fences, k.policy.tombstoneTTL())
-	} else {
-		serrs = make([]error, len(fences))
-		for j, f := range fences {
-			serrs[j] = k.store.Release(ctx, f.ID, f.Token, k.policy.tombstoneTTL())
-		}
+	_, errs := k.settleBatch(ctx, nil, claims)
+	return errs
+}
+
+// storeReleaseBatch asks the store to give up the claims of fences: in one
+// call if it is a BatchStore, else one claim at a time.
+func (k *Keeper) storeReleaseBatch(ctx context.Context, fences []Fence) []error {
+	if len(fences) == 0 {
+		return nil
 	}
-	for j, err := range serrs {
-		i := sent[j]
-		errs[i] = storeError(ctx, "release", err)
-		claims[i].endHold(0, nil, errs[i])
-		claims[i].report(ctx, StepRelease, started, errs[i])
+	if bs, ok := k.store.(BatchStore); ok {
+		return bs.ReleaseBatch(ctx, fences, k.policy.tombstoneTTL())
+	}
+	errs := make([]error, len(fences))
+	for j, f := range fences {
+		errs[j] = k.store.Release(ctx, f.ID, f.Token, k.policy.tombstoneTTL())
 	}
 	return errs
 }

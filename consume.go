@@ -40,21 +40,39 @@ import (
 // WithConcurrency(n), up to n at once, started in that order. Every third of
 // the lease, one ExtendBatch renews the leases of the messages not yet
 // settled, and the outcomes of the handlers that have returned by then are
-// stored; the rest are stored when the last handler returns, in one
-// CompleteBatch (and one ReleaseBatch if some failed). A batch of any size
+// stored; the rest are stored when the last handler returns, the successes
+// completed and the failures released in one pipeline. A batch of any size
 // whose handlers take less than a third of the lease thus costs two round
 // trips per Redis node: the claim and the completion. A process that dies
 // mid-batch leaves the keys of the batch pending; their redelivery after the
 // lease takes them over (Recovered) with the checkpoints recorded.
 //
-// A handler's context is cancelled, with a cause wrapping ErrLeaseLost, if
-// the renewals find its lease lost; its outcome is then not stored. The
+// On a RedisStore the claims are compact (see WithCompactClaims): a claim
+// of a key that has no record is an entry of 16 bytes in an index, and a
+// message handled without error leaves a marker, about 22 bytes of Redis
+// memory at the index's scale (WithMarkerScale), kept for the marker
+// retention (WithMarkerRetention, 7 days by default), where a record costs
+// more than a hundred. The claims of one batch share one lease. A handler
+// that records a Checkpoint, or whose outcome is a Final error, moves its
+// claim to a record of its own. WithoutMarkers on the Keeper keeps every
+// claim in a record.
+//
+// A holder knows its own lease: a claim whose answer came after its lease
+// ran out, by this process's clock, never starts its handler
+// (MessageRetry); one with less than a third of it left is renewed before
+// any handler starts. A handler's context is cancelled, with a cause
+// wrapping ErrLeaseLost, when the renewals find its lease lost, or when its
+// lease runs out by this process's clock before a renewal got through,
+// whatever a renewal in flight is doing; no renewal waits longer than the
+// lease left, and one that fails is tried again within a third of what is
+// left. The outcome of a handler whose lease was lost is not stored. The
 // caller's cancellation reaches the handlers' contexts; once ctx is done no
 // further handler starts, and the claims not run are released. The leases
 // are renewed, and the outcomes stored, whatever happens to ctx, until the
 // handlers have returned.
 //
-// Options that apply: WithConcurrency (1) and WithFingerprints (none). The
+// Options that apply: WithConcurrency (1), WithFingerprints (none) and
+// WithLease (the Keeper's lease), the lease of this call's claims. The
 // error is non-nil only when nothing was done: nil key or handle, an option
 // that does not apply or does not fit (ErrInvalidConfig), or ctx already
 // done.

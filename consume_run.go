@@ -313,27 +313,24 @@ func (b *consumption) lose(h *heldMessage, cause error) {
 }
 
 // settle stores the outcome of every message whose handler returned, and,
-// when last, releases the messages that did not run: one CompleteBatch for
-// the successes and Final errors, one ReleaseBatch for the other errors.
+// when last, releases the messages that did not run: the successes and
+// Final errors completed, the other errors released, in one round trip.
 // Before the last settling, a message whose outcome the store could not take
 // (unavailable) is tried again at the next one.
 func (b *consumption) settle(ctx context.Context, last bool) {
 	done, give := b.toSettle(last)
-	var doneErrs, giveErrs []error
-	if len(done) > 0 {
-		items := make([]settlement, len(done))
-		for j, h := range done {
-			items[j] = b.outcome(h)
-		}
-		doneErrs = b.k.completeBatch(ctx, items)
+	if len(done) == 0 && len(give) == 0 {
+		return
 	}
-	if len(give) > 0 {
-		claims := make([]*Claim, len(give))
-		for j, h := range give {
-			claims[j] = h.claim
-		}
-		giveErrs = b.k.ReleaseBatch(ctx, claims)
+	items := make([]settlement, len(done))
+	for j, h := range done {
+		items[j] = b.outcome(h)
 	}
+	claims := make([]*Claim, len(give))
+	for j, h := range give {
+		claims[j] = h.claim
+	}
+	doneErrs, giveErrs := b.k.settleBatch(ctx, items, claims) // one round trip for both
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for j, h := range done {

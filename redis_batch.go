@@ -91,6 +91,15 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 // a value is first moved to a record of its own, in the same pipeline.
 func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
 	errs := make([]error, len(items))
+	calls, after := s.completeCalls(items, errs)
+	s.runCalls(ctx, calls)
+	after()
+	return errs
+}
+
+// completeCalls returns the calls of CompleteBatch, whose answers go into
+// errs once after is called.
+func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls []batchCall, after func()) {
 	var keep time.Duration
 	var keepArg any // millis(keep), boxed once for the items that share it
 	st := &batchStep{
@@ -104,12 +113,11 @@ func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion)
 		},
 		answer: transitionAnswers(errs),
 	}
+	if s.durable == nil {
+		st.op = ""
+	}
 	fence := func(j int) Fence { return items[j].Fence }
 	compact, records := splitByRef(len(items), fence)
-	if len(compact) == 0 || s.compact == nil {
-		s.runBatch(ctx, st, upTo(len(items)))
-		return errs
-	}
 	var markers, moving []int
 	var markerKeep, movedKeep time.Duration
 	for _, j := range compact {
@@ -121,29 +129,32 @@ func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion)
 			movedKeep = max(movedKeep, items[j].Keep)
 		}
 	}
-	calls := s.settleCalls("C", markerKeep, s.compactGroups(markers, fence), fence, errs)
+	calls = s.settleCalls("C", markerKeep, s.compactGroups(markers, fence), fence, errs)
 	moveErrs := make([]error, len(items))
 	calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
-	if s.durable == nil {
-		st.op = ""
-	}
 	for _, c := range s.batchCalls(st, append(records, moving...)) {
 		c.step = st
 		calls = append(calls, c)
 	}
-	s.runCalls(ctx, calls)
-	for _, j := range moving {
-		if moveErrs[j] != nil {
-			errs[j] = moveErrs[j]
+	return calls, func() {
+		for _, j := range moving {
+			if moveErrs[j] != nil {
+				errs[j] = moveErrs[j]
+			}
 		}
 	}
-	return errs
 }
 
 // ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do. The
 // compact claims of one call are released in one call.
 func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
 	errs := make([]error, len(claims))
+	s.runCalls(ctx, s.releaseCalls(claims, keep, errs))
+	return errs
+}
+
+// releaseCalls returns the calls of ReleaseBatch, whose answers go into errs.
+func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []error) []batchCall {
 	st := &batchStep{
 		script: batchReleaseScript, src: batchReleaseLua, split: splitTransitions,
 		head:   []any{millis(keep)},
@@ -153,17 +164,23 @@ func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time
 	}
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
-	if len(compact) == 0 || s.compact == nil {
-		s.runBatch(ctx, st, upTo(len(claims)))
-		return errs
-	}
 	calls := s.settleCalls("R", 0, s.compactGroups(compact, fence), fence, errs)
 	for _, c := range s.batchCalls(st, records) {
 		c.step = st
 		calls = append(calls, c)
 	}
+	return calls
+}
+
+// settleBatch completes items and releases claims in one pipeline: one round
+// trip per node for a batch whose handlers returned, the failed ones too.
+func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, claims []Fence, keep time.Duration) (done, given []error) {
+	done, given = make([]error, len(items)), make([]error, len(claims))
+	calls, after := s.completeCalls(items, done)
+	calls = append(calls, s.releaseCalls(claims, keep, given)...)
 	s.runCalls(ctx, calls)
-	return errs
+	after()
+	return done, given
 }
 
 // ExtendBatch implements BatchStore; its calls go as ClaimBatch's do. The
