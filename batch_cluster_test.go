@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +72,60 @@ func TestBatchCluster(t *testing.T) {
 			assert.Equal(t, map[string]int64{"claim": 1, "renew": 1, "complete": 1}, steps, "node %s", addr)
 		}
 		assert.Equal(t, 3, masters, "every master holds part of the batch")
+	})
+	t.Run("compact claims and markers, one round trip per node and step", func(t *testing.T) {
+		k, err := New(s, WithLease(time.Hour))
+		require.NoError(t, err)
+		id := func(s string) string { return s }
+		ok := func(context.Context, string) error { return nil }
+		batch, done := redeliveryBatch(500, 0.2, 4)
+		res, err := Consume(ctx, k, "m", done, id, ok)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.Equal(t, MessageHandled, r.Status, "%v", r.Err)
+		}
+		ran := map[string]int{}
+		before := nodes.snapshot()
+		res, err = Consume(ctx, k, "m", batch, id, func(_ context.Context, m string) error { ran[m]++; return nil })
+		require.NoError(t, err)
+		perNode := nodes.since(before)
+		require.Len(t, perNode, 3, "every master holds part of the batch")
+		for addr, n := range perNode {
+			assert.EqualValues(t, 2, n, "node %s: the claim and the completion", addr)
+		}
+		replayed := 0
+		for i, r := range res {
+			require.True(t, r.Ack, "%s: %v", batch[i], r.Err)
+			if r.Status == MessageReplayed {
+				replayed++
+			}
+		}
+		assert.Equal(t, len(done), replayed, "the redeliveries are answered from their markers")
+		assert.Len(t, ran, len(batch)-len(done))
+		// A Keeper without markers reads them too.
+		plain, err := New(s, WithoutMarkers())
+		require.NoError(t, err)
+		res, err = Consume(ctx, plain, "m", batch, id, func(_ context.Context, m string) error { ran[m]++; return nil })
+		require.NoError(t, err)
+		for _, r := range res {
+			assert.Equal(t, MessageReplayed, r.Status)
+		}
+		assert.Len(t, ran, len(batch)-len(done))
+		// The claims were compact: no message has a record of its own, and
+		// the masters hold index keys and call records, under a slot's
+		// hash tag each.
+		for _, m := range batch {
+			n, err := cc.Exists(ctx, s.RecordKey("m", m)).Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "%s has a record of its own", m)
+		}
+		var compactKeys atomic.Int64
+		require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			keys, err := c.Keys(ctx, "idem:{*}[ic]*").Result()
+			compactKeys.Add(int64(len(keys)))
+			return err
+		}))
+		assert.Positive(t, compactKeys.Load())
 	})
 	t.Run("a master down fails its keys only", func(t *testing.T) {
 		k, err := New(s, WithLease(time.Hour))
