@@ -78,6 +78,7 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 		// Before the Keeper writes anything of its own.
 		h.memory = newMemoryProbe(ctx, o, idemClient, baseClient)
 	}
+	o.run = newRunTag()
 	k, closeKeeper, err := newKeeper(ctx, o, idemClient)
 	if err != nil {
 		return nil, err

@@ -118,7 +118,7 @@ func newAutoPipeliner(o *options, c client) (*redis.AutoPipeliner, error) {
 
 // newKeeper returns the Keeper under test, on c (through an AutoPipeliner
 // with -autopipeline), with its scripts loaded, and a function that closes
-// what it opened.
+// what it opened. In -workload batch its keys start with the run's tag.
 func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(), error) {
 	var scripter redis.Scripter = c
 	closeAP := func() {}
@@ -130,14 +130,29 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		scripter, closeAP = ap, func() { ap.Close() }
 	}
 	k, err := func() (*idem.Keeper, error) {
-		store, err := idem.NewRedisStore(scripter)
+		var opts []idem.Option
+		if o.workload == workloadBatch {
+			// A prefix of the run's own: its index is laid out for its
+			// -marker-scale, whatever other runs on the server chose.
+			opts = append(opts, idem.WithPrefix("idembench-"+o.run+":"))
+		}
+		switch {
+		case !o.markers:
+			opts = append(opts, idem.WithoutMarkers())
+		case o.markerScale > 0:
+			opts = append(opts, idem.WithMarkerScale(o.markerScale))
+		}
+		store, err := idem.NewRedisStore(scripter, opts...)
 		if err != nil {
 			return nil, err
 		}
 		if err := store.LoadScripts(ctx); err != nil {
 			return nil, err
 		}
-		opts := []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		if !o.markers {
+			opts = append(opts, idem.WithoutMarkers())
+		}
 		if o.cache > 0 {
 			opts = append(opts, idem.WithReplayCache(o.cache, int64(o.cache)*int64(o.body+512), o.retention))
 		}

@@ -230,15 +230,21 @@ type workload struct {
 	fresh atomic.Uint64
 }
 
-func newWorkload(o *options, k *idem.Keeper) *workload {
-	var runID [4]byte
-	for i := range runID {
-		runID[i] = "abcdefghijklmnopqrstuvwxyz"[rand.IntN(26)]
+// newRunTag returns four random letters that name a run: its scope, and
+// in -workload batch the prefix of idem's keys.
+func newRunTag() string {
+	var tag [4]byte
+	for i := range tag {
+		tag[i] = "abcdefghijklmnopqrstuvwxyz"[rand.IntN(26)]
 	}
+	return string(tag[:])
+}
+
+func newWorkload(o *options, k *idem.Keeper) *workload {
 	w := &workload{
 		o:     o,
 		k:     k,
-		scope: "idembench-" + string(runID[:]),
+		scope: "idembench-" + o.run,
 		body:  make([]byte, o.body),
 		ran:   newBitset(),
 	}
