@@ -137,6 +137,7 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 		Keep:            k.policy.pendingKeep(),
 		Retention:       k.policy.retention,
 		MarkerRetention: k.policy.markerRetention,
+		distinct:        true,
 	}
 	if fps != nil {
 		req.Fingerprints = make([]string, 0, len(keys))

@@ -65,7 +65,10 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		return req.Fingerprints[i]
 	}
 	todo := make([]int, 0, len(req.IDs))
-	seen := make(map[string]struct{}, len(req.IDs))
+	var seen map[string]struct{}
+	if !req.distinct {
+		seen = make(map[string]struct{}, len(req.IDs))
+	}
 	for i, id := range req.IDs {
 		_, dup := seen[id]
 		switch {
@@ -74,7 +77,9 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		case !isBase64URL(fp(i)):
 			fail(i, fmt.Errorf("%w: fingerprint must be base64url", ErrInvalidConfig))
 		default:
-			seen[id] = struct{}{}
+			if seen != nil {
+				seen[id] = struct{}{}
+			}
 			todo = append(todo, i)
 		}
 	}

@@ -150,6 +150,10 @@ type BatchClaimRequest struct {
 	// WithMarkerRetention). The answers are those of Claim; a compact claim
 	// carries a Ref.
 	Compact bool
+
+	// distinct is set by the Keeper, which gives each record once: the
+	// store need not look for repeated IDs.
+	distinct bool
 }
 
 // BatchClaimReply answers one record of a BatchStore's ClaimBatch: Reply as
