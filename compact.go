@@ -185,25 +185,26 @@ func (l *compactLayout) describe() string {
 	return "v1 scale=" + strconv.FormatInt(l.scale, 10)
 }
 
-// indexDigest writes the digest of record id the index keeps into dst: 8
-// bytes of the digest the id is (a Keeper's ids are 16 bytes of SHA-256 in
-// base64url), or of the SHA-256 of an id of another form.
-func indexDigest(dst *[8]byte, id string) {
-	var raw [16]byte
+// indexDigest writes the digest of record id the index places and knows
+// its entry by into dst: the 16 bytes of SHA-256 a Keeper's id is in
+// base64url, or the first 16 bytes of the SHA-256 of an id of another form.
+func indexDigest(dst *[16]byte, id string) {
 	if len(id) == idLen {
-		if _, err := base64.RawURLEncoding.Decode(raw[:], []byte(id)); err == nil {
-			copy(dst[:], raw[:8])
+		if _, err := base64.RawURLEncoding.Decode(dst[:], []byte(id)); err == nil {
 			return
 		}
 	}
 	sum := sha256.Sum256([]byte(id))
-	copy(dst[:], sum[:8])
+	copy(dst[:], sum[:16])
 }
 
 // entryOf is where the index keeps the entry of record id: its index key,
 // its block (a field of that key) and the first 7 bytes of its digest,
 // which the entry starts with. The block and the key are chosen by other
-// bytes of the digest, so that an entry is known by 64 bits of it.
+// bytes of the digest than those 7, so that an entry is known by 56 bits
+// of the digest and by as many more as choose its block and key: two ids
+// share an entry's place and its 56 bits with a chance of 2^-56 times the
+// entries of the block, about 32 at the scale declared.
 type entryOf struct {
 	key   string
 	block [3]byte
@@ -215,17 +216,17 @@ func (s *RedisStore) entry(id string) entryOf { return s.entryAt(id, s.key(id)) 
 
 // entryAt is entry for record id, whose Redis key is key.
 func (s *RedisStore) entryAt(id, key string) entryOf {
-	var d [8]byte
+	var d [16]byte
 	indexDigest(&d, id)
 	l := s.compact
 	var e entryOf
 	copy(e.d7[:], d[:7])
-	b := (int64(d[5])<<16 | int64(d[6])<<8 | int64(d[7])) % l.blocks
+	b := (int64(d[8])<<16 | int64(d[9])<<8 | int64(d[10])) % l.blocks
 	e.block = [3]byte{byte(b >> 16), byte(b >> 8), byte(b)}
 	if l.cluster {
 		e.key = l.keyNames[keySlot(key)]
 	} else {
-		e.key = l.keyNames[(int64(d[3])<<8|int64(d[4]))%l.keys]
+		e.key = l.keyNames[(int64(d[11])<<8|int64(d[12]))%l.keys]
 	}
 	return e
 }

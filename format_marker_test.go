@@ -125,9 +125,20 @@ func TestMarkerPlacementV1(t *testing.T) {
 	require.NoError(t, s.layoutReady(context.Background()))
 	e := s.entry(recordID("s", "golden-1"))
 	assert.Equal(t, "idem:i:0", e.key)
-	assert.Equal(t, "\x00\x00\x1e", string(e.block[:]))
+	assert.Equal(t, "\x00\x00\x1b", string(e.block[:]))
 	assert.Equal(t, "k@Y\xe1\xc6\xfa\xa6", string(e.d7[:]))
 	assert.Equal(t, int64(32), s.compact.blocks)
+
+	// At a scale of 2^30: 2^20 blocks in each of 32 index keys.
+	s, err = NewRedisStore(redistest.Miniredis(t).Client, WithMarkerScale(1<<30))
+	require.NoError(t, err)
+	require.NoError(t, s.layoutReady(context.Background()))
+	e = s.entry(recordID("s", "golden-1"))
+	assert.Equal(t, "idem:i:27", e.key)
+	assert.Equal(t, "\x05\xd7{", string(e.block[:]))
+	assert.Equal(t, "k@Y\xe1\xc6\xfa\xa6", string(e.d7[:]))
+	assert.Equal(t, int64(1<<20), s.compact.blocks)
+	assert.Equal(t, int64(32), s.compact.keys)
 }
 
 func TestMarkerFormatV1StillReads(t *testing.T) {

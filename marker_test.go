@@ -6,6 +6,7 @@ package idem
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"sync"
@@ -418,5 +419,44 @@ func TestCompactClaimSentTwice(t *testing.T) {
 			require.NoError(t, r.Err)
 			assert.Equal(t, StatusInProgress, r.Reply.Status, "record %d", i)
 		}
+	})
+}
+
+// TestMarkerEntryIsKnownByMoreThanItsBytes: the block and the index key of
+// an entry are chosen by bytes of the digest that the entry does not hold,
+// so two ids whose entries start alike (56 bits) still answer each for
+// itself when their other bytes differ.
+func TestMarkerEntryIsKnownByMoreThanItsBytes(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, err := NewRedisStore(b.Client, WithMarkerScale(1<<20))
+		require.NoError(t, err)
+		id := func(last byte) string {
+			var raw [16]byte
+			copy(raw[:7], "same7by")
+			raw[10], raw[15] = last, last
+			return base64.RawURLEncoding.EncodeToString(raw[:])
+		}
+		a, c := id(1), id(2)
+		require.NoError(t, s.layoutReady(ctx))
+		ea, ec := s.entry(a), s.entry(c)
+		require.Equal(t, ea.d7, ec.d7, "the entries start alike")
+		require.NotEqual(t, ea.block, ec.block, "the other bytes choose another block")
+
+		req := BatchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
+			Retention: time.Hour, MarkerRetention: time.Hour, Compact: true}
+		got := s.ClaimBatch(ctx, req)
+		require.NoError(t, got[0].Err)
+		require.Equal(t, StatusClaimed, got[0].Reply.Status)
+		errs := s.CompleteBatch(ctx, []BatchCompletion{{Fence: Fence{ID: a, Token: got[0].Reply.Token, Ref: got[0].Reply.Ref}, Value: emptyBytes, Keep: time.Hour}})
+		require.NoError(t, errs[0])
+
+		req.IDs, req.Attempt = []string{a, c}, "BBBBBBBBBBB"
+		got = s.ClaimBatch(ctx, req)
+		require.NoError(t, got[0].Err)
+		require.NoError(t, got[1].Err)
+		assert.Equal(t, StatusCompleted, got[0].Reply.Status, "a is done")
+		assert.True(t, got[0].Reply.Marker)
+		assert.Equal(t, StatusClaimed, got[1].Reply.Status, "c is not a")
 	})
 }
