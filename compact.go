@@ -51,7 +51,7 @@ const (
 // claim made by BeginBatch with WithCompactClaims and completed with an
 // empty result) is remembered: for that long a redelivery is answered
 // "handled before" (MessageReplayed) instead of running again. Such a
-// message leaves a marker, about 20 bytes in Redis (see WithMarkerScale),
+// message leaves a marker, about 22 bytes in Redis (see WithMarkerScale),
 // instead of a record. For as long as the retention, Begin and Do answer
 // such a key as completed with an empty result; after the retention and
 // within the marker retention they answer ErrResultExpired: the operation
@@ -72,23 +72,30 @@ func WithMarkerRetention(d time.Duration) Option {
 // and writes its block, so a claim costs Redis a little more); one that
 // holds far fewer pays the blocks' own cost, about 60 bytes each.
 //
-// Every RedisStore on a prefix must have the same scale: the first to claim
-// records it in Redis (under prefix + "{layout}"), and a store with another
-// scale, or made WithoutMarkers, is refused at its first call with
-// ErrInvalidConfig. n must be 1 to MaxMarkerScale. Default:
+// The scale is declared, not observed: where an id's entry lives follows
+// from it, so every RedisStore on a prefix, WithoutMarkers ones included,
+// must have the same. Each index key records it (in its field ""), and a
+// store of another scale is refused with ErrInvalidConfig at its first call
+// that meets such a key, before anything is written. To change the scale,
+// move to a new prefix. n must be 1 to MaxMarkerScale. Default:
 // DefaultMarkerScale (about two million). Applies to a RedisStore.
+//
+// An entry holds 56 bits of the id's digest; its block and index key are
+// chosen by other bits. A key that has no entry is taken for one that has
+// when another id's entry in its block holds the same 56 bits: a chance of
+// about 32 in 2^56 (4e-16) for each claim of a new key while the store
+// holds at most n entries, and more in proportion past that.
 func WithMarkerScale(n int64) Option {
 	return Option{name: "WithMarkerScale", to: toStore, set: func(s *settings) { s.markerScale = n }}
 }
 
-// WithoutMarkers turns compact claims and markers off: Consume keeps each
-// message's claim and outcome in a record of its own, as Begin does, kept
-// for the retention; and a RedisStore made with it does not look for
-// markers. A prefix is either one or the other: a RedisStore made
-// WithoutMarkers on a prefix where markers are in use is refused at its
-// first call with ErrInvalidConfig, and the other way round (see
-// WithMarkerScale). Default: markers on. Applies to a Keeper and a
-// RedisStore.
+// WithoutMarkers turns compact claims off: Consume keeps each message's
+// claim and outcome in a record of its own, as Begin does, kept for the
+// retention, and a RedisStore made with it never claims compactly. It still
+// reads the markers and compact claims others left on its prefix, and
+// answers them as a Keeper with markers does, so that Keepers with and
+// without markers can share a prefix (with the same WithMarkerScale).
+// Default: markers on. Applies to a Keeper and a RedisStore.
 func WithoutMarkers() Option {
 	return Option{name: "WithoutMarkers", to: toKeeper | toStore, set: func(s *settings) { s.noMarkers = true }}
 }
