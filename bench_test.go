@@ -391,7 +391,7 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	s, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
 	ext := &extendCounter{Store: s}
-	k, err := New(ext, WithLease(30*time.Millisecond), WithRetention(time.Minute))
+	k, err := New(ext, WithLease(300*time.Millisecond), WithRetention(time.Minute))
 	require.NoError(t, err)
 	ctx := context.Background()
 	v, err := Do(ctx, k, "s", "long", func(ctx context.Context) (string, error) {
@@ -403,7 +403,7 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "done", v)
 	after := ext.n.Load()
-	time.Sleep(100 * time.Millisecond) // several renewal periods
+	time.Sleep(300 * time.Millisecond) // several renewal periods
 	assert.Equal(t, after, ext.n.Load(), "no renewal after the operation")
 
 	// stop waits for a renewal under way.
@@ -414,7 +414,7 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	require.NoError(t, stop())
 	n := ext.n.Load()
 	require.NoError(t, stop(), "stop may be called again")
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
 	assert.Equal(t, n, ext.n.Load())
 }
 

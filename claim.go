@@ -172,12 +172,18 @@ func (c *Claim) Extend(ctx context.Context) error {
 		}
 		return err
 	}
+	c.leaseRenewed(started)
+	return nil
+}
+
+// leaseRenewed moves the local lease end to a lease from started, when a
+// renewal sent at started went through, unless it is already later.
+func (c *Claim) leaseRenewed(started time.Time) {
 	c.mu.Lock()
 	if end := started.Add(c.lease); end.After(c.leaseEnd) {
 		c.leaseEnd = end
 	}
 	c.mu.Unlock()
-	return nil
 }
 
 // storeComplete stores env, kept for keep, as the claim's result: in its

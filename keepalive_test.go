@@ -74,7 +74,7 @@ func awaitDone(t *testing.T, ctx context.Context, what string) bool {
 // the others do, and not after its stop returned.
 func TestKeepAliveRenewsEachClaimUntilItsStop(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		k, s := renewalKeeper(t, b, 30*time.Millisecond)
+		k, s := renewalKeeper(t, b, 300*time.Millisecond)
 		ctx := context.Background()
 		type held struct {
 			c    *Claim

@@ -161,7 +161,7 @@ func TestObserverSeesEveryOutcomeOnce(t *testing.T) {
 func TestObserverSeesALostLease(t *testing.T) {
 	b := redistest.Miniredis(t)
 	rec := &recorder{}
-	k := newKeeper(t, b, WithObserver(rec), WithLease(30*time.Millisecond), WithRetention(time.Minute))
+	k := newKeeper(t, b, WithObserver(rec), WithLease(300*time.Millisecond), WithRetention(time.Minute))
 	ctx := context.Background()
 	out, err := k.Begin(ctx, "s", "k")
 	require.NoError(t, err)
