@@ -518,7 +518,7 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVAL that fails is the call's error; nothing is tried a third time.
 
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript,
+	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
 		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
 		compactClaimScript, compactSettleScript, compactMoveScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
