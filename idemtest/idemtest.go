@@ -196,14 +196,15 @@ func (c *Clock) Now() time.Time {
 // back.
 //
 // Advance does not run anything that waits on real time. A Do (or a claim's
-// KeepAlive) still running is not told of it: Redis decides at the next call.
-// If another attempt claims the key meanwhile, the first learns that its lease
-// was lost at its next renewal, a third of the lease of real time after the
-// previous one, or when it completes or releases the key (ErrLeaseLost; Do
-// returns it). If instead a renewal comes first, it extends the lease from the
-// advanced time, and the key stays in progress: with a short lease, whose
-// renewals fire during the test, a takeover after Advance is a race; with the
-// default lease of 30s, no renewal fires before a Do has run 10s.
+// KeepAlive) still running when the Clock passes its lease end is not told at
+// once: its next renewal, due a third of the lease of real time after the
+// previous one, finds by the Clock that the lease has run out, sends nothing,
+// and cancels the operation's context with idem.ErrLeaseLost (Do then stores
+// nothing and returns it). Before that renewal, a completion or release is
+// decided by Redis: refused with ErrLeaseLost if another attempt has claimed
+// the key meanwhile, accepted if none has. With the default lease of 30s, no
+// renewal fires before a Do has run 10s; with a short lease, whose renewals
+// fire during the test, which comes first is a race.
 func (c *Clock) Advance(d time.Duration) {
 	if d < 0 {
 		panic("idemtest: Clock.Advance with a negative duration " + d.String())
