@@ -71,7 +71,7 @@ func (c *Claim) keepAlive(ctx context.Context) *keepAlive {
 	// out, or the renewal says it is lost, or the lease runs out while the
 	// renewal is under way, the operation's context is cancelled before it
 	// starts.
-	if c.localLeaseEnd().Sub(c.k.now()) < ka.q.every {
+	if c.localLeaseEnd().Sub(c.k.now()) < c.renewEvery() {
 		idle := make(chan struct{})
 		ka.q.mu.Lock()
 		ka.busy, ka.idle = true, idle
@@ -83,8 +83,18 @@ func (c *Claim) keepAlive(ctx context.Context) *keepAlive {
 		}
 		return ka
 	}
-	ka.q.schedule(ka, ka.q.every)
+	ka.q.schedule(ka, c.renewEvery())
 	return ka
+}
+
+// renewEvery is how often the claim's lease is renewed: a third of it, at
+// least a millisecond, and never less often than the queue's period (a
+// claim with a lease of its own longer than the Keeper's, made by Consume,
+// is renewed as often as the Keeper's claims, so that the queue stays in
+// the order of its deadlines; one with a shorter lease is renewed on a
+// timer of its own).
+func (c *Claim) renewEvery() time.Duration {
+	return min(max(c.lease/3, time.Millisecond), c.k.renewals.every)
 }
 
 // keepAlive is the state of one KeepAlive.
@@ -458,9 +468,9 @@ func (q *renewalQueue) fire() {
 // is left of the lease, so that a slow failure shorter than the lease does not
 // let it run out.
 func (c *Claim) renewal(ctx context.Context) (lost error, next time.Duration) {
-	every := max(c.k.policy.lease/3, time.Millisecond)
+	every := c.renewEvery()
 	started := c.k.now()
-	err := c.k.store.Extend(ctx, c.id, c.token, c.k.policy.lease, c.k.policy.pendingKeep())
+	err := c.storeExtend(ctx)
 	switch {
 	case err == nil:
 		c.leaseRenewed(started)
