@@ -212,6 +212,10 @@ func (ka *keepAlive) lose(cause error, started time.Time) error {
 		return cause
 	}
 	ka.lost = cause
+	// The operation's context ends before anyone waiting on lostSignal is
+	// woken: a caller that checks context.Cause when KeepAlive returns sees
+	// the loss.
+	ka.cancel(cause)
 	if ka.lostC != nil {
 		close(ka.lostC)
 	}
@@ -219,7 +223,6 @@ func (ka *keepAlive) lose(cause error, started time.Time) error {
 	c := ka.op.c
 	c.report(ka.renewalContext(), StepLease, started, cause)
 	c.endHold(0, nil, cause)
-	ka.cancel(cause)
 	return cause
 }
 
