@@ -391,7 +391,9 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	s, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
 	ext := &extendCounter{Store: s}
-	k, err := New(ext, WithLease(30*time.Millisecond), WithRetention(time.Minute))
+	// The Keeper's clock stands still, so that a renewal slowed down by a busy
+	// machine never lets the lease run out by this process's clock.
+	k, err := New(ext, WithLease(300*time.Millisecond), WithRetention(time.Minute), WithClock(newTestClock().Now))
 	require.NoError(t, err)
 	ctx := context.Background()
 	v, err := Do(ctx, k, "s", "long", func(ctx context.Context) (string, error) {
@@ -403,7 +405,7 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "done", v)
 	after := ext.n.Load()
-	time.Sleep(100 * time.Millisecond) // several renewal periods
+	time.Sleep(300 * time.Millisecond) // several renewal periods
 	assert.Equal(t, after, ext.n.Load(), "no renewal after the operation")
 
 	// stop waits for a renewal under way.
@@ -414,7 +416,7 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	require.NoError(t, stop())
 	n := ext.n.Load()
 	require.NoError(t, stop(), "stop may be called again")
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
 	assert.Equal(t, n, ext.n.Load())
 }
 

@@ -130,10 +130,16 @@ func (c *Claim) completeSealed(ctx context.Context, env []byte, retention time.D
 	if c.k.cache != nil {
 		sent = c.k.now()
 	}
-	err := storeError(ctx, "complete", c.storeComplete(ctx, env, retention))
-	if err == nil {
+	stored, err := c.storeComplete(ctx, env, retention)
+	err = storeError(ctx, "complete", err)
+	if stored && err == nil {
+		// Only what the store says this call stored: a record completed by
+		// this claim already keeps its first result and retention.
 		c.k.cacheStored(c, kind, body, retention, sent)
 	}
+	// The coalescing layer's hold ends at the claim's first Complete, whose
+	// body is what the record holds when it succeeds (a run sent again after
+	// a lost reply stores the same body).
 	c.endHold(kind, body, err)
 	c.report(ctx, StepComplete, started, err)
 	return err
@@ -172,24 +178,39 @@ func (c *Claim) Extend(ctx context.Context) error {
 		}
 		return err
 	}
+	c.leaseRenewed(started)
+	return nil
+}
+
+// leaseRenewed moves the local lease end to a lease from started, when a
+// renewal sent at started went through, unless it is already later.
+func (c *Claim) leaseRenewed(started time.Time) {
 	c.mu.Lock()
 	if end := started.Add(c.lease); end.After(c.leaseEnd) {
 		c.leaseEnd = end
 	}
 	c.mu.Unlock()
-	return nil
 }
 
 // storeComplete stores env, kept for keep, as the claim's result: in its
 // record, or, for a compact claim, in the record of the call that made it.
-func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) error {
+// It reports whether the store says this call stored env. Only a
+// *RedisStore tells, of a claim's own record, a result it stored from one
+// the record held already (a second Complete, or one whose first reply was
+// lost); a compact claim's completion, and any other Store (a wrapper of a
+// RedisStore included, whose Complete may do more), report false, so that
+// nothing the store may not hold is cached.
+func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) (stored bool, err error) {
 	if bs, f := c.compactFence(); f.Ref > 0 {
 		if isEmptyResult(env) {
 			keep = max(keep, c.k.policy.markerRetention)
 		}
-		return bs.CompleteBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}})[0]
+		return false, bs.CompleteBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}})[0]
 	}
-	return c.k.store.Complete(ctx, c.id, c.token, env, keep)
+	if rs, ok := c.k.store.(*RedisStore); ok {
+		return rs.completeOnce(ctx, c.id, c.token, env, keep)
+	}
+	return false, c.k.store.Complete(ctx, c.id, c.token, env, keep)
 }
 
 // storeRelease gives the claim up in the store.

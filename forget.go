@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,61 +19,157 @@ var (
 )
 
 // Forgetter is implemented by a Store that can remove a record; RedisStore
-// does. Keeper.Forget needs it.
+// does. Keeper.Forget and Keeper.ForgetToken need it.
 type Forgetter interface {
-	// Forget removes the record id in one atomic step and returns it as it
-	// was (StateAbsent if there was none). A pending record whose lease is
-	// live is refused with an *InProgressError, unless force is true. A value
-	// that is not a record is never removed (ErrCorrupt).
-	Forget(ctx context.Context, id string, force bool) (Record, error)
+	// Forget removes the record id in one atomic step if it is the record
+	// of token (compare and delete), and returns it as it was. When there is
+	// no record of token (none, or one of another token: a newer claim, or
+	// the key completed by another attempt), it removes nothing and returns
+	// a Record in StateAbsent and no error. Without force, a record whose
+	// lease is live or that holds checkpoints is refused with a
+	// *ForgetRefusedError, and the Record says what was found. A value that
+	// is not a record is never removed (ErrCorrupt).
+	Forget(ctx context.Context, id string, token int64, force bool) (Record, error)
 }
 
 var _ Forgetter = (*RedisStore)(nil)
 
-// Forget removes the record of (scope, key), so that the next call with the
-// key runs the operation as if it had never been seen: attempt 1, a new
-// token, Recovered false. It returns the record as it was when removed, or a
-// Record in StateAbsent, and no error, when there was none. It is meant for
-// an operator (a support case: a customer must be able to use a key again),
+// ForgetRefusedError is the error of a Forget without force whose record
+// holds what removing it would lose; nothing was removed. errors.Is(err,
+// ErrInProgress) reports true for it, and errors.As finds an
+// *InProgressError in it, when the record's lease is live.
+type ForgetRefusedError struct {
+	// LeaseLeft is the time left on the record's lease when it is live: a
+	// claim holds the key, and its operation may be running. Removed, the
+	// record would let the next call run the operation beside it, not told
+	// it is Recovered. Zero when no lease is live.
+	LeaseLeft time.Duration
+	// Checkpoints are the checkpoints the record holds (Claim.Checkpoint):
+	// steps of the operation that have happened. Removed, the record would
+	// not hand them to the next attempt, which would do those steps again.
+	// Nil when there are none.
+	Checkpoints []CheckpointInfo
+}
+
+// Error implements error: what would be lost.
+func (e *ForgetRefusedError) Error() string {
+	var b strings.Builder
+	b.WriteString("idem: forget refused:")
+	if e.LeaseLeft > 0 {
+		fmt.Fprintf(&b, " the lease is live (it ends in %s): an operation may be running;", e.LeaseLeft)
+	}
+	if n := len(e.Checkpoints); n > 0 {
+		names := make([]string, n)
+		for i, c := range e.Checkpoints {
+			names[i] = strconv.Quote(c.Name)
+		}
+		fmt.Fprintf(&b, " the record holds %d checkpoint(s) (%s): steps that happened, which the next attempt would do again;", n, strings.Join(names, ", "))
+	}
+	b.WriteString(" force removes it anyway")
+	return b.String()
+}
+
+// Unwrap returns an *InProgressError when the lease is live, else nil.
+func (e *ForgetRefusedError) Unwrap() error {
+	if e.LeaseLeft <= 0 {
+		return nil
+	}
+	return &InProgressError{RetryAfter: max(e.LeaseLeft, time.Millisecond)}
+}
+
+// Forget removes the record of (scope, key) as it is when Forget is called,
+// so that the next call with the key runs the operation as if it had never
+// been seen: attempt 1, a new token, Recovered false. It is meant for an
+// operator (a support case: a customer must be able to use a key again),
 // not for the paths of an application.
 //
-// A pending record whose lease is live, an operation running now, is refused
-// with an *InProgressError (errors.Is(err, ErrInProgress); RetryAfter is the
-// lease left), and the Record says what was found; nothing is removed. With
-// force, it is removed anyway, and then:
+// Forget reads the record, then removes it by the token it read
+// (ForgetToken): a claim made after that read, during the call or by
+// another process while go-redis sends the removal again after a lost
+// reply, is never touched. It returns the record as it was when removed,
+// or a Record in StateAbsent, and no error, when there was nothing to
+// remove: no record, or only a claim made after the read. An operator who
+// was shown a record and confirmed its removal must name that record's
+// token with ForgetToken, or a claim made while they read could be the one
+// removed.
 //
-//   - the holder is fenced off: its Complete, Release and Extend return
-//     ErrLeaseLost and write nothing, and Do cancels its function's context
-//     with ErrLeaseLost at the next lease renewal and stores nothing. Its
-//     side effect, if it had one, is not undone;
+// Without force, Forget refuses what removing the record would lose, with
+// a *ForgetRefusedError, and removes nothing; the Record says what was
+// found:
+//
+//   - a pending record whose lease is live: a claim holds the key, and its
+//     operation may be running (errors.Is(err, ErrInProgress) then, and
+//     the *InProgressError's RetryAfter is the lease left);
+//   - a pending or released record that holds checkpoints: steps that
+//     happened, which the next attempt would do again instead of being
+//     handed them (Claim.Checkpoints).
+//
+// A holder known to be dead is best recovered with Abandon, which keeps the
+// record: the next attempt is told Recovered and gets the checkpoints. With
+// force, Forget removes the record anyway, and then:
+//
+//   - the holder, if any, is fenced off: its Complete, Release, Extend and
+//     Checkpoint return ErrLeaseLost and write nothing, and Do and KeepAlive
+//     cancel its operation's context with ErrLeaseLost at its next renewal
+//     and store nothing. Its side effect, if it had one, is not undone;
 //   - the next claim runs the operation again, beside the holder if it is
-//     still running, and is not told so: the record that would have marked
-//     it Recovered is gone. Force only a claim known to be dead, or one whose
-//     operation is safe to run twice.
+//     still running, from its first step, and is not told so: the record
+//     that would have marked it Recovered is gone. Force only a claim known
+//     to be dead, or an operation that is safe to run twice.
 //
-// A pending record whose lease has run out (its holder stopped renewing) is
-// removed without force. Forgetting erases the key's token: the next claim's
-// token is Redis's clock in microseconds, so the tokens of the key still
-// increase unless Redis's clock went back, as after a record expires.
+// A completed record, a released one without checkpoints, and a pending one
+// whose lease has run out and that holds no checkpoints are removed without
+// force. Forgetting erases the key's token: the next claim's token is
+// Redis's clock in microseconds, so the tokens of the key still increase
+// unless Redis's clock went back, as after a record expires.
 //
-// A retried Forget is safe: a Forget whose reply was lost, which go-redis
-// sends again, finds no record and returns StateAbsent; the record is gone
-// either way.
-//
-// Errors: ErrInvalidKey (the store is not touched), an *InProgressError,
+// Errors: ErrInvalidKey (the store is not touched), a *ForgetRefusedError,
 // ErrCorrupt (the value at the key is not a record this version can read; it
 // is not removed, even with force), ErrUnavailable, the caller's own
 // cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
-// Store does not implement Forgetter.
+// Store does not implement both Inspector and Forgetter.
 func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Record, error) {
 	started := k.startStep()
-	r, err := k.forget(ctx, scope, key, force)
+	r, err := k.forget(ctx, scope, key, 0, force)
 	k.reportRecord(ctx, StepForget, scope, started, r, err)
 	return r, err
 }
 
-// forget removes the record of (scope, key); see Forget.
-func (k *Keeper) forget(ctx context.Context, scope, key string, force bool) (Record, error) {
+// ForgetToken removes the record of (scope, key) if it is the record of
+// token, the fencing token an operator was shown (Record.Token), in one
+// atomic step: compare and delete. A record of another token, a claim made
+// since the operator looked, or the key completed by another attempt, is
+// never touched, and neither is one made before go-redis sends a call whose
+// reply was lost again. It returns the record as it was when removed, or,
+// when there was nothing of token to remove (no record, or one of another
+// token), a Record in StateAbsent and no error: Inspect tells what is at the
+// key then. Otherwise it is Forget, whose documentation says what force
+// removes and what is lost.
+//
+// Errors: those of Forget, and ErrInvalidConfig for a token no claim gets
+// (less than 1, or more than 2^53-1); the store is not touched then.
+func (k *Keeper) ForgetToken(ctx context.Context, scope, key string, token int64, force bool) (Record, error) {
+	started := k.startStep()
+	var r Record
+	err := checkToken("forget", token)
+	if err == nil {
+		r, err = k.forget(ctx, scope, key, token, force)
+	}
+	k.reportRecord(ctx, StepForget, scope, started, r, err)
+	return r, err
+}
+
+// checkToken refuses a token that no claim gets.
+func checkToken(op string, token int64) error {
+	if token < 1 || token > maxToken {
+		return fmt.Errorf("%w: %s: token %d names no claim (tokens are 1 to %d)", ErrInvalidConfig, op, token, int64(maxToken))
+	}
+	return nil
+}
+
+// forget removes the record of (scope, key) of token, or of the token it
+// reads first when token is 0; see Forget and ForgetToken.
+func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, force bool) (Record, error) {
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
@@ -80,11 +178,23 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, force bool) (Rec
 		return Record{}, fmt.Errorf("idem: forget: store %T does not implement Forgetter: %w", k.store, errors.ErrUnsupported)
 	}
 	id := recordID(scope, key)
-	r, err := f.Forget(ctx, id, force)
+	if token == 0 {
+		in, ok := k.store.(Inspector)
+		if !ok {
+			return Record{}, fmt.Errorf("idem: forget: store %T does not implement Inspector: %w", k.store, errors.ErrUnsupported)
+		}
+		r, err := in.Inspect(ctx, id)
+		if err != nil || r.State == StateAbsent {
+			return r, storeError(ctx, "forget", err)
+		}
+		token = r.Token
+	}
+	r, err := f.Forget(ctx, id, token, force)
 	if k.cache != nil {
 		k.cache.drop(id)
 	}
-	if err != nil && !errors.Is(err, ErrInProgress) {
+	var refused *ForgetRefusedError
+	if err != nil && !errors.As(err, &refused) {
 		err = storeError(ctx, "forget", err)
 	}
 	return r, err
@@ -92,9 +202,13 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, force bool) (Rec
 
 // Forget implements Forgetter with one script, one round trip. id is a record
 // id (Record.ID, or what the Keeper makes of a scope and key). Its contract
-// is Keeper.Forget's; an id that is not one is refused with ErrInvalidKey.
-func (s *RedisStore) Forget(ctx context.Context, id string, force bool) (Record, error) {
+// is Keeper.ForgetToken's; an id that is not one is refused with
+// ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
+func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
 	if err := checkRecordID(id); err != nil {
+		return Record{}, err
+	}
+	if err := checkToken("forget", token); err != nil {
 		return Record{}, err
 	}
 	if ctx.Err() != nil {
@@ -105,7 +219,7 @@ func (s *RedisStore) Forget(ctx context.Context, id string, force bool) (Record,
 		mode = "force"
 	}
 	rk := s.key(id)
-	res, err := forgetScript.Run(ctx, s.client, []string{rk}, mode).Slice()
+	res, err := forgetScript.Run(ctx, s.client, []string{rk}, token, strconv.FormatInt(token, 36), mode).Slice()
 	if err != nil {
 		return Record{ID: id, Key: rk}, storeError(ctx, "forget", err)
 	}
@@ -117,7 +231,11 @@ func (s *RedisStore) Forget(ctx context.Context, id string, force bool) (Record,
 	case 0, 1:
 		return r, nil
 	case 3:
-		return r, fmt.Errorf("idem: forget refused: %w; force removes it anyway", &InProgressError{RetryAfter: max(r.LeaseLeft, time.Millisecond)})
+		refused := &ForgetRefusedError{Checkpoints: r.Checkpoints}
+		if r.State == StatePending && r.LeaseLeft > 0 {
+			refused.LeaseLeft = r.LeaseLeft
+		}
+		return r, refused
 	}
 	return r, unexpected(res)
 }

@@ -210,18 +210,34 @@ func TestForgetIsSafeToResend(t *testing.T) {
 	})
 }
 
-func TestForgetIsOneRoundTrip(t *testing.T) {
+// TestForgetRoundTrips: ForgetToken is one round trip; Forget reads the
+// record first (one more), to name it by its token.
+func TestForgetRoundTrips(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var n redistest.Counter
 		b.Client.AddHook(&n)
 		k := newKeeper(t, b)
 		ctx := context.Background()
 		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
-		_, err := Do(ctx, k, "s", "k", func(context.Context) (int, error) { return 1, nil })
-		require.NoError(t, err)
-		assert.EqualValues(t, 1, n.Count(func() {
-			_, err := k.Forget(ctx, "s", "k", false)
+		for _, key := range []string{"a", "b"} {
+			_, err := Do(ctx, k, "s", key, func(context.Context) (int, error) { return 1, nil })
+			require.NoError(t, err)
+		}
+		assert.EqualValues(t, 2, n.Count(func() {
+			r, err := k.Forget(ctx, "s", "a", false)
 			assert.NoError(t, err)
+			assert.Equal(t, StateCompleted, r.State)
+		}))
+		tok := inspectOK(t, k, "s", "b").Token
+		assert.EqualValues(t, 1, n.Count(func() {
+			r, err := k.ForgetToken(ctx, "s", "b", tok, false)
+			assert.NoError(t, err)
+			assert.Equal(t, StateCompleted, r.State)
+		}))
+		assert.EqualValues(t, 1, n.Count(func() {
+			r, err := k.Forget(ctx, "s", "b", false)
+			assert.NoError(t, err)
+			assert.Equal(t, StateAbsent, r.State, "nothing to forget: one read")
 		}))
 	})
 }
@@ -237,8 +253,14 @@ func TestForgetRefusesBeforeTheStore(t *testing.T) {
 	assert.Zero(t, n.Count(func() {
 		_, err := k.Forget(ctx, "s", string(make([]byte, MaxKeyLen+1)), true)
 		assert.ErrorIs(t, err, ErrInvalidKey)
-		_, err = k.store.(*RedisStore).Forget(ctx, "idem:{x}", true)
+		_, err = k.store.(*RedisStore).Forget(ctx, "idem:{x}", 1, true)
 		assert.ErrorIs(t, err, ErrInvalidKey, "a Redis key is not a record id")
+		for _, tok := range []int64{0, -1, 1 << 53} {
+			_, err = k.ForgetToken(ctx, "s", "k", tok, true)
+			assert.ErrorIs(t, err, ErrInvalidConfig, "token %d", tok)
+			_, err = k.store.(*RedisStore).Forget(ctx, recordID("s", "k"), tok, true)
+			assert.ErrorIs(t, err, ErrInvalidConfig, "token %d", tok)
+		}
 		_, err = k.Forget(canceled, "s", "k", true)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.False(t, errors.Is(err, ErrUnavailable))

@@ -89,8 +89,9 @@ func (k StoredKind) String() string {
 	return fmt.Sprintf("unknown (%q)", byte(k))
 }
 
-// Record is what Inspect, Forget and Scan read of one record. Durations are
-// measured by Redis's clock, at the moment the record was read.
+// Record is what Inspect, Forget, Abandon and Scan read of one record.
+// Durations are measured by Redis's clock, at the moment the record was read
+// (ReadAt).
 type Record struct {
 	// ID is the record's id: the fixed-length digest of (scope, key) that
 	// the Store is given. The raw key is not stored and cannot be recovered.
@@ -135,6 +136,28 @@ type Record struct {
 	// value of Do, a final error's message, or the HTTP middleware's encoding
 	// of a response. Zero unless completed.
 	Size int
+	// Checkpoints are the checkpoints a pending or released record holds
+	// (Claim.Checkpoint), oldest first, by name and value size: the steps
+	// of the operation that have happened, which the next claim of the key
+	// is handed (and which Forget would lose). Their values are not read.
+	// Nil when there are none, for other states, and when what follows the
+	// header cannot be read as checkpoints (a later version's data): a claim,
+	// Forget and Abandon then answer ErrCorrupt.
+	Checkpoints []CheckpointInfo
+	// ReadAt is Redis's clock when the record was read, from which
+	// LeaseLeft, ExpiresIn and Age are measured: a pending record's lease
+	// ends at ReadAt.Add(LeaseLeft), and its holder, if it stopped renewing,
+	// loses the key then. Zero when absent.
+	ReadAt time.Time
+}
+
+// CheckpointInfo describes one checkpoint of a record, as Inspect reads it:
+// its name and the size of its value, not the value itself.
+type CheckpointInfo struct {
+	// Name is the checkpoint's name, as given to Claim.Checkpoint.
+	Name string
+	// Size is the length of its value in bytes, 0 to MaxCheckpointValue.
+	Size int
 }
 
 // Inspector is implemented by a Store that can read a record without
@@ -150,8 +173,17 @@ var _ Inspector = (*RedisStore)(nil)
 
 // Inspect reads the record of (scope, key) without changing it: its state,
 // token, attempt count, whether it was recovered, the lease left, when it
-// expires, whether it has a fingerprint, and the kind and size of its stored
-// result. A key with no record gives a Record in StateAbsent and no error.
+// expires, whether it has a fingerprint, the kind and size of its stored
+// result, and the names and sizes of its checkpoints. A key with no record
+// gives a Record in StateAbsent and no error.
+//
+// Of a pending record whose lease is live, Inspect knows that a claim holds
+// the key until its lease ends (Record.ReadAt plus LeaseLeft), which
+// attempt it is, and how long ago the key was claimed (Age); it cannot know
+// whether the operation is still running: a holder that stopped renewing (a
+// crashed or paused process) loses the key when its lease ends, and the next
+// claim takes it over, Recovered. The record does not say when the lease
+// was last renewed. Abandon ends the lease of a holder known to be dead.
 //
 // Errors: ErrInvalidKey (the store is not touched), ErrCorrupt (the value at
 // the key is not a record that this version can read; the Record holds ID
@@ -195,7 +227,7 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", err)
 	}
 	code, r, err := parseRecordReply(id, rk, res)
-	if err == nil && code == 3 {
+	if err == nil && code > 1 {
 		return r, unexpected(res)
 	}
 	return r, err
@@ -209,10 +241,11 @@ func checkRecordID(id string) error {
 	return nil
 }
 
-// parseRecordReply reads a reply of inspect.lua or forget.lua: {code, now_s,
-// now_us} for no record, {code, header, pttl, rest_len, rest_head, now_s,
-// now_us} for a record, {5, reason} for a value that is not one. It returns
-// the reply's code and the record.
+// parseRecordReply reads a reply of inspect.lua, forget.lua or abandon.lua:
+// {code, now_s, now_us} for no record, {code, header, pttl, rest_len,
+// rest_head, now_s, now_us[, checkpoints]} for a record (codes 1 to 3),
+// {5, reason} for a value that is not one. It returns the reply's code and
+// the record.
 func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 	r := Record{ID: id, Key: key}
 	code := replyCode(res)
@@ -221,7 +254,7 @@ func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 		return code, r, corrupt(res)
 	case code == 0 && len(res) == 3:
 		return code, r, nil
-	case (code == 1 || code == 3) && len(res) == 7:
+	case code >= 1 && code <= 3 && (len(res) == 7 || len(res) == 8):
 		r, err := parseRecord(r, res)
 		return code, r, err
 	}
@@ -229,7 +262,7 @@ func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 }
 
 // parseRecord reads the record in a reply {code, header, pttl, rest_len,
-// rest_head, now_s, now_us} into r.
+// rest_head, now_s, now_us[, checkpoints]} into r.
 func parseRecord(r Record, res []any) (Record, error) {
 	head, ok1 := res[1].(string)
 	pttl, ok2 := res[2].(int64)
@@ -249,7 +282,31 @@ func parseRecord(r Record, res []any) (Record, error) {
 	if pttl < 0 {
 		r.ExpiresIn = -1
 	}
+	r.ReadAt = time.UnixMicro(now)
+	if len(res) == 8 {
+		if r.Checkpoints, err = parseCheckpointInfo(res[7]); err != nil {
+			return r, err
+		}
+	}
 	return r, r.setResult(restLen, restHead)
+}
+
+// parseCheckpointInfo reads the checkpoints of a reply: {name, size, ...}.
+func parseCheckpointInfo(v any) ([]CheckpointInfo, error) {
+	flat, ok := v.([]any)
+	if !ok || len(flat) == 0 || len(flat)%2 != 0 {
+		return nil, fmt.Errorf("%w: checkpoints %v", ErrCorrupt, v)
+	}
+	cps := make([]CheckpointInfo, 0, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 {
+		name, ok1 := flat[i].(string)
+		size, ok2 := flat[i+1].(int64)
+		if !ok1 || !ok2 || name == "" || size < 0 {
+			return nil, fmt.Errorf("%w: checkpoints %v", ErrCorrupt, v)
+		}
+		cps = append(cps, CheckpointInfo{Name: name, Size: int(size)})
+	}
+	return cps, nil
 }
 
 // redisNow reads Redis's TIME, seconds and microseconds, as microseconds.

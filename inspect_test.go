@@ -169,6 +169,7 @@ func TestInspectOddRecords(t *testing.T) {
 				assert.Positive(t, r.LeaseLeft)
 				assert.Equal(t, StoredNone, r.Stored)
 				assert.Zero(t, r.Size)
+				assert.Nil(t, r.Checkpoints, "what is not checkpoints is not read as them")
 			}},
 		}
 		for _, row := range rows {
@@ -220,7 +221,7 @@ func TestInspectFormatV1(t *testing.T) {
 		if !ok {
 			continue // a row added since: read without an error is enough here
 		}
-		w.ID, w.Key, w.ExpiresIn, w.Age, w.LeaseLeft = r.ID, rk, r.ExpiresIn, r.Age, r.LeaseLeft
+		w.ID, w.Key, w.ExpiresIn, w.Age, w.LeaseLeft, w.ReadAt = r.ID, rk, r.ExpiresIn, r.Age, r.LeaseLeft, r.ReadAt
 		assert.Equal(t, w, r, row.name)
 		assert.Equal(t, row.name == "pending, lease alive", r.LeaseLeft > 0, row.name)
 	}

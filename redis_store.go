@@ -333,11 +333,38 @@ func isDigits(s string) bool {
 	return s != ""
 }
 
-// Complete implements Store.
+// Complete implements Store. A Complete that finds the record completed by
+// the same token already (a retried call, or a second Complete of one claim)
+// succeeds and writes nothing: the record keeps the first result and its
+// retention.
 func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+	_, err := s.completeOnce(ctx, id, token, value, keep)
+	return err
+}
+
+// completeOnce is Complete, and reports whether this call stored value:
+// false when the record was completed by token already, and holds what that
+// completion stored. (A call whose first run stored value and whose reply
+// was lost, sent again by go-redis, reports false too.)
+func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	args := s.evalArgs(completeEval, id, 4)
 	args = append(args, token, strconv.FormatInt(token, 36), s.boxes.millis(boxRetention, keep), value)
-	return s.transition(ctx, completeEval, args)
+	res, err := s.eval(ctx, completeEval, args).Result()
+	if err != nil {
+		return false, err
+	}
+	switch res {
+	case int64(1):
+		return true, nil
+	case int64(2):
+		return false, nil
+	case int64(0):
+		return false, ErrLeaseLost
+	}
+	if r, ok := res.([]any); ok {
+		return false, transitionReply(r)
+	}
+	return false, unexpected(res)
 }
 
 // Release implements Store.
@@ -491,7 +518,7 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVAL that fails is the call's error; nothing is tried a third time.
 
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript,
+	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
 		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
 		compactClaimScript, compactSettleScript, compactMoveScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {

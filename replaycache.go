@@ -14,8 +14,13 @@ import (
 //
 // A result enters the cache when this Keeper stores it (Claim.Complete, Do)
 // or replays it from the store; it leaves it when it expires (below), when
-// the Keeper forgets the key (Keeper.Forget), or, least recently used first,
-// to make room. A hit answers as the store would: the same Value (each
+// the Keeper forgets the key (Keeper.Forget, ForgetToken), or, least recently
+// used first, to make room. A stored result enters it only when the store
+// says that this Complete wrote it, which a *RedisStore does: a second
+// Complete of a claim (or one whose first reply was lost) writes nothing and
+// leaves the record, and the cache, with the first result and its
+// retention. With another Store, including one that wraps a RedisStore,
+// results enter the cache only from replays. A hit answers as the store would: the same Value (each
 // caller gets its own copy), Token and final error. Only completed results
 // are cached: a claim, an operation in progress, a mismatch or an error
 // always goes to the store. A call whose fingerprint (WithFingerprint) is
@@ -26,9 +31,9 @@ import (
 // Expiry. An entry is served for at most maxAge from when this process saw
 // the result, and never past the end of the retention it knows of:
 //
-//   - a result this Keeper stored: until the retention given to Complete (or
-//     the Keeper's) from before the Complete was sent, so never after the
-//     store drops the record, and for at most maxAge;
+//   - a result this Keeper stored: until the retention given to the
+//     Complete that stored it (or the Keeper's) from before it was sent, so
+//     never after the store drops the record, and for at most maxAge;
 //   - a result replayed from the store, whose remaining retention the store
 //     does not report: for the smaller of maxAge and the Keeper's retention
 //     (its error retention for a stored final error), from the replay.

@@ -48,8 +48,11 @@ const cleanupTimeout = 5 * time.Second
 //   - First call with the key: the handler runs. Its context carries the
 //     Claim (idem.ClaimFromContext: fencing token, attempt, recovered) and is
 //     cancelled, with a cause wrapping idem.ErrLeaseLost, if the lease is
-//     lost; the lease is renewed until the handler returns, whatever happens
-//     to the client. The answer goes to the client as the handler gave it.
+//     lost, or when the lease runs out by this process's clock (a renewal
+//     that hangs does not hold that back); the lease is renewed until the
+//     handler returns, whatever happens to the client. A claim answered after
+//     its lease ran out does not run the handler: Aborted, as for a call in
+//     progress. The answer goes to the client as the handler gave it.
 //   - The handler returned: an answer whose code the store policy accepts
 //     (WithStorePolicy; default DefaultStorePolicy) is stored, the response
 //     message (as a google.protobuf.Any) or the status with its code,
@@ -245,6 +248,14 @@ var errPanicked = errors.New("idemgrpc: the handler panicked; the key was releas
 func (s *server) run(ctx context.Context, rep *idem.Request, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
 	rep.Event.Token, rep.Event.Attempt, rep.Event.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 	hctx, stop := cl.KeepAlive(ctx) // its context carries cl (ClaimFromContext)
+	if errors.Is(context.Cause(hctx), idem.ErrLeaseLost) {
+		// The claim came back too late to hold the key: another call may
+		// hold it now, and the handler does not run.
+		lost := stop()
+		return nil, reply(rep, idem.ResultLeaseLost, lost, answer(codes.Aborted, ReasonInProgress,
+			"idemgrpc: a call with this idempotency key is being handled by another attempt; retry after the RetryInfo delay to get its answer",
+			s.retryHint))
+	}
 	rep.Running()
 	finished := false
 	defer func() {

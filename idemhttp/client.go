@@ -6,10 +6,12 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
+	"mime"
 	"net/http"
 	"slices"
 	"strconv"
@@ -55,17 +57,22 @@ const (
 //     to DefaultBodyLimit; a larger one is sent once, without retries.
 //   - The request is sent again, up to MaxAttempts times in all (default 5),
 //     after a network error (a TLS certificate that does not verify
-//     excepted) and after 409 Conflict (the key is in progress), 429 Too Many
-//     Requests, 503 Service Unavailable, and 502 Bad Gateway and 504 Gateway
-//     Timeout: a proxy's answers that say the server's own answer, if any,
-//     was lost, which the same key safely asks for again. Any other status,
-//     500, 422 and every other 4xx included, is returned at once: a server
-//     that keeps its answers per key gives the same one on a retry.
+//     excepted); after the middleware's own "in progress" answer, a 409
+//     Conflict whose application/problem+json body has the type
+//     ProblemInProgress (another request with the key is being handled: the
+//     retry gets its response); after 503 Service Unavailable; and after
+//     502 Bad Gateway and 504 Gateway Timeout: a proxy's answers that say
+//     the server's own answer, if any, was lost, which the same key safely
+//     asks for again. Any other status is returned at once: 500, 422 and
+//     every other 4xx, and a 409 or 429 without the middleware's problem
+//     type, which is the handler's own answer (the middleware does not keep
+//     those, so a retry would run the handler again) or another server's.
 //   - Before a retry it waits for the response's Retry-After (seconds or an
 //     HTTP date), plus a jitter of up to Backoff; without one, for an
 //     exponential backoff with jitter: Backoff (default 100 ms), doubled for
 //     each retry after the first, up to MaxDelay (default 10 s), of which a
-//     random half is waited. A Retry-After longer than MaxDelay ends the
+//     random half is waited. A Retry-After longer than MaxDelay (any number
+//     of digits: one too large for an int64 is the longest) ends the
 //     retries: that response is returned.
 //   - The request's context bounds it all. A wait that would end after the
 //     context's deadline is not begun: the last response is returned, or the
@@ -219,8 +226,11 @@ func (t *Transport) retryDelay(resp *http.Response, err error, attempt int) (tim
 		return t.backoff(attempt), retryableError(err)
 	}
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable,
-		http.StatusBadGateway, http.StatusGatewayTimeout:
+	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
+	case http.StatusConflict:
+		if !inProgressAnswer(resp) {
+			return 0, false // the handler's own 409, or another server's
+		}
 	default:
 		return 0, false
 	}
@@ -357,17 +367,50 @@ func retryableError(err error) bool {
 	return true
 }
 
+// problemPeek is how much of a 409's body inProgressAnswer reads to find
+// its problem type: the middleware's own is about 300 bytes.
+const problemPeek = 4 << 10
+
+// inProgressAnswer reports whether resp, a 409, is the middleware's "in
+// progress" answer: an application/problem+json body whose type is
+// ProblemInProgress. It reads up to problemPeek bytes of the body, and puts
+// them back in front of the rest, so that the body can still be read whole.
+func inProgressAnswer(resp *http.Response) bool {
+	mediaType, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mediaType != "application/problem+json" || resp.Body == nil {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, problemPeek))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(head, &p) == nil && p.Type == ProblemInProgress
+}
+
 // retryAfter parses a Retry-After value, seconds or an HTTP date, as a
-// delay from now; ok is false when v is empty or unreadable.
+// delay from now; ok is false when v is empty or unreadable. RFC 9110's
+// delay-seconds is any number of digits: one too large for an int64 is read
+// as the longest delay.
 func retryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 	if v == "" {
 		return 0, false
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs < 0 {
-			return 0, false
-		}
+	longest := time.Duration(int64(idem.MaxDuration/time.Second)) * time.Second
+	secs, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err == nil && secs < 0:
+		return 0, false
+	case err == nil:
 		return time.Duration(min(secs, int64(idem.MaxDuration/time.Second))) * time.Second, true
+	case errors.Is(err, strconv.ErrRange) && isDigits(v):
+		return longest, true
 	}
 	at, err := http.ParseTime(v)
 	if err != nil {
@@ -464,4 +507,14 @@ func (t *Transport) maxDelay() time.Duration {
 		return DefaultMaxDelay
 	}
 	return t.MaxDelay
+}
+
+// isDigits reports whether s is one or more ASCII digits.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -24,7 +24,15 @@ import (
 type reply struct {
 	status int
 	header []string // name, value pairs
+	body   string   // "body" if empty
 	err    error
+}
+
+// inProgress is the middleware's own 409: its problem type in an
+// application/problem+json body, and a Retry-After of secs.
+func inProgress(secs string) reply {
+	return reply{status: 409, header: []string{"Retry-After", secs, "Content-Type", "application/problem+json"},
+		body: `{"type":"` + ProblemInProgress + `","title":"Request in progress","status":409}` + "\n"}
 }
 
 // scriptedBase is an http.RoundTripper that answers the attempts it gets
@@ -56,8 +64,12 @@ func (s *scriptedBase) RoundTrip(r *http.Request) (*http.Response, error) {
 	if rp.err != nil {
 		return nil, rp.err
 	}
+	body = []byte("body")
+	if rp.body != "" {
+		body = []byte(rp.body)
+	}
 	resp := &http.Response{StatusCode: rp.status, Header: http.Header{}, Request: r,
-		Body: &closeCounter{ReadCloser: io.NopCloser(strings.NewReader("body")), s: s}}
+		Body: &closeCounter{ReadCloser: io.NopCloser(strings.NewReader(string(body))), s: s}}
 	for i := 0; i+1 < len(rp.header); i += 2 {
 		resp.Header.Add(rp.header[i], rp.header[i+1])
 	}
@@ -110,8 +122,8 @@ func TestTransportKeepsOneKeyAcrossRetries(t *testing.T) {
 	tr, base, waits := newScripted(
 		reply{err: errReset},
 		reply{status: 503, header: []string{"Retry-After", "1"}},
-		reply{status: 409, header: []string{"Retry-After", "2"}},
-		reply{status: 429},
+		inProgress("2"),
+		reply{status: 503},
 		reply{status: 502},
 		reply{status: 504},
 		reply{status: 201, header: []string{ReplayedHeader, "true"}},
@@ -145,7 +157,7 @@ func TestTransportKeepsOneKeyAcrossRetries(t *testing.T) {
 }
 
 func TestTransportNeverRetriesOtherStatuses(t *testing.T) {
-	for _, status := range []int{200, 201, 302, 400, 401, 404, 408, 422, 425, 500, 501, 505} {
+	for _, status := range []int{200, 201, 302, 400, 401, 404, 408, 409, 422, 425, 429, 500, 501, 505} {
 		tr, base, waits := newScripted(reply{status: status}, reply{status: 201})
 		resp, err := tr.RoundTrip(newPost("x"))
 		require.NoError(t, err)
@@ -177,7 +189,7 @@ func TestTransportBoundsAttempts(t *testing.T) {
 }
 
 func TestTransportBackoffGrowsUpToMaxDelay(t *testing.T) {
-	tr, _, waits := newScripted(reply{status: 429})
+	tr, _, waits := newScripted(reply{status: 503})
 	tr.MaxAttempts, tr.Backoff, tr.MaxDelay = 8, 100*time.Millisecond, time.Second
 	_, err := tr.RoundTrip(newPost("x"))
 	require.NoError(t, err)
@@ -192,10 +204,10 @@ func TestTransportBackoffGrowsUpToMaxDelay(t *testing.T) {
 // A Retry-After longer than the caller waits, or a wait that would outlast
 // the request's deadline, returns the answer at hand at once.
 func TestTransportDoesNotWaitPastItsBounds(t *testing.T) {
-	tr, base, waits := newScripted(reply{status: 429, header: []string{"Retry-After", "60"}}, reply{status: 201})
+	tr, base, waits := newScripted(reply{status: 503, header: []string{"Retry-After", "60"}}, reply{status: 201})
 	resp, err := tr.RoundTrip(newPost("x"))
 	require.NoError(t, err)
-	assert.Equal(t, 429, resp.StatusCode)
+	assert.Equal(t, 503, resp.StatusCode)
 	assert.Equal(t, 1, base.attempts())
 	assert.Empty(t, *waits)
 
@@ -449,4 +461,51 @@ func BenchmarkTransportOverhead(b *testing.B) {
 			b.Fatal(resp, err)
 		}
 	}
+}
+
+// TestTransportRetriesOnlyTheMiddlewaresInProgress: a 409 is retried only
+// when it is the middleware's own "in progress" answer (its problem type);
+// a handler's own 409 or 429 (which the middleware does not keep, so a retry
+// would run the handler again), or another problem type, is returned at
+// once, its body whole.
+func TestTransportRetriesOnlyTheMiddlewaresInProgress(t *testing.T) {
+	tr, base, _ := newScripted(inProgress("1"), reply{status: 201})
+	resp, err := tr.RoundTrip(newPost("x"))
+	require.NoError(t, err)
+	assert.Equal(t, 201, resp.StatusCode)
+	assert.Equal(t, 2, base.attempts())
+
+	problem := `{"type":"https://example.com/problems/order-shipped","status":409}`
+	for _, r := range []reply{
+		{status: 409, header: []string{"Retry-After", "1"}, body: `{"error":"conflict"}`},
+		{status: 409, header: []string{"Content-Type", "application/problem+json"}, body: problem},
+		{status: 409, header: []string{"Content-Type", "application/json"}, body: `{"type":"` + ProblemInProgress + `"}`},
+		{status: 429, header: []string{"Retry-After", "1", "Content-Type", "application/problem+json"}, body: `{"type":"` + ProblemInProgress + `"}`},
+		{status: 429, header: []string{"Retry-After", "1"}},
+	} {
+		tr, base, waits := newScripted(r, reply{status: 201})
+		resp, err := tr.RoundTrip(newPost("x"))
+		require.NoError(t, err)
+		assert.Equal(t, r.status, resp.StatusCode, "%+v", r)
+		assert.Equal(t, 1, base.attempts(), "%+v: the handler's own answer is not retried", r)
+		assert.Empty(t, *waits)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		want := r.body
+		if want == "" {
+			want = "body"
+		}
+		assert.Equal(t, want, string(body), "the body is returned whole")
+	}
+
+	// A problem body larger than what is read to find the type is returned
+	// whole too.
+	large := `{"detail":"` + strings.Repeat("x", 2*problemPeek) + `","type":"` + ProblemInProgress + `"}`
+	tr, _, _ = newScripted(reply{status: 409, header: []string{"Content-Type", "application/problem+json"}, body: large}, reply{status: 201})
+	resp, err = tr.RoundTrip(newPost("x"))
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, 409, resp.StatusCode)
+	assert.Equal(t, large, string(body))
 }

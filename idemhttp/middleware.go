@@ -83,9 +83,10 @@ const unavailableRetryAfter = "1"
 //
 //   - First request with the key: the handler runs. Its context carries the
 //     Claim (ClaimFromContext: fencing token, attempt, recovered flag) and is
-//     cancelled, with a cause wrapping ErrLeaseLost, if the lease is lost;
-//     the lease is renewed while the handler runs. The response goes to the
-//     client as it is written; a copy is kept.
+//     cancelled, with a cause wrapping ErrLeaseLost, if the lease is lost,
+//     or when it runs out by this process's clock (a renewal that hangs does
+//     not hold that back); the lease is renewed while the handler runs. The
+//     response goes to the client as it is written; a copy is kept.
 //   - The handler finished: a stored status (WithStorePolicy; default
 //     DefaultStorePolicy: 2xx, 3xx, and 4xx except 401, 403, 407, 408, 409,
 //     425, 429) is stored with its headers and body, for the Keeper's

@@ -905,11 +905,13 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		cause     error
 	}
 	seenBy := make(chan seen, 2)
+	running := make(chan struct{})
 	a := newApp(t, env, k, func(run int64, w http.ResponseWriter, r *http.Request) {
 		c, ok := idem.ClaimFromContext(r.Context())
 		require.True(t, ok)
 		s := seen{token: c.Token(), attempt: c.Attempt(), recovered: c.Recovered()}
 		if run == 1 {
+			close(running)
 			select { // bounded, so that a first request that never ran fails the test instead of hanging it
 			case <-r.Context().Done():
 				s.cause = context.Cause(r.Context())
@@ -924,12 +926,26 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	firstDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { firstDone <- a.do(postKey("k1", "a")) }()
 	a.await(t, idem.ResultClaimed)
+	// The lease runs out only once the handler runs: a claim whose lease
+	// has run out when its work would start does not start it.
 	select {
+	case <-running:
 	case rec := <-firstDone:
 		require.Failf(t, "the first request ended before its handler ran", "%d %s", rec.Code, rec.Body)
-	default:
+	case <-time.After(10 * time.Second):
+		require.Fail(t, "the first request's handler never ran")
 	}
 	advance(lease + 100*time.Millisecond) // the first holder's lease runs out unrenewed
+
+	// The first holder's next renewal finds its lease run out by its own
+	// clock: its handler's context ends then, whatever Redis would say.
+	s1 := <-seenBy
+	assert.ErrorIs(t, s1.cause, idem.ErrLeaseLost, "the handler's context says why it ended")
+	assert.Equal(t, 1, s1.attempt)
+	first := <-firstDone
+	assert.Equal(t, "run 1", first.Body.String(), "the first client got its own answer")
+	ev := a.await(t, idem.ResultLeaseLost)
+	assert.ErrorIs(t, ev.Err, idem.ErrLeaseLost)
 
 	second := a.do(postKey("k1", "a"))
 	assert.Equal(t, "run 2", second.Body.String())
@@ -937,16 +953,7 @@ func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	assert.True(t, s2.recovered, "the takeover is marked recovered")
 	assert.Equal(t, 2, s2.attempt)
 	assert.Equal(t, idem.ResultDone, a.await(t, idem.ResultDone).Result)
-
-	store.stalled.Store(false) // the first holder's next renewal finds it lost
-	first := <-firstDone
-	s1 := <-seenBy
-	assert.ErrorIs(t, s1.cause, idem.ErrLeaseLost, "the handler's context says why it ended")
-	assert.Equal(t, 1, s1.attempt)
 	assert.Greater(t, s2.token, s1.token, "fencing tokens increase")
-	assert.Equal(t, "run 1", first.Body.String(), "the first client got its own answer")
-	ev := a.await(t, idem.ResultLeaseLost)
-	assert.ErrorIs(t, ev.Err, idem.ErrLeaseLost)
 
 	rec := a.do(postKey("k1", "a"))
 	assert.Equal(t, "run 2", rec.Body.String(), "the stale holder overwrote nothing")

@@ -114,9 +114,9 @@ func ExampleNewEnv() {
 		fmt.Println(key[:len("payments:{")], env.Redis.TTL(key))
 	}
 
-	env.Redis.SetError("LOADING Redis is loading the dataset in memory")
+	env.SetError("LOADING Redis is loading the dataset in memory")
 	fmt.Println(post("b"))
-	env.Redis.SetError("")
+	env.SetError("")
 	fmt.Println(post("b"))
 	// Output:
 	// 202

@@ -35,6 +35,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/minitime"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -62,14 +63,15 @@ type Env struct {
 	// Clock is the time of both the Keeper and Redis; Advance moves them.
 	Clock *Clock
 	// Redis is the embedded server, to look at (Redis.Keys, Redis.TTL,
-	// Redis.Get) or to break: Redis.SetError("LOADING ...") makes every
-	// command answer that error reply until SetError("") (idem.ErrUnavailable,
-	// 503 from idemhttp); Redis.Set on a record's key (see Redis.Keys) puts a
-	// value there that is not a record (idem.ErrCorrupt, 500); Redis.Close
-	// makes it unreachable for good (idem.ErrUnavailable, after about 0.1s of
-	// redialling). Do not call its SetTime, FastForward or ClockTTL:
-	// Clock.Advance moves its time. The test's cleanup closes it, after
-	// Client.
+	// Redis.Get) or to break: Env.SetError makes every command answer an
+	// error reply (idem.ErrUnavailable, 503 from idemhttp); Redis.Set on a
+	// record's key (see Redis.Keys) puts a value there that is not a record
+	// (idem.ErrCorrupt, 500); Redis.Close makes it unreachable for good
+	// (idem.ErrUnavailable, after about 0.1s of redialling). Do not call its
+	// SetTime, FastForward or ClockTTL: Clock.Advance moves its time. Its
+	// own SetError works too, but replaces the hook that keeps its TIME
+	// increasing (see Clock), which the next command of Client that
+	// succeeds puts back. The test's cleanup closes it, after Client.
 	Redis *miniredis.Miniredis
 	// Client is the go-redis client of the Keeper, for commands of the test's
 	// own. It gives up on an unreachable server within milliseconds, and is
@@ -89,17 +91,19 @@ type Env struct {
 func NewEnv(tb TB, opts ...idem.Option) *Env {
 	tb.Helper()
 	m := miniredis.RunT(tb)
-	clock := &Clock{now: start, redis: m}
-	// SetTime moves TIME, which the scripts read for leases and tokens; with
-	// ClockTTL, the same SetTime also moves key expiry, in one step under
-	// miniredis's lock, so that no command sees one moved without the other.
+	// SetTime moves key expiry (with ClockTTL, in one step under miniredis's
+	// lock) and the TIME the scripts read for leases and tokens; minitime
+	// answers TIME so that it strictly increases while the Clock stands
+	// still, and fencing tokens never repeat for a key.
 	m.SetTime(start)
 	m.ClockTTL(true)
+	clock := &Clock{now: start, redis: m, time: minitime.Install(m, start)}
 	client := redis.NewClient(&redis.Options{
 		Addr:               m.Addr(),
 		MaxRetryBackoff:    16 * time.Millisecond,
 		DialerRetryTimeout: 5 * time.Millisecond,
 	})
+	client.AddHook(clock.time.Hook())
 	tb.Cleanup(func() { _ = client.Close() }) // before m.Close, which RunT registered first
 	k, err := idem.NewRedis(client, append(opts[:len(opts):len(opts)], idem.WithClock(clock.Now))...)
 	if err != nil {
@@ -108,6 +112,12 @@ func NewEnv(tb TB, opts ...idem.Option) *Env {
 	}
 	return &Env{Keeper: k, Clock: clock, Redis: m, Client: client, tb: tb}
 }
+
+// SetError makes every command of the embedded Redis answer the error reply
+// msg, as "LOADING Redis is loading the dataset in memory" (the Keeper
+// answers idem.ErrUnavailable, the middleware 503), until SetError(""). It
+// is safe to call while commands run.
+func (e *Env) SetError(msg string) { e.Clock.time.SetError(msg) }
 
 // New returns a Keeper on an embedded Redis and the Clock that moves it: the
 // Keeper and Clock of NewEnv(tb, opts...), which documents the options and
@@ -152,10 +162,19 @@ func (e *Env) Handler(h http.Handler, opts ...idemhttp.Option) http.Handler {
 // at 2025-01-01T00:00:00Z and moves only with Advance. It is safe for
 // concurrent use. Clocks are made by New, NewEnv and Handler; the zero Clock
 // is not usable.
+//
+// While the Clock stands still, Redis's TIME moves by one microsecond at
+// each answer (no answer is equal to or earlier than one before it), and
+// key expiry does not move: the fencing token of a claim, made from TIME,
+// strictly increases for a key whatever the test does, a Forget followed by
+// a new claim at the same instant included, so that a stale holder is never
+// taken for the new one. So a lease left or an age that Redis measures may
+// be off by a few microseconds from the Clock; Clock.Now does not move.
 type Clock struct {
 	mu    sync.Mutex
 	now   time.Time
 	redis *miniredis.Miniredis
+	time  *minitime.Time
 }
 
 // Now returns the Clock's time (in UTC, without a monotonic reading). The
@@ -177,14 +196,15 @@ func (c *Clock) Now() time.Time {
 // back.
 //
 // Advance does not run anything that waits on real time. A Do (or a claim's
-// KeepAlive) still running is not told of it: Redis decides at the next call.
-// If another attempt claims the key meanwhile, the first learns that its lease
-// was lost at its next renewal, a third of the lease of real time after the
-// previous one, or when it completes or releases the key (ErrLeaseLost; Do
-// returns it). If instead a renewal comes first, it extends the lease from the
-// advanced time, and the key stays in progress: with a short lease, whose
-// renewals fire during the test, a takeover after Advance is a race; with the
-// default lease of 30s, no renewal fires before a Do has run 10s.
+// KeepAlive) still running when the Clock passes its lease end is not told at
+// once: its next renewal, due a third of the lease of real time after the
+// previous one, finds by the Clock that the lease has run out, sends nothing,
+// and cancels the operation's context with idem.ErrLeaseLost (Do then stores
+// nothing and returns it). Before that renewal, a completion or release is
+// decided by Redis: refused with ErrLeaseLost if another attempt has claimed
+// the key meanwhile, accepted if none has. With the default lease of 30s, no
+// renewal fires before a Do has run 10s; with a short lease, whose renewals
+// fire during the test, which comes first is a race.
 func (c *Clock) Advance(d time.Duration) {
 	if d < 0 {
 		panic("idemtest: Clock.Advance with a negative duration " + d.String())
@@ -193,4 +213,5 @@ func (c *Clock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 	c.redis.SetTime(c.now)
+	c.time.Set(c.now)
 }

@@ -382,3 +382,39 @@ func TestRefusedOptionsFailTheTest(t *testing.T) {
 	assert.Contains(t, f.fatal, "idemtest: ")
 	assert.False(t, t.Failed())
 }
+
+// With the Clock standing still, a Forget followed by a new claim of the key
+// gets a higher token than the forgotten claim's, so that the stale holder's
+// completion is refused; the same after the embedded Redis was broken and
+// mended, through Env.SetError or miniredis's own SetError.
+func TestFrozenClockNeverReusesAToken(t *testing.T) {
+	env := idemtest.NewEnv(t)
+	ctx := t.Context()
+	for _, brk := range []struct {
+		name   string
+		break_ func(msg string)
+	}{
+		{"none", nil},
+		{"Env.SetError", env.SetError},
+		{"Redis.SetError", env.Redis.SetError},
+	} {
+		key := "order-" + brk.name
+		stale, err := env.Keeper.Begin(ctx, "acct", key)
+		require.NoError(t, err)
+		_, err = env.Keeper.Forget(ctx, "acct", key, true)
+		require.NoError(t, err)
+		if brk.break_ != nil {
+			brk.break_("LOADING Redis is loading the dataset in memory")
+			_, err := env.Keeper.Begin(ctx, "acct", key)
+			require.ErrorIs(t, err, idem.ErrUnavailable, brk.name)
+			brk.break_("")
+		}
+		fresh, err := env.Keeper.Begin(ctx, "acct", key)
+		require.NoError(t, err, brk.name)
+		require.NotNil(t, fresh.Claim, brk.name)
+		assert.Greater(t, fresh.Claim.Token(), stale.Claim.Token(), "%s: a token handed out twice", brk.name)
+		assert.ErrorIs(t, stale.Claim.Complete(ctx, []byte("stale"), 0), idem.ErrLeaseLost, "%s: the stale holder's completion is accepted", brk.name)
+		require.NoError(t, fresh.Claim.Complete(ctx, []byte("fresh"), 0), brk.name)
+	}
+	assert.Equal(t, start, env.Clock.Now(), "the Clock did not move")
+}

@@ -7,7 +7,11 @@
 -- ARGV[4]  payload to keep
 --
 -- Returns
---   1            stored (or already stored by this same token: a retried call)
+--   1            stored
+--   2            already completed by this same token (a retried call, or a
+--                second Complete of the claim): nothing is written, and the
+--                record keeps what the first completion stored, for as long as
+--                that one said
 --   0            lease lost: the record is gone, released, or held by another token
 --   {5, reason}  the value at the key is not a record of ours; nothing is written
 --
@@ -42,7 +46,7 @@ end
 local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):%d+:[01]:')
 if tok36 then
   if tok36 == ARGV[2] then
-    return 1
+    return 2
   end
   return 0
 end
@@ -52,6 +56,6 @@ if not st then
   return {5, 'unknown format'}
 end
 if st == 'C' and tok == token then
-  return 1
+  return 2
 end
 return 0

@@ -1,25 +1,33 @@
--- forget.lua: remove a record, unless another attempt holds a live lease on
--- it and the caller did not force it.
+-- forget.lua: remove the record of one claim, named by its fencing token,
+-- unless removing it would lose what the caller did not agree to lose.
 --
 -- KEYS[1]  the record key
--- ARGV[1]  "force" to remove a pending record whose lease is still live;
---          anything else refuses it
+-- ARGV[1]  the fencing token of the record to remove (decimal)
+-- ARGV[2]  the same token in base 36 (lower case), as a completed record's
+--          short form keeps it
+-- ARGV[3]  "force" to remove also a pending record whose lease is live, or a
+--          record that holds checkpoints; anything else refuses them
 --
 -- Returns one of
---   {0, now_s, now_us}                             no record at the key: nothing done
---   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us}
---                                                  removed: the record as it was
---   {3, header, pttl_ms, rest_len, rest_head, now_s, now_us}
---                                                  refused: the record is pending and
---                                                  its lease is live; nothing done
---   {5, reason}                                    the value is not a record of ours;
---                                                  nothing done, even when forced
+--   {0, now_s, now_us}         nothing to forget: no record at the key, or a
+--                              record of another token (a newer claim, or the
+--                              key completed by another attempt), which is left
+--                              as it is
+--   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us[, checkpoints]}
+--                              removed: the record as it was
+--   {3, header, pttl_ms, rest_len, rest_head, now_s, now_us[, checkpoints]}
+--                              refused, nothing done: the record is pending and its
+--                              lease is live (an operation may be running), or it
+--                              holds checkpoints (steps that happened, which the
+--                              next attempt would do again)
+--   {5, reason}                the value is not a record of ours; nothing done,
+--                              even when forced
 --
 -- The record is described as inspect.lua describes it. Safe to run twice for
 -- one call (go-redis retries a command whose reply was lost): the second run
--- finds no record and answers {0}, or finds the same live lease and refuses
--- again.
-local key, force = KEYS[1], ARGV[1] == 'force'
+-- finds no record, or a record that a claim made since, and answers {0}
+-- without touching it; or it finds the same record and refuses again.
+local key, token, token36, force = KEYS[1], ARGV[1], ARGV[2], ARGV[3] == 'force'
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -29,22 +37,56 @@ local t = redis.call('TIME')
 if not v then
   return {0, t[1], t[2]}
 end
-local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
-  string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
-if not head then
-  return {5, 'unknown format'}
+local head, st, tok, until_us = string.match(v, '^(i1([PCR])(%d+):%d+:[01]:(%d+):[%w_%-]*:[%w_%-]*:)')
+local mine
+if head then
+  mine = tok == token
+else
+  local tok36
+  head, tok36 = string.match(v, '^(i1C:[%w_%-]*:([%da-z]+):%d+:[01]:)')
+  if not head then
+    return {5, 'unknown format'}
+  end
+  st, mine = 'C', tok36 == token36
 end
--- Only a pending record, always of the long form, has a lease to refuse for.
-local st, until_us = string.match(head, '^i1([PCR])%d+:%d+:[01]:(%d+):')
-local code = 1
-if st == 'P' and not force then
+if not mine then
+  return {0, t[1], t[2]}
+end
+
+local reply = {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+-- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
+-- fields (see checkpoint.lua).
+if #v > #head and (st == 'P' or st == 'R') then
+  local cps, pos, n = {}, #head + 1, 0
+  while pos <= #v do
+    local len = string.match(v, '^(%d+):', pos)
+    if not len or #len > 9 then
+      return {5, 'checkpoints unreadable'}
+    end
+    local from = pos + #len + 1
+    pos = from + tonumber(len)
+    if pos > #v + 1 then
+      return {5, 'checkpoints unreadable'}
+    end
+    n = n + 1
+    if n % 2 == 1 then
+      cps[#cps + 1] = string.sub(v, from, pos - 1)
+    else
+      cps[#cps + 1] = tonumber(len)
+    end
+  end
+  if n % 2 ~= 0 then
+    return {5, 'checkpoints unreadable'}
+  end
+  reply[8] = cps
+end
+
+if not force then
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if tonumber(until_us) > now then
-    code = 3
+  if reply[8] or (st == 'P' and tonumber(until_us) > now) then
+    reply[1] = 3
+    return reply
   end
 end
-local reply = {code, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
-if code == 1 then
-  redis.call('DEL', key)
-end
+redis.call('DEL', key)
 return reply

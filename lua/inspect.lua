@@ -5,6 +5,7 @@
 -- Returns one of
 --   {0, now_s, now_us}                            no record at the key
 --   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us}
+--   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us, checkpoints}
 --                                                 a record: its header, up to and
 --                                                 including the ':' that ends it
 --                                                 (the one after the fingerprint;
@@ -14,13 +15,20 @@
 --                                                 PTTL; the length of what follows
 --                                                 the header and its first two
 --                                                 bytes (the envelope's format and
---                                                 kind byte of a completed record)
+--                                                 kind byte of a completed record);
+--                                                 for a pending or released record
+--                                                 that holds checkpoints, their
+--                                                 names and value sizes, oldest
+--                                                 first: {name, size, name, size, ...}
+--                                                 (left out when what follows the
+--                                                 header is not checkpoints)
 --   {5, reason}                                   the value is not a record of ours
 --
 -- now_s and now_us are Redis's TIME, so that the caller measures the lease and
 -- the token's age by Redis's clock. The header is matched loosely here and
--- parsed strictly by the caller. Only the header and two bytes travel back,
--- however large the stored result. Read-only: safe to run any number of times.
+-- parsed strictly by the caller. Only the header, two bytes and the
+-- checkpoints' names travel back, however large the stored result or the
+-- checkpoints' values. Read-only: safe to run any number of times.
 local key = KEYS[1]
 
 local v = redis.pcall('GET', key)
@@ -36,4 +44,32 @@ local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
 if not head then
   return {5, 'unknown format'}
 end
-return {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+local reply = {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+-- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
+-- fields (see checkpoint.lua). What cannot be read as checkpoints (written by
+-- a later version, say) is left out, and left to the caller's other scripts.
+local st = string.sub(head, 3, 3)
+if #v > #head and (st == 'P' or st == 'R') then
+  local cps, pos, n = {}, #head + 1, 0
+  while pos <= #v do
+    local len = string.match(v, '^(%d+):', pos)
+    if not len or #len > 9 then
+      return reply
+    end
+    local from = pos + #len + 1
+    pos = from + tonumber(len)
+    if pos > #v + 1 then
+      return reply
+    end
+    n = n + 1
+    if n % 2 == 1 then
+      cps[#cps + 1] = string.sub(v, from, pos - 1)
+    else
+      cps[#cps + 1] = tonumber(len)
+    end
+  end
+  if n % 2 == 0 then
+    reply[8] = cps
+  end
+end
+return reply

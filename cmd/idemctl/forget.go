@@ -10,29 +10,36 @@ import (
 )
 
 // forgetOutcome is what forget prints with -json: whether this command
-// removed the record, and the record as it was.
+// removed the record, and the record as it was (when removed), or as the
+// command found it.
 type forgetOutcome struct {
 	Forgotten bool       `json:"forgotten"`
 	Record    jsonRecord `json:"record"`
 }
 
-// forgetCmd removes one record, after showing it and asking.
+// forgetCmd removes one record, after showing it and asking, by the token it
+// showed: a claim made meanwhile is never the one removed.
 func forgetCmd(ctx context.Context, g *globals, args []string, con console) error {
 	var (
 		t          target
 		force, yes bool
+		token      int64
 	)
 	fs := flag.NewFlagSet("forget", flag.ContinueOnError)
 	fs.SetOutput(con.err)
 	t.flags(fs)
-	fs.BoolVar(&force, "force", false, "remove the record even while an attempt holds a live lease on it: the holder's completion then fails (idem.ErrLeaseLost) and the next call runs the operation again, beside the holder if it still runs")
+	fs.BoolVar(&force, "force", false, "remove the record even when an attempt holds a live lease on it, or it holds checkpoints: the holder's completion then fails (idem.ErrLeaseLost), and the next call runs the operation again from its first step, beside the holder if it still runs")
 	fs.BoolVar(&yes, "yes", false, "remove without asking (required when the input is not a terminal)")
+	fs.Int64Var(&token, "token", 0, "remove the record only if its token is this one, as inspect showed it (default: the token of the record shown now)")
 	fs.BoolVar(&g.json, "json", g.json, "print JSON instead of text")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := t.parse(fs); err != nil {
 		return err
+	}
+	if token < 0 {
+		return fmt.Errorf("%w: forget: -token %d is not a token", errUsage, token)
 	}
 	c, err := t.open(g)
 	if err != nil {
@@ -45,30 +52,82 @@ func forgetCmd(ctx context.Context, g *globals, args []string, con console) erro
 		return err
 	case r.State == idem.StateAbsent:
 		return reportForget(con, g, r, false)
-	case r.State == idem.StatePending && r.LeaseLeft > 0 && !force:
-		return refuse(con, r)
+	case token != 0 && r.Token != token:
+		return changed(con, g, "forgotten", token, r)
+	case !force && (r.State == idem.StatePending && r.LeaseLeft > 0 || len(r.Checkpoints) > 0):
+		return refuse(con, g, r)
 	}
 	if !yes {
-		if err := confirm(con, r); err != nil {
+		if err := confirm(con, r, "forget this record?", forgetConsequences(r)); err != nil {
 			return err
 		}
 	}
-	gone, err := c.store.Forget(ctx, r.ID, force)
-	if errors.Is(err, idem.ErrInProgress) {
-		return refuse(con, gone) // claimed since it was shown
-	}
-	if err != nil {
+	gone, err := c.store.Forget(ctx, r.ID, r.Token, force)
+	var refused *idem.ForgetRefusedError
+	switch {
+	case errors.As(err, &refused):
+		return refuse(con, g, gone) // changed since it was shown: a checkpoint, a renewal
+	case err != nil:
 		return err
+	case gone.State == idem.StateAbsent:
+		// Nothing of the token shown is there any more: gone already, or
+		// the key was claimed again since it was shown (left alone).
+		now, err := t.inspect(ctx, c)
+		if err != nil {
+			return err
+		}
+		if now.State == idem.StateAbsent {
+			return reportForget(con, g, now, false)
+		}
+		return changed(con, g, "forgotten", r.Token, now)
 	}
-	return reportForget(con, g, gone, gone.State != idem.StateAbsent)
+	return reportForget(con, g, gone, true)
 }
 
-// refuse says why a record in progress was not removed.
-func refuse(con console, r idem.Record) error {
-	fmt.Fprintf(con.err, "idemctl: not forgotten: %s is in progress (attempt %d, token %d, lease left %s).\n"+
-		"  -force removes it anyway: the holder's completion then fails with ErrLeaseLost, and the next call\n"+
-		"  runs the operation again, beside the holder if it is still running.\n",
-		r.Key, r.Attempt, r.Token, human(r.LeaseLeft))
+// forgetConsequences says what forgetting r does, for the question.
+func forgetConsequences(r idem.Record) []string {
+	lines := []string{"forgotten, the key runs again as if it had never been seen: attempt 1, not told that an earlier attempt ran"}
+	if r.State == idem.StatePending {
+		lines = append(lines, "(to have the next attempt take the claim over, told it is recovered, use abandon, or let the lease run out)")
+	}
+	return lines
+}
+
+// refuse says why a record was not removed without -force: what would be
+// lost.
+func refuse(con console, g *globals, r idem.Record) error {
+	if g.json {
+		printJSON(con.out, forgetOutcome{Record: toJSON(r)})
+	}
+	fmt.Fprintf(con.err, "idemctl: not forgotten: %s (attempt %d, token %d)", r.Key, r.Attempt, r.Token)
+	live := r.State == idem.StatePending && r.LeaseLeft > 0
+	if live {
+		fmt.Fprintf(con.err, " is held by a live lease (%s left): its operation may be running,\n"+
+			"  and the next call would run it again beside the holder, not told so.\n", human(r.LeaseLeft))
+	}
+	if len(r.Checkpoints) > 0 {
+		if live {
+			fmt.Fprint(con.err, "  It also")
+		} else {
+			fmt.Fprint(con.err, "\n  It")
+		}
+		fmt.Fprintf(con.err, " holds checkpoints of steps that happened, which the next attempt would do again:\n  %s.\n",
+			checkpointsText(r.Checkpoints))
+	}
+	fmt.Fprint(con.err, "  For a holder known to be dead, abandon hands the claim to the next attempt (recovered, with\n"+
+		"  its checkpoints); -force removes the record anyway.\n")
+	return errFailed
+}
+
+// changed says that the record named by token is not the one at the key
+// now (now), which was left alone.
+func changed(con console, g *globals, what string, token int64, now idem.Record) error {
+	if g.json {
+		printJSON(con.out, forgetOutcome{Record: toJSON(now)})
+	}
+	fmt.Fprintf(con.err, "idemctl: not %s: %s no longer holds the record of token %d; it holds a %s record of token %d (attempt %d),\n"+
+		"  made or completed since, which was left alone. Inspect it, and name its token if it is the one meant.\n",
+		what, now.Key, token, now.State, now.Token, now.Attempt)
 	return errFailed
 }
 

@@ -6,10 +6,10 @@
 //
 //	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
 //
-//	idemctl inspect [-scope S] KEY        state, token, attempt, lease, expiry, result of a record
+//	idemctl inspect [-scope S] KEY        state, token, attempt, lease, expiry, result, checkpoints of a record
 //	idemctl inspect -record REDISKEY      the same, by the Redis key a listing shows
-//	idemctl forget [-scope S] [-force] [-yes] KEY
-//	idemctl forget -record REDISKEY [-force] [-yes]
+//	idemctl abandon [-scope S] [-token T] [-yes] KEY | -record REDISKEY
+//	idemctl forget [-scope S] [-token T] [-force] [-yes] KEY | -record REDISKEY
 //	idemctl pending [-all] [-match GLOB] [-limit N] [-batch N]
 //
 // A record is named by its scope and key, as the application gave them to
@@ -22,18 +22,37 @@
 // shows Redis keys and ids, not the keys clients sent; inspect and forget take
 // such a Redis key with -record.
 //
-// forget shows the record and asks before removing it when its input is a
-// terminal (a character device: from </dev/null it reads no answer, which is
-// no); -yes confirms without asking, and is required when the input is not a
-// terminal. It refuses a record whose operation is running (a live
-// lease) unless -force: the holder is then fenced off (its completion fails
-// with idem.ErrLeaseLost) and the next call runs the operation again.
+// inspect tells what Redis knows of a record: of a pending one, that a claim
+// holds the key until its lease ends (a time by Redis's clock) and by which
+// attempt, not whether its operation is running: a holder that stopped
+// renewing (crashed, paused, cut off) loses the key then.
+//
+// abandon and forget show the record and ask before acting when their input
+// is a terminal (a character device: from </dev/null they read no answer,
+// which is no); -yes confirms without asking, and is required when the input
+// is not a terminal. Both act on the record they showed, named by its token
+// (or by -token, as an earlier inspect showed it): a claim made meanwhile, a
+// redelivery say, is never the one they act on; they say so, and leave it
+// alone.
+//
+// abandon is for a claim whose holder is known to be dead (its process was
+// killed): it ends the lease and keeps the record, so that the next call
+// takes the key over at once, told it is recovered (idem.Claim.Recovered),
+// with the attempt count and the checkpoints. forget erases a record, so
+// that the next call runs the operation as if the key had never been seen;
+// it refuses, unless -force, a record whose lease is live (an operation may
+// be running) or that holds checkpoints (steps that happened, which the next
+// attempt would do again), and says what would be lost. Forced, the holder
+// is fenced off (its completion fails with idem.ErrLeaseLost) and the next
+// call runs the operation again from its first step.
 //
 // Output is text for people, or with -json one JSON object per record (one a
 // line for pending). Exit status: 0 when the command did what it was asked
-// (inspecting an absent record included), 1 when it could not (Redis
-// unreachable, a record unreadable, a forget refused or not confirmed), 2 on
-// bad usage.
+// (inspecting an absent record, forgetting one already gone, abandoning a
+// claim whose lease was over or that was taken over included), 1 when it
+// could not (Redis unreachable, a record unreadable, a command not
+// confirmed, a forget refused, or one whose record was replaced by another
+// since it was shown), 2 on bad usage.
 //
 // The demo's records (cmd/idem-demo -redis URL) live under a prefix of their
 // own per run, "idem-demo:" and 8 hex digits: list them with
@@ -122,7 +141,7 @@ func run(ctx context.Context, args []string, con console) int {
 	}
 	cmd, ok := commands[fs.Arg(0)]
 	if !ok {
-		fmt.Fprintf(con.err, "idemctl: unknown command %q (inspect, forget or pending)\n", fs.Arg(0))
+		fmt.Fprintf(con.err, "idemctl: unknown command %q (inspect, abandon, forget or pending)\n", fs.Arg(0))
 		return exitUsage
 	}
 	return exitStatus(cmd(ctx, &g, fs.Args()[1:], con), con)
@@ -131,6 +150,7 @@ func run(ctx context.Context, args []string, con console) int {
 // commands are the subcommands, by name.
 var commands = map[string]func(ctx context.Context, g *globals, args []string, con console) error{
 	"inspect": inspectCmd,
+	"abandon": abandonCmd,
 	"forget":  forgetCmd,
 	"pending": pendingCmd,
 }
@@ -176,8 +196,11 @@ func usage(fs *flag.FlagSet) {
 	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
 
   inspect [-scope S] KEY | -record REDISKEY
-        show a record: state, token, attempt, lease left, expiry, result
-  forget [-scope S] [-force] [-yes] KEY | -record REDISKEY
+        show a record: state, token, attempt, lease, expiry, result, checkpoints
+  abandon [-scope S] [-token T] [-yes] KEY | -record REDISKEY
+        end the lease of a claim whose holder is dead, keeping the record: the
+        next call takes it over at once, recovered (asks first on a terminal)
+  forget [-scope S] [-token T] [-force] [-yes] KEY | -record REDISKEY
         remove a record so that its key runs again (asks first on a terminal)
   pending [-all] [-match GLOB] [-limit N] [-batch N]
         list the records in progress or abandoned (-all: every record)

@@ -93,7 +93,8 @@ func TestInspect(t *testing.T) {
 		require.NotNil(t, j.LeaseLeftMS)
 		assert.Positive(t, *j.LeaseLeftMS)
 		r = ctl("-redis", url(b), "inspect", "-scope", "tenant", "order-2")
-		assert.Contains(t, r.out, "left: the operation is running")
+		assert.Contains(t, r.out, "held by attempt 1 until ")
+		assert.Contains(t, r.out, "whether its operation is running is not known", "Redis knows the lease, not the operation")
 
 		r = ctl("-redis", url(b), "inspect", "-scope", "tenant", "order-3")
 		require.Equal(t, 0, r.code, "an absent record is an answer, not a failure")
@@ -137,7 +138,7 @@ func TestForget(t *testing.T) {
 		require.NoError(t, err)
 		r = ctl("-redis", url(b), "forget", "-yes", "-scope", "t", "running")
 		assert.Equal(t, 1, r.code)
-		assert.Contains(t, r.stderr, "is in progress")
+		assert.Contains(t, r.stderr, "is held by a live lease")
 		assert.Equal(t, idem.StatePending, state("running"))
 		r = ctl("-redis", url(b), "-json", "forget", "-yes", "-force", "-scope", "t", "running")
 		require.Equal(t, 0, r.code, r.stderr)
@@ -266,7 +267,7 @@ func TestMiddlewareRecords(t *testing.T) {
 	r = ctl("-redis", url(b), "-prefix", "idem-demo:0a1b2c3d:", "-json", "inspect", "-scope", "acme", "order-1")
 	require.Equal(t, 0, r.code, r.stderr)
 	named := decode[jsonRecord](t, r.out)[0]
-	named.AgeMS, named.ExpiresInMS = listed[0].AgeMS, listed[0].ExpiresInMS // read a moment apart
+	named.AgeMS, named.ExpiresInMS, named.ReadAt = listed[0].AgeMS, listed[0].ExpiresInMS, listed[0].ReadAt // read a moment apart
 	assert.Equal(t, listed[0], named, "named by tenant and key: the same record")
 	r = ctl("-redis", url(b), "-json", "inspect", "-record", listed[0].Key)
 	assert.Equal(t, listed[0].Key, decode[jsonRecord](t, r.out)[0].Key)
@@ -288,6 +289,10 @@ func TestUsageErrors(t *testing.T) {
 		{"-redis", url(b), "inspect", "-record", "no-braces"},
 		{"-redis", url(b), "inspect", "-record", "idem:{AAAAAAAAAAAAAAAAAAAAAA}", "k"},
 		{"-redis", url(b), "forget"},
+		{"-redis", url(b), "forget", "-token", "x", "k"},
+		{"-redis", url(b), "abandon"},
+		{"-redis", url(b), "abandon", "-token", "-1", "k"},
+		{"-redis", url(b), "abandon", "a", "b"},
 		{"-redis", url(b), "pending", "extra"},
 		{"-redis", url(b), "pending", "-batch", "5000"},
 		{"-redis", url(b), "pending", "-match", "a{"},
@@ -307,7 +312,7 @@ func TestUnavailable(t *testing.T) {
 	b := redistest.Miniredis(t)
 	addr := url(b)
 	b.Stop()
-	for _, args := range [][]string{{"inspect", "k"}, {"forget", "-yes", "k"}, {"pending"}} {
+	for _, args := range [][]string{{"inspect", "k"}, {"forget", "-yes", "k"}, {"abandon", "-yes", "k"}, {"pending"}} {
 		r := ctl(append([]string{"-redis", addr}, args...)...)
 		assert.Equal(t, 1, r.code, "%q", args)
 		assert.Contains(t, r.stderr, "store unavailable", "%q", args)

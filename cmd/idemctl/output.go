@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -21,11 +22,24 @@ type jsonRecord struct {
 	Recovered   bool   `json:"recovered"`
 	Fingerprint bool   `json:"fingerprint"`
 	LeaseLeftMS *int64 `json:"lease_left_ms,omitempty"`
-	AgeMS       int64  `json:"age_ms"`
-	ExpiresInMS int64  `json:"expires_in_ms"`
-	Result      string `json:"result,omitempty"`
-	Size        *int   `json:"size,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// LeaseEnd is when a pending record's lease ends (or ended), by Redis's
+	// clock, RFC 3339.
+	LeaseEnd    string           `json:"lease_end,omitempty"`
+	AgeMS       int64            `json:"age_ms"`
+	ExpiresInMS int64            `json:"expires_in_ms"`
+	Result      string           `json:"result,omitempty"`
+	Size        *int             `json:"size,omitempty"`
+	Checkpoints []jsonCheckpoint `json:"checkpoints,omitempty"`
+	// ReadAt is Redis's clock when the record was read, RFC 3339.
+	ReadAt string `json:"read_at,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// jsonCheckpoint is a checkpoint as -json prints it: its name and the size
+// of its value in bytes.
+type jsonCheckpoint struct {
+	Name string `json:"name"`
+	Size int    `json:"size"`
 }
 
 func toJSON(r idem.Record) jsonRecord {
@@ -37,12 +51,19 @@ func toJSON(r idem.Record) jsonRecord {
 	if r.ExpiresIn < 0 {
 		j.ExpiresInMS = -1
 	}
+	if !r.ReadAt.IsZero() {
+		j.ReadAt = r.ReadAt.UTC().Format(time.RFC3339Nano)
+	}
 	switch r.State {
 	case idem.StatePending:
 		ms := r.LeaseLeft.Milliseconds()
 		j.LeaseLeftMS = &ms
+		j.LeaseEnd = r.ReadAt.Add(r.LeaseLeft).UTC().Format(time.RFC3339Nano)
 	case idem.StateCompleted:
 		j.Result, j.Size = r.Stored.String(), &r.Size
+	}
+	for _, c := range r.Checkpoints {
+		j.Checkpoints = append(j.Checkpoints, jsonCheckpoint{Name: c.Name, Size: c.Size})
 	}
 	return j
 }
@@ -73,12 +94,30 @@ func printRecord(w io.Writer, r idem.Record) {
 	line("fingerprint", "%s", yesNo(r.Fingerprint))
 	switch r.State {
 	case idem.StatePending:
-		line("lease", "%s", leaseText(r.LeaseLeft))
+		for i, text := range leaseText(r) {
+			if i == 0 {
+				line("lease", "%s", text)
+			} else {
+				line("", "%s", text)
+			}
+		}
 	case idem.StateCompleted:
 		line("result", "%s, %d bytes", r.Stored, r.Size)
 	}
+	if len(r.Checkpoints) > 0 {
+		line("checkpoints", "%s", checkpointsText(r.Checkpoints))
+	}
 	line("claimed", "%s ago", human(r.Age))
 	line("expires in", "%s", expiryText(r.ExpiresIn))
+}
+
+// checkpointsText lists checkpoints by name and size.
+func checkpointsText(cps []idem.CheckpointInfo) string {
+	parts := make([]string, len(cps))
+	for i, c := range cps {
+		parts[i] = fmt.Sprintf("%q (%d bytes)", c.Name, c.Size)
+	}
+	return fmt.Sprintf("%d: %s", len(cps), strings.Join(parts, ", "))
 }
 
 func yesNo(b bool) string {
@@ -88,12 +127,27 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// leaseText describes the lease of a pending record.
-func leaseText(left time.Duration) string {
-	if left > 0 {
-		return human(left) + " left: the operation is running"
+// leaseText describes the lease of a pending record, a line a fact: what
+// Redis knows is that a claim holds the key until a time, not whether its
+// operation is running.
+func leaseText(r idem.Record) []string {
+	end := r.ReadAt.Add(r.LeaseLeft).UTC().Format("2006-01-02 15:04:05.000 UTC")
+	if r.LeaseLeft > 0 {
+		return []string{
+			fmt.Sprintf("held by attempt %d until %s (Redis's clock), %s from now", r.Attempt, end, human(r.LeaseLeft)),
+			"whether its operation is running is not known: a holder renews its lease while it runs,",
+			"and one that stopped (crashed, paused, cut off) loses the key when the lease ends;",
+			"when the lease was last renewed is not recorded",
+		}
 	}
-	return "ran out " + human(-left) + " ago: abandoned; the next claim takes it over (recovered)"
+	next := "the next claim takes the key over, told it is recovered"
+	if len(r.Checkpoints) > 0 {
+		next += ", and is handed the checkpoints"
+	}
+	return []string{
+		fmt.Sprintf("ran out %s ago, at %s (Redis's clock): its holder stopped renewing it, or it was abandoned", human(-r.LeaseLeft), end),
+		next,
+	}
 }
 
 func expiryText(d time.Duration) string {

@@ -1,0 +1,109 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/abandon.lua
+	abandonLua    string
+	abandonScript = redis.NewScript(abandonLua)
+)
+
+// Abandoner is implemented by a Store that can end the lease of a claim and
+// keep its record; RedisStore does. Keeper.Abandon needs it.
+type Abandoner interface {
+	// Abandon ends, in one atomic step, the lease of the pending claim of
+	// token on the record id, keeping everything else of the record, and
+	// returns the record as it is after the call. A record that is not a
+	// pending claim of token (completed, released, of another token) is left
+	// as it is and returned, and no record gives a Record in StateAbsent; no
+	// error in either case. A value that is not a record is never changed
+	// (ErrCorrupt).
+	Abandon(ctx context.Context, id string, token int64) (Record, error)
+}
+
+var _ Abandoner = (*RedisStore)(nil)
+
+// Abandon ends the lease of the claim of (scope, key) whose fencing token is
+// token (Record.Token, as Inspect or idemctl showed it), and keeps its
+// record, so that the next claim of the key takes it over at once, as it
+// would once the lease ran out: Claim.Recovered is true, Attempt counts on,
+// and the claim is handed the checkpoints the holder recorded
+// (Claim.Checkpoints), its fingerprint still binding the key to its request.
+// It is the tool for a holder known to be dead (its process was killed, its
+// machine lost) whose lease would otherwise block the key until it runs
+// out; Forget is for erasing a record.
+//
+// It returns the record as it is after the call:
+//
+//   - StatePending, Token == token, LeaseLeft <= 0: the lease is over (this
+//     call ended it, or it had run out); the next claim takes the key over;
+//   - anything else: nothing was changed: the key was completed (its result
+//     replays), released, taken over by a claim made since the operator
+//     looked (another Token: that claim is left alone), or has no record
+//     (StateAbsent).
+//
+// None of these is an error. Abandon is safe to call again, and safe when
+// go-redis sends it again after a lost reply: the second run finds the lease
+// already over, or the claim made since, and changes nothing.
+//
+// A holder that is in fact alive is not told at once. Until another attempt
+// claims the key, its next renewal gives it its lease back (the key is in
+// progress again). Once another attempt has claimed the key, the holder's
+// next renewal, Complete, Release or Checkpoint gets ErrLeaseLost and writes
+// nothing, and Do and KeepAlive cancel its operation's context then: until
+// that renewal, at most a third of the holder's lease, both may run.
+// Abandon only a claim whose holder is known to be dead.
+//
+// Errors: ErrInvalidKey (the store is not touched), ErrInvalidConfig for a
+// token no claim gets (less than 1, or more than 2^53-1; the store is not
+// touched), ErrCorrupt (the value at the key is not a record this version
+// can read; it is not changed), ErrUnavailable, the caller's own
+// cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
+// Store does not implement Abandoner.
+func (k *Keeper) Abandon(ctx context.Context, scope, key string, token int64) (Record, error) {
+	if err := ValidateKey(key); err != nil {
+		return Record{}, err
+	}
+	if err := checkToken("abandon", token); err != nil {
+		return Record{}, err
+	}
+	a, ok := k.store.(Abandoner)
+	if !ok {
+		return Record{}, fmt.Errorf("idem: abandon: store %T does not implement Abandoner: %w", k.store, errors.ErrUnsupported)
+	}
+	r, err := a.Abandon(ctx, recordID(scope, key), token)
+	return r, storeError(ctx, "abandon", err)
+}
+
+// Abandon implements Abandoner with one script, one round trip. id is a
+// record id (Record.ID, or what the Keeper makes of a scope and key). Its
+// contract is Keeper.Abandon's; an id that is not one is refused with
+// ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
+func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
+	if err := checkRecordID(id); err != nil {
+		return Record{}, err
+	}
+	if err := checkToken("abandon", token); err != nil {
+		return Record{}, err
+	}
+	if ctx.Err() != nil {
+		return Record{}, canceled(ctx, "abandon")
+	}
+	rk := s.key(id)
+	res, err := abandonScript.Run(ctx, s.client, []string{rk}, token).Slice()
+	if err != nil {
+		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", err)
+	}
+	code, r, err := parseRecordReply(id, rk, res)
+	if err == nil && code == 3 {
+		err = unexpected(res)
+	}
+	return r, err
+}

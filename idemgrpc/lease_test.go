@@ -1,0 +1,106 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemgrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// stallStore is a Store whose renewals hang, whatever their context says
+// (as go-redis does without ContextTimeoutEnabled, waiting out its own
+// timeouts), until release is closed; its claims are answered lag late.
+type stallStore struct {
+	idem.Store
+	release chan struct{}
+	hung    atomic.Int32
+	lag     time.Duration
+}
+
+func (s *stallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	s.hung.Add(1)
+	<-s.release
+	return errors.New("read tcp 127.0.0.1: i/o timeout")
+}
+
+func (s *stallStore) Claim(ctx context.Context, id string, req idem.ClaimRequest) (idem.ClaimReply, error) {
+	r, err := s.Store.Claim(ctx, id, req)
+	time.Sleep(s.lag)
+	return r, err
+}
+
+// stallKeeper returns a Keeper with lease on a miniredis, through a
+// stallStore, and the store.
+func stallKeeper(t *testing.T, lease, lag time.Duration) (*idem.Keeper, *stallStore) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rs, err := idem.NewRedisStore(newRedisClient(t, m.Addr()))
+	require.NoError(t, err)
+	s := &stallStore{Store: rs, release: make(chan struct{}), lag: lag}
+	t.Cleanup(func() { close(s.release) })
+	k, err := idem.New(s, idem.WithLease(lease), idem.WithRetention(time.Minute))
+	require.NoError(t, err)
+	return k, s
+}
+
+// TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal: the handler's
+// context ends with idem.ErrLeaseLost when its lease runs out while the
+// renewal hangs, and the call returns then, without waiting for the
+// renewal.
+func TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
+	k, s := stallKeeper(t, 300*time.Millisecond, 0)
+	guard, err := idemgrpc.UnaryServerInterceptor(k)
+	require.NoError(t, err)
+	var cause error
+	handler := func(ctx context.Context, req any) (any, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyMetadata, "k"))
+	done := make(chan error, 1)
+	go func() {
+		_, err := guard(ctx, wrapperspb.String("x"), info, handler)
+		done <- err
+	}()
+	select {
+	case <-done:
+		assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+		assert.Positive(t, s.hung.Load(), "the renewal was under way, and still is")
+	case <-time.After(20 * time.Second): // the renewal hangs until the test ends
+		assert.Fail(t, "the handler's context was not cancelled when its lease ran out")
+	}
+}
+
+// TestClaimAnsweredAfterItsLeaseDoesNotRunTheHandler: a claim answered
+// after its lease ran out by this process's clock does not run the handler:
+// the call is answered Aborted, as for a call in progress.
+func TestClaimAnsweredAfterItsLeaseDoesNotRunTheHandler(t *testing.T) {
+	const lease = 50 * time.Millisecond
+	k, _ := stallKeeper(t, lease, lease+20*time.Millisecond)
+	guard, err := idemgrpc.UnaryServerInterceptor(k)
+	require.NoError(t, err)
+	ran := false
+	handler := func(ctx context.Context, req any) (any, error) {
+		ran = true
+		return wrapperspb.String("ok"), nil
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyMetadata, "k"))
+	_, err = guard(ctx, wrapperspb.String("x"), info, handler)
+	assert.Equal(t, codes.Aborted, status.Code(err), "%v", err)
+	assert.False(t, ran, "the handler ran on a claim whose lease had run out")
+}

@@ -1,0 +1,89 @@
+-- abandon.lua: end the lease of a pending claim, named by its fencing token,
+-- and keep its record, so that the next claim takes it over at once, told it
+-- is recovered, with the attempt count and the checkpoints.
+--
+-- KEYS[1]  the record key
+-- ARGV[1]  the fencing token of the claim whose lease ends (decimal)
+--
+-- Returns one of
+--   {0, now_s, now_us}         no record at the key: nothing done
+--   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us[, checkpoints]}
+--                              the pending record of the token, its lease ended now
+--                              (or before: it had run out), as it is now
+--   {2, header, pttl_ms, rest_len, rest_head, now_s, now_us[, checkpoints]}
+--                              nothing done: the record is completed, released, or
+--                              of another token (a newer claim); as it is
+--   {5, reason}                the value is not a record of ours; nothing done
+--
+-- The record is described as inspect.lua describes it. Only the lease end
+-- changes: to Redis's clock now, so that a claim finds the lease run out
+-- (claim.lua takes it over, recovered); the token, attempt count, attempt id,
+-- fingerprint, checkpoints and the record's time to live are kept. Safe to
+-- run twice for one call: the second run finds the lease already ended and
+-- answers {1} without writing, or finds the newer claim made since and
+-- answers {2} without touching it.
+local key, token = KEYS[1], ARGV[1]
+
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  return {5, 'wrong type'}
+end
+local t = redis.call('TIME')
+if not v then
+  return {0, t[1], t[2]}
+end
+local head, st, tok, cnt, rec, until_us, att, fp =
+  string.match(v, '^(i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):)')
+if not head then
+  head = string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
+  if not head then
+    return {5, 'unknown format'}
+  end
+  st = 'C'
+end
+
+-- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
+-- fields (see checkpoint.lua), read before anything is written.
+local cps
+if #v > #head and (st == 'P' or st == 'R') then
+  local pos, n = #head + 1, 0
+  cps = {}
+  while pos <= #v do
+    local len = string.match(v, '^(%d+):', pos)
+    if not len or #len > 9 then
+      return {5, 'checkpoints unreadable'}
+    end
+    local from = pos + #len + 1
+    pos = from + tonumber(len)
+    if pos > #v + 1 then
+      return {5, 'checkpoints unreadable'}
+    end
+    n = n + 1
+    if n % 2 == 1 then
+      cps[#cps + 1] = string.sub(v, from, pos - 1)
+    else
+      cps[#cps + 1] = tonumber(len)
+    end
+  end
+  if n % 2 ~= 0 then
+    return {5, 'checkpoints unreadable'}
+  end
+end
+
+local code = 2
+if st == 'P' and tok == token then
+  if #until_us > 16 then
+    return {5, 'lease end out of range'}
+  end
+  code = 1
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if tonumber(until_us) > now then
+    local ended = 'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' .. string.format('%d', now) .. ':' .. att .. ':' .. fp .. ':'
+    v = ended .. string.sub(v, #head + 1)
+    head = ended
+    redis.call('SET', key, v, 'KEEPTTL')
+  end
+end
+local reply = {code, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+reply[8] = cps
+return reply
