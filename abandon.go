@@ -59,7 +59,8 @@ var _ Abandoner = (*RedisStore)(nil)
 // next renewal, Complete, Release or Checkpoint gets ErrLeaseLost and writes
 // nothing, and Do and KeepAlive cancel its operation's context then: until
 // that renewal, at most a third of the holder's lease, both may run.
-// Abandon only a claim whose holder is known to be dead.
+// Abandon only a claim whose holder is known to be dead. The Keeper's
+// Observer is told of each Abandon (StepAbandon).
 //
 // Errors: ErrInvalidKey (the store is not touched), ErrInvalidConfig for a
 // token no claim gets (less than 1, or more than 2^53-1; the store is not
@@ -68,6 +69,13 @@ var _ Abandoner = (*RedisStore)(nil)
 // cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
 // Store does not implement Abandoner.
 func (k *Keeper) Abandon(ctx context.Context, scope, key string, token int64) (Record, error) {
+	started := k.startStep()
+	r, err := k.abandon(ctx, scope, key, token)
+	k.reportRecord(ctx, StepAbandon, scope, started, r, err)
+	return r, err
+}
+
+func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (Record, error) {
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}

@@ -58,7 +58,7 @@ func TestAbandonHandsTheClaimToTheNextAttempt(t *testing.T) {
 // after a lost reply, finds the lease over and writes nothing; one resent
 // after the next attempt claimed the key leaves that claim alone.
 func TestAbandonIsSafeToRunTwice(t *testing.T) {
-	eachStrictTime(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Hour))
 		dead, err := k.Begin(ctx, "s", "k")

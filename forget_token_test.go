@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/minitime"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -61,7 +60,7 @@ func resendingKeeper(t *testing.T, b *redistest.Backend, script *redis.Script, s
 // operation. The resend must leave that live claim alone: a new call finds
 // it in progress, and its holder completes.
 func TestResentForcedForgetNeverRemovesANewerLiveClaim(t *testing.T) {
-	eachStrictTime(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Hour))
 		_, err := k.Begin(ctx, "s", "stuck") // the dead holder the operator means
@@ -89,7 +88,7 @@ func TestResentForcedForgetNeverRemovesANewerLiveClaim(t *testing.T) {
 // client claimed the key again, finds the record it removed gone: nothing to
 // forget, not an error (and the new claim is not in the way).
 func TestResentForgetIsNotAnError(t *testing.T) {
-	eachStrictTime(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Hour))
 		_, err := Do(ctx, k, "s", "done", func(context.Context) (int, error) { return 1, nil })
@@ -225,7 +224,7 @@ func TestForgetTokenLeavesAnotherRecordAlone(t *testing.T) {
 // claimed the key while they decided, and they force-forget the token they
 // saw: the new claim is not removed.
 func TestForgetConfirmedAfterANewClaim(t *testing.T) {
-	eachStrictTime(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Hour))
 		_, err := Do(ctx, k, "s", "k", func(context.Context) (int, error) { return 1, nil })
@@ -243,27 +242,6 @@ func TestForgetConfirmedAfterANewClaim(t *testing.T) {
 		assert.Equal(t, StateAbsent, r.State)
 		require.NoError(t, live.Claim.Complete(ctx, []byte("mine"), 0), "the claim made after the look holds the key")
 	})
-}
-
-// eachStrictTime is redistest.Each with a miniredis whose TIME strictly
-// increases (internal/minitime): redistest's miniredis answers one instant
-// until Advance, so a claim made after a Forget would get the forgotten
-// token again, which real Redis, whose clock moves, never hands out.
-func eachStrictTime(t *testing.T, f func(t *testing.T, b *redistest.Backend)) {
-	t.Run("miniredis", func(t *testing.T) {
-		b := redistest.Miniredis(t)
-		now, err := b.Client.Time(context.Background()).Result()
-		require.NoError(t, err)
-		mt := minitime.Install(b.Mini, now)
-		advance := b.Advance
-		b.Advance = func(d time.Duration) {
-			advance(d)
-			now = now.Add(d)
-			mt.Set(now)
-		}
-		f(t, b)
-	})
-	t.Run("redis", func(t *testing.T) { f(t, redistest.Real(t)) })
 }
 
 // TestInspectShowsCheckpoints: Inspect and Scan name the checkpoints of a

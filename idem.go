@@ -235,7 +235,10 @@ func claimResult(out Outcome, err error) Result {
 
 // errorResult classes an error of a step.
 func errorResult(err error) Result {
+	var refused *ForgetRefusedError
 	switch {
+	case errors.As(err, &refused) && refused.LeaseLeft == 0:
+		return ResultRefused
 	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidCheckpoint):
 		return ResultInvalid
 	case errors.Is(err, ErrInProgress):

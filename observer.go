@@ -70,12 +70,16 @@ const (
 	// outcome as Result, the answer as Status, and the whole request as
 	// Took.
 	StepRequest
+	// StepAbandon: Keeper.Abandon ended the lease of a claim known dead
+	// (ResultDone, also when there was nothing of its token to abandon).
+	StepAbandon
 )
 
 var stepNames = [...]string{
 	StepClaim: "claim", StepComplete: "complete", StepRelease: "release",
 	StepExtend: "extend", StepLease: "lease", StepCheckpoint: "checkpoint",
 	StepInspect: "inspect", StepForget: "forget", StepRequest: "request",
+	StepAbandon: "abandon",
 }
 
 // String returns the step's name, such as "claim".
@@ -122,8 +126,10 @@ const (
 	// ResultTooLarge (StepRequest): the request was over the layer's size
 	// limit; the store was not asked.
 	ResultTooLarge
-	// ResultRefused (StepRequest): the layer's scope or key function
-	// refused the request; Err is its error.
+	// ResultRefused: for StepRequest, the layer's scope or key function
+	// refused the request; for StepForget, Forget refused to remove a
+	// record that holds checkpoints (a *ForgetRefusedError). Err is the
+	// error.
 	ResultRefused
 	// ResultExpired: the operation had completed and its result is no
 	// longer kept (ErrResultExpired): only a marker is left.
@@ -284,8 +290,9 @@ func (r *Request) End(result Result, status int, err error) {
 	r.k.observer.Observe(r.ctx, ev)
 }
 
-// reportRecord tells the Observer, if any, how an Inspect or a Forget of
-// the record of (scope, key) went; r is the record as the step found it.
+// reportRecord tells the Observer, if any, how an Inspect, a Forget or an
+// Abandon of the record of (scope, key) went; r is the record as the step
+// found it.
 func (k *Keeper) reportRecord(ctx context.Context, step Step, scope string, started time.Time, r Record, err error) {
 	if k.observer == nil {
 		return

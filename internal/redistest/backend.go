@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"github.com/idemkit/idem/internal/minitime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,17 +30,23 @@ type Backend struct {
 }
 
 // Miniredis returns a Backend on an embedded miniredis whose clock stands
-// still until Advance moves it.
+// still until Advance moves it; its TIME still answers one microsecond more
+// at each call (internal/minitime), as a real clock does between two calls,
+// so that a fencing token is never handed out twice.
 func Miniredis(tb testing.TB) *Backend {
 	m := miniredis.RunT(tb)
 	now := time.Now()
 	m.SetTime(now)
+	mt := minitime.Install(m, now)
+	c := NewClient(tb, m.Addr())
+	c.AddHook(mt.Hook())
 	return &Backend{
 		Name:   "miniredis",
-		Client: NewClient(tb, m.Addr()),
+		Client: c,
 		Advance: func(d time.Duration) {
 			now = now.Add(d)
 			m.SetTime(now) // TIME does not move with FastForward
+			mt.Set(now)
 			m.FastForward(d)
 		},
 		Stop: m.Close,
