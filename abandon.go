@@ -11,7 +11,9 @@ import (
 
 var (
 	//go:embed lua/abandon.lua
-	abandonLua    string
+	abandonBody string
+	// abandonLua is abandon.lua after index_lib.lua, whose functions it uses.
+	abandonLua    = indexLib + abandonBody
 	abandonScript = redis.NewScript(abandonLua)
 )
 
@@ -105,9 +107,13 @@ func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Recor
 		return Record{}, canceled(ctx, "abandon")
 	}
 	rk := s.key(id)
-	res, err := abandonScript.Run(ctx, s.client, []string{rk}, token).Slice()
+	keys, args, err := s.withIndex(ctx, id, rk, token)
 	if err != nil {
-		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", err)
+		return Record{ID: id, Key: rk}, err
+	}
+	res, err := abandonScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", s.layoutError(err))
 	}
 	code, r, err := parseRecordReply(id, rk, res)
 	if err == nil && code == 3 {

@@ -126,6 +126,37 @@ func TestBatchCluster(t *testing.T) {
 			return err
 		}))
 		assert.Positive(t, compactKeys.Load())
+
+		// Operators see the markers on every master, and act on them.
+		markers := 0
+		for r, err := range s.Scan(ctx, ScanOptions{State: StateCompleted}) {
+			if err != nil {
+				// The corrupt values of the twin runs above.
+				require.ErrorIs(t, err, ErrCorrupt)
+				require.NotEmpty(t, r.ID, "a record's, not a call's")
+				continue
+			}
+			if r.Compact {
+				markers += r.Claims
+			}
+		}
+		assert.GreaterOrEqual(t, markers, len(batch), "every message handled left a marker, listed by its call")
+		r, err := k.Inspect(ctx, "m", batch[0])
+		require.NoError(t, err)
+		assert.Equal(t, StateCompleted, r.State)
+		assert.True(t, r.Compact)
+		_, err = k.ForgetToken(ctx, "m", batch[0], r.Token, false)
+		require.NoError(t, err)
+		held := compactClaims(t, k, "held-on-a-cluster")
+		_, err = k.Abandon(ctx, "s", "held-on-a-cluster", held[0].Token())
+		require.NoError(t, err)
+		out, err := k.Begin(ctx, "s", "held-on-a-cluster")
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim)
+		assert.True(t, out.Claim.Recovered())
+		res, err = Consume(ctx, k, "m", batch[:1], id, func(_ context.Context, m string) error { ran[m]++; return nil })
+		require.NoError(t, err)
+		assert.Equal(t, MessageHandled, res[0].Status, "forgotten: handled again")
 	})
 	t.Run("a master down fails its keys only", func(t *testing.T) {
 		k, err := New(s, WithLease(time.Hour))

@@ -28,6 +28,10 @@ var (
 	compactSettleLua string
 	//go:embed lua/compact_move.lua
 	compactMoveLua string
+	// indexLib holds the functions with which the operator scripts look in
+	// the index (inspect.lua, forget.lua, abandon.lua).
+	//go:embed lua/index_lib.lua
+	indexLib string
 
 	compactClaimScript  = redis.NewScript(compactClaimLua)
 	compactSettleScript = redis.NewScript(compactSettleLua)

@@ -14,7 +14,9 @@ import (
 
 var (
 	//go:embed lua/forget.lua
-	forgetLua    string
+	forgetBody string
+	// forgetLua is forget.lua after index_lib.lua, whose functions it uses.
+	forgetLua    = indexLib + forgetBody
 	forgetScript = redis.NewScript(forgetLua)
 )
 
@@ -219,9 +221,13 @@ func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force b
 		mode = "force"
 	}
 	rk := s.key(id)
-	res, err := forgetScript.Run(ctx, s.client, []string{rk}, token, strconv.FormatInt(token, 36), mode).Slice()
+	keys, args, err := s.withIndex(ctx, id, rk, token, strconv.FormatInt(token, 36), mode)
 	if err != nil {
-		return Record{ID: id, Key: rk}, storeError(ctx, "forget", err)
+		return Record{ID: id, Key: rk}, err
+	}
+	res, err := forgetScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return Record{ID: id, Key: rk}, storeError(ctx, "forget", s.layoutError(err))
 	}
 	code, r, err := parseRecordReply(id, rk, res)
 	if err != nil {

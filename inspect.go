@@ -14,7 +14,9 @@ import (
 
 var (
 	//go:embed lua/inspect.lua
-	inspectLua    string
+	inspectBody string
+	// inspectLua is inspect.lua after index_lib.lua, whose functions it uses.
+	inspectLua    = indexLib + inspectBody
 	inspectScript = redis.NewScript(inspectLua)
 )
 
@@ -144,6 +146,25 @@ type Record struct {
 	// header cannot be read as checkpoints (a later version's data): a claim,
 	// Forget and Abandon then answer ErrCorrupt.
 	Checkpoints []CheckpointInfo
+	// Compact is set when the key has no record of its own but a compact
+	// claim (StatePending, StateReleased) or a marker (StateCompleted) in
+	// the store's index: a claim of Consume, or of BeginBatch with
+	// WithCompactClaims (see WithMarkerRetention). Its Attempt is 1, it has
+	// no checkpoints, and a marker's result is empty (StoredBytes, Size 0);
+	// ExpiresIn is how long Redis keeps the record of the call that made it,
+	// the longest a marker can answer. In a Scan, a Record with Compact set
+	// stands for the claims of one call in one State: see Claims.
+	Compact bool
+	// CompletedAgo is, for a marker, the time since its claim was completed:
+	// it answers as a completed operation for the retention from then, and
+	// as one whose result is no longer kept (ErrResultExpired) for the
+	// marker retention. Zero otherwise.
+	CompletedAgo time.Duration
+	// Claims is, for a Record of Scan with Compact set, how many claims of
+	// the call are in State: the index keeps a compact claim by 56 bits of
+	// its id's digest, not the whole id, so Scan lists them by call (ID is
+	// empty and Key is the call record's key). Zero otherwise.
+	Claims int
 	// ReadAt is Redis's clock when the record was read, from which
 	// LeaseLeft, ExpiresIn and Age are measured: a pending record's lease
 	// ends at ReadAt.Add(LeaseLeft), and its holder, if it stopped renewing,
@@ -222,15 +243,32 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 		return Record{}, canceled(ctx, "inspect")
 	}
 	rk := s.key(id)
-	res, err := inspectScript.Run(ctx, s.client, []string{rk}).Slice()
+	keys, args, err := s.withIndex(ctx, id, rk)
 	if err != nil {
-		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", err)
+		return Record{ID: id, Key: rk}, err
+	}
+	res, err := inspectScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", s.layoutError(err))
 	}
 	code, r, err := parseRecordReply(id, rk, res)
-	if err == nil && code > 1 {
+	if err == nil && code > 1 && code != 6 {
 		return r, unexpected(res)
 	}
 	return r, err
+}
+
+// withIndex returns the keys and the arguments after args with which an
+// operator script (inspect.lua, forget.lua, abandon.lua) reads the record
+// id at key rk and, when there is none, its compact claim or marker: the
+// index key, the entry's block and digest, and the start of the call
+// record keys and the layout (see index_lib.lua).
+func (s *RedisStore) withIndex(ctx context.Context, id, rk string, args ...any) ([]string, []any, error) {
+	if err := s.layoutReady(ctx); err != nil {
+		return nil, nil, err
+	}
+	block, index, calls, d7 := s.compactIndexArgs(id)
+	return []string{rk, index}, append(args, block, d7, calls, s.compact.desc), nil
 }
 
 // checkRecordID refuses an id that no Keeper makes.
@@ -244,8 +282,10 @@ func checkRecordID(id string) error {
 // parseRecordReply reads a reply of inspect.lua, forget.lua or abandon.lua:
 // {code, now_s, now_us} for no record, {code, header, pttl, rest_len,
 // rest_head, now_s, now_us[, checkpoints]} for a record (codes 1 to 3),
-// {5, reason} for a value that is not one. It returns the reply's code and
-// the record.
+// {code, header, pttl, rest_len, rest_head, now_s, now_us, 0, done_us} for
+// a compact claim or a marker (codes 1 to 3, and 6 for inspect.lua), {5,
+// reason} for a value that is not one. It returns the reply's code and the
+// record.
 func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 	r := Record{ID: id, Key: key}
 	code := replyCode(res)
@@ -256,6 +296,19 @@ func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 		return code, r, nil
 	case code >= 1 && code <= 3 && (len(res) == 7 || len(res) == 8):
 		r, err := parseRecord(r, res)
+		return code, r, err
+	case (code >= 1 && code <= 3 || code == 6) && len(res) == 9:
+		// A compact claim or a marker, described as a record: its call
+		// record's PTTL, no checkpoints, when the call completed it.
+		r, err := parseRecord(r, res[:7])
+		done, ok := res[8].(int64)
+		if err == nil && !ok {
+			err = unexpected(res)
+		}
+		r.Compact = true
+		if r.State == StateCompleted && done > 0 {
+			r.CompletedAgo = max(0, r.ReadAt.Sub(time.UnixMicro(done)))
+		}
 		return code, r, err
 	}
 	return code, r, unexpected(res)

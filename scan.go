@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -52,6 +54,11 @@ type ScanOptions struct {
 // large Redis takes many round trips to list.
 //
 // Records are ids and Redis keys: the raw client keys are not stored.
+// After the records of a server come its compact claims and markers (see
+// WithCompactClaims and WithMarkerRetention): the index keeps each by 56
+// bits of its id's digest, not the whole id, so they are listed by the call
+// that made them, one Record with Compact set for each state its claims are
+// in, ID empty, Key the call record's key and Claims their number.
 // As with SCAN, a record that is created or removed while the listing runs
 // may or may not be listed, and one may be listed twice if Redis resizes its
 // keyspace meanwhile; a record being moved between Cluster nodes may be
@@ -74,12 +81,19 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 			return
 		}
 		nodes, err := s.scanNodes(ctx)
+		if err == nil {
+			err = s.layoutReady(ctx)
+		}
 		if err != nil {
 			yield(Record{}, err)
 			return
 		}
+		calls := sc.prefix + "c:[0-9]*"
+		if s.compact.cluster {
+			calls = sc.prefix + "{*}c:[0-9]*"
+		}
 		for _, n := range nodes {
-			if !sc.walk(ctx, n, yield) {
+			if !sc.walk(ctx, n, sc.match, sc.read, yield) || !sc.walk(ctx, n, calls, sc.readCalls, yield) {
 				return
 			}
 		}
@@ -101,8 +115,9 @@ var (
 // scanner is one listing: its options and how many records it may still
 // yield.
 type scanner struct {
-	opts  ScanOptions
-	match string
+	opts ScanOptions
+	// prefix is the pattern of the prefix; match that of the record keys.
+	prefix, match string
 	// left is how many records may still be yielded; -1: no limit.
 	left int
 }
@@ -125,7 +140,7 @@ func (s *RedisStore) newScanner(opts ScanOptions) (*scanner, error) {
 	if prefix == "" {
 		prefix = escapeGlob(s.prefix)
 	}
-	sc := &scanner{opts: opts, match: prefix + "{" + strings.Repeat("?", idLen) + "}", left: -1}
+	sc := &scanner{opts: opts, prefix: prefix, match: prefix + "{" + strings.Repeat("?", idLen) + "}", left: -1}
 	if opts.Limit > 0 {
 		sc.left = opts.Limit
 	}
@@ -184,18 +199,19 @@ func eachNode(ctx context.Context, forEach func(context.Context, func(context.Co
 	return out, nil
 }
 
-// walk lists the records of one server; it returns false when the listing
-// must end.
-func (sc *scanner) walk(ctx context.Context, node scanClient, yield func(Record, error) bool) bool {
+// walk lists the keys of one server that match, and has read yield what
+// they hold; it returns false when the listing must end.
+func (sc *scanner) walk(ctx context.Context, node scanClient, match string,
+	read func(context.Context, scanClient, []string, func(Record, error) bool) bool, yield func(Record, error) bool) bool {
 	var cursor uint64
 	for {
-		keys, next, err := node.Scan(ctx, cursor, sc.match, int64(sc.opts.Batch)).Result()
+		keys, next, err := node.Scan(ctx, cursor, match, int64(sc.opts.Batch)).Result()
 		if err != nil {
 			yield(Record{}, storeError(ctx, "scan", err))
 			return false
 		}
 		for chunk := range slices.Chunk(keys, sc.opts.Batch) {
-			if !sc.read(ctx, node, chunk, yield) {
+			if !read(ctx, node, chunk, yield) {
 				return false
 			}
 		}
@@ -217,19 +233,116 @@ func (sc *scanner) read(ctx context.Context, node scanClient, keys []string, yie
 	}
 	for i, key := range keys {
 		r, err := readScanned(key, cmds[i])
-		if err == nil && (r.State == StateAbsent || sc.opts.State != StateAbsent && r.State != sc.opts.State) {
-			continue // gone since SCAN listed it, or not asked for
-		}
-		if !yield(r, err) {
+		if !sc.give(r, err, yield) {
 			return false
 		}
-		if sc.left > 0 {
-			if sc.left--; sc.left == 0 {
+	}
+	return true
+}
+
+// give yields r, or err, unless r is absent (gone since SCAN listed it) or
+// not in the state asked for; it returns false when the listing must end.
+func (sc *scanner) give(r Record, err error, yield func(Record, error) bool) bool {
+	if err == nil && (r.State == StateAbsent || sc.opts.State != StateAbsent && r.State != sc.opts.State) {
+		return true
+	}
+	if !yield(r, err) {
+		return false
+	}
+	if sc.left > 0 {
+		if sc.left--; sc.left == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// readCalls reads the call records at keys, with Redis's clock, in one
+// round trip, and yields for each the Records of its compact claims and
+// markers, a Record for each state; it returns false when the listing must
+// end.
+func (sc *scanner) readCalls(ctx context.Context, node scanClient, keys []string, yield func(Record, error) bool) bool {
+	if len(keys) == 0 {
+		return true
+	}
+	pipe := node.Pipeline()
+	now := pipe.Time(ctx)
+	gets := make([]*redis.StringCmd, len(keys))
+	ttls := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		gets[i], ttls[i] = pipe.Get(ctx, k), pipe.PTTL(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && now.Err() != nil {
+		yield(Record{}, storeError(ctx, "scan", err))
+		return false
+	}
+	at := now.Val()
+	for i, key := range keys {
+		v, err := gets[i].Result()
+		if errors.Is(err, redis.Nil) {
+			continue // gone since SCAN listed it
+		}
+		var recs []Record
+		if err == nil {
+			recs, err = readCall(key, v, ttls[i].Val(), at)
+		}
+		if err != nil {
+			if !sc.give(Record{Key: key}, fmt.Errorf("idem: scan: %s: %w", key, err), yield) {
+				return false
+			}
+			continue
+		}
+		for _, r := range recs {
+			if !sc.give(r, nil, yield) {
 				return false
 			}
 		}
 	}
 	return true
+}
+
+// readCall reads the call record v at key (see compact_claim.lua), whose
+// PTTL is ttl, at Redis's time now: a Record for each state its places are
+// in, pending, completed (markers) and released, in that order.
+func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error) {
+	tok, err := strconv.ParseInt(key[strings.LastIndexByte(key, ':')+1:], 10, 64)
+	rest, ok := strings.CutPrefix(v, "i1B")
+	fields := strings.SplitN(rest, ":", 5)
+	if err != nil || !ok || len(fields) != 5 {
+		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
+	}
+	until, err1 := strconv.ParseInt(fields[0], 10, 64)
+	done, err2 := strconv.ParseInt(fields[1], 10, 64)
+	fpw, err3 := strconv.Atoi(fields[3])
+	tail := fields[4]
+	if err1 != nil || err2 != nil || err3 != nil || fpw < 0 || len(tail)%(1+fpw) != 0 {
+		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
+	}
+	states := tail[:len(tail)/(1+fpw)]
+	base := Record{
+		Key: key, Token: tok, Attempt: 1, Compact: true, Fingerprint: fpw > 0,
+		ExpiresIn: ttl, Age: max(0, now.Sub(time.UnixMicro(tok))), ReadAt: now,
+	}
+	var out []Record
+	for _, st := range []struct {
+		b     byte
+		state RecordState
+	}{{'P', StatePending}, {'C', StateCompleted}, {'R', StateReleased}} {
+		n := strings.Count(states, string(st.b))
+		if n == 0 {
+			continue
+		}
+		r := base
+		r.State, r.Claims = st.state, n
+		switch st.state {
+		case StatePending:
+			r.LeaseLeft = time.UnixMicro(until).Sub(now)
+		case StateCompleted:
+			r.Stored, r.CompletedAgo = StoredBytes, max(0, now.Sub(time.UnixMicro(done)))
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // idOfKey returns the id in a key that ends in "{" id "}", or "".

@@ -4,9 +4,17 @@
 --
 -- KEYS[1]  the record key
 -- ARGV[1]  the fencing token of the claim whose lease ends (decimal)
+-- KEYS[2]  the index key of the record's entry, and ARGV[2] to ARGV[5] its
+--          block, digest, the start of the call record keys and the index's
+--          layout (see index_lib.lua): when the key holds no record, a
+--          compact claim of the token there is moved to a pending record of
+--          its own whose lease has ended (the call's other claims keep their
+--          shared lease), its place marked M and its entry taken out of the
+--          index
 --
 -- Returns one of
---   {0, now_s, now_us}         no record at the key: nothing done
+--   {0, now_s, now_us}         no record at the key, and no compact claim or
+--                              marker: nothing done
 --   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us[, checkpoints]}
 --                              the pending record of the token, its lease ended now
 --                              (or before: it had run out), as it is now
@@ -14,6 +22,8 @@
 --                              nothing done: the record is completed, released, or
 --                              of another token (a newer claim); as it is
 --   {5, reason}                the value is not a record of ours; nothing done
+-- A compact claim or marker left as it is (code 2) is answered in the form of
+-- index_lib.lua's index_reply (9 elements); one moved is a record (code 1).
 --
 -- The record is described as inspect.lua describes it. Only the lease end
 -- changes: to Redis's clock now, so that a claim finds the lease run out
@@ -23,6 +33,7 @@
 -- answers {1} without writing, or finds the newer claim made since and
 -- answers {2} without touching it.
 local key, token = KEYS[1], ARGV[1]
+local ikey, ix = KEYS[2], {ARGV[2], ARGV[3], ARGV[4], ARGV[5]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -30,7 +41,39 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  return {0, t[1], t[2]}
+  local blk, pos, tok, place, other = index_entry(ikey, ix)
+  if other then
+    return redis.error_reply('IDEMLAYOUT ' .. other)
+  end
+  if not tok then
+    return {0, t[1], t[2]}
+  end
+  local c, why = index_claim(ix, tok, place)
+  if why then
+    return {5, why}
+  end
+  if not c or not index_reply(2, c, tok, t) then
+    return {0, t[1], t[2]}
+  end
+  if c.st ~= 'P' or tok ~= token then
+    return index_reply(2, c, tok, t)
+  end
+  -- The claim moves to a record of its own, its lease ended now, kept as
+  -- long as its call record (a day if that has no expiry, which idem never
+  -- leaves).
+  local now = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  if tonumber(c.until_us) < tonumber(now) then
+    now = c.until_us
+  end
+  local head = 'i1P' .. tok .. ':1:0:' .. now .. ':' .. c.att .. ':' .. c.fp .. ':'
+  local keep = redis.call('PTTL', c.ck)
+  if keep <= 0 then
+    keep = 86400000
+  end
+  redis.call('SET', key, head, 'PX', keep)
+  redis.call('SETRANGE', c.ck, c.at - 1, 'M')
+  index_drop(ikey, ix, blk, pos)
+  return {1, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local head, st, tok, cnt, rec, until_us, att, fp =
   string.match(v, '^(i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):)')

@@ -7,6 +7,12 @@
 --          short form keeps it
 -- ARGV[3]  "force" to remove also a pending record whose lease is live, or a
 --          record that holds checkpoints; anything else refuses them
+-- KEYS[2]  the index key of the record's entry, and ARGV[4] to ARGV[7] its
+--          block, digest, the start of the call record keys and the index's
+--          layout (see index_lib.lua): when the key holds no record, a
+--          compact claim or marker of the token there is forgotten instead,
+--          its place in its call record marked F and its entry taken out of
+--          the index
 --
 -- Returns one of
 --   {0, now_s, now_us}         nothing to forget: no record at the key, or a
@@ -22,12 +28,15 @@
 --                              next attempt would do again)
 --   {5, reason}                the value is not a record of ours; nothing done,
 --                              even when forced
+-- A compact claim or marker is answered with the same codes, in the form of
+-- index_lib.lua's index_reply (9 elements).
 --
 -- The record is described as inspect.lua describes it. Safe to run twice for
 -- one call (go-redis retries a command whose reply was lost): the second run
 -- finds no record, or a record that a claim made since, and answers {0}
 -- without touching it; or it finds the same record and refuses again.
 local key, token, token36, force = KEYS[1], ARGV[1], ARGV[2], ARGV[3] == 'force'
+local ikey, ix = KEYS[2], {ARGV[4], ARGV[5], ARGV[6], ARGV[7]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -35,7 +44,29 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  return {0, t[1], t[2]}
+  local blk, pos, tok, place, other = index_entry(ikey, ix)
+  if other then
+    return redis.error_reply('IDEMLAYOUT ' .. other)
+  end
+  if tok ~= token then
+    return {0, t[1], t[2]}
+  end
+  local c, why = index_claim(ix, tok, place)
+  if why then
+    return {5, why}
+  end
+  local reply = c and index_reply(1, c, tok, t)
+  if not reply then
+    return {0, t[1], t[2]}
+  end
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not force and c.st == 'P' and tonumber(c.until_us) > now then
+    reply[1] = 3
+    return reply
+  end
+  redis.call('SETRANGE', c.ck, c.at - 1, 'F')
+  index_drop(ikey, ix, blk, pos)
+  return reply
 end
 local head, st, tok, until_us = string.match(v, '^(i1([PCR])(%d+):%d+:[01]:(%d+):[%w_%-]*:[%w_%-]*:)')
 local mine

@@ -1,9 +1,13 @@
 -- inspect.lua: read a record without changing it.
 --
 -- KEYS[1]  the record key
+-- KEYS[2]  the index key of its entry, and ARGV[1] to ARGV[4] its block,
+--          digest, the start of the call record keys and the index's layout
+--          (see index_lib.lua); without them the index is not read
 --
 -- Returns one of
---   {0, now_s, now_us}                            no record at the key
+--   {0, now_s, now_us}                            no record at the key, and no
+--                                                 compact claim or marker
 --   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us}
 --   {1, header, pttl_ms, rest_len, rest_head, now_s, now_us, checkpoints}
 --                                                 a record: its header, up to and
@@ -22,6 +26,11 @@
 --                                                 first: {name, size, name, size, ...}
 --                                                 (left out when what follows the
 --                                                 header is not checkpoints)
+--   {6, header, pttl_ms, rest_len, rest_head, now_s, now_us, 0, done_us}
+--                                                 no record at the key, but a
+--                                                 compact claim or a marker in the
+--                                                 index (see index_lib.lua's
+--                                                 index_reply)
 --   {5, reason}                                   the value is not a record of ours
 --
 -- now_s and now_us are Redis's TIME, so that the caller measures the lease and
@@ -29,7 +38,7 @@
 -- parsed strictly by the caller. Only the header, two bytes and the
 -- checkpoints' names travel back, however large the stored result or the
 -- checkpoints' values. Read-only: safe to run any number of times.
-local key = KEYS[1]
+local key, ikey, ix = KEYS[1], KEYS[2], {ARGV[1], ARGV[2], ARGV[3], ARGV[4]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -37,6 +46,20 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
+  local _, _, tok, place, other = index_entry(ikey, ix)
+  if other then
+    return redis.error_reply('IDEMLAYOUT ' .. other)
+  end
+  if tok then
+    local c, why = index_claim(ix, tok, place)
+    if why then
+      return {5, why}
+    end
+    local reply = c and index_reply(6, c, tok, t)
+    if reply then
+      return reply
+    end
+  end
   return {0, t[1], t[2]}
 end
 local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or

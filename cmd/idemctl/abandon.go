@@ -41,7 +41,7 @@ func abandonCmd(ctx context.Context, g *globals, args []string, con console) err
 	if token < 0 {
 		return fmt.Errorf("%w: abandon: -token %d is not a token", errUsage, token)
 	}
-	c, err := t.open(g)
+	c, err := t.open(ctx, g)
 	if err != nil {
 		return err
 	}

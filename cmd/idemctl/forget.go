@@ -41,7 +41,7 @@ func forgetCmd(ctx context.Context, g *globals, args []string, con console) erro
 	if token < 0 {
 		return fmt.Errorf("%w: forget: -token %d is not a token", errUsage, token)
 	}
-	c, err := t.open(g)
+	c, err := t.open(ctx, g)
 	if err != nil {
 		return err
 	}

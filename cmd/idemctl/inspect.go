@@ -18,7 +18,7 @@ func inspectCmd(ctx context.Context, g *globals, args []string, con console) err
 	if err := t.parse(fs); err != nil {
 		return err
 	}
-	c, err := t.open(g)
+	c, err := t.open(ctx, g)
 	if err != nil {
 		return err
 	}

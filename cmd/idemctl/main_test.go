@@ -237,6 +237,28 @@ func TestPendingCluster(t *testing.T) {
 	assert.Equal(t, "pending", decode[jsonRecord](t, r.out)[0].State)
 	r = ctl("-cluster", cluster, "forget", "-scope", "s", "-force", "-yes", "order-a")
 	require.Equal(t, 0, r.code, r.stderr)
+
+	// Markers on a Cluster, of an index whose scale is read from the
+	// masters.
+	mk, err := idem.NewRedis(c.Client(t, nil), idem.WithMarkerScale(100000))
+	require.NoError(t, err)
+	msgs := []string{"m1", "m2", "m3", "m4", "m5", "m6"}
+	_, err = idem.Consume(ctx, mk, "s", msgs, func(s string) string { return s }, func(context.Context, string) error { return nil })
+	require.NoError(t, err)
+	r = ctl("-cluster", cluster, "-json", "inspect", "-scope", "s", "m4")
+	require.Equal(t, 0, r.code, r.stderr)
+	m4 := decode[jsonRecord](t, r.out)[0]
+	assert.Equal(t, "completed", m4.State)
+	assert.True(t, m4.Compact)
+	r = ctl("-cluster", cluster, "-json", "pending", "-all")
+	require.Equal(t, 0, r.code, r.stderr)
+	markers := 0
+	for _, j := range decode[jsonRecord](t, r.out) {
+		if j.Compact && j.State == "completed" {
+			markers += j.Claims
+		}
+	}
+	assert.Equal(t, len(msgs), markers, "listed by call, on every master")
 }
 
 // TestMiddlewareRecords: a record of idemhttp's middleware, under a prefix

@@ -301,3 +301,54 @@ func TestForgetRemovesOnlyTheRecordItShowed(t *testing.T) {
 		assert.Contains(t, r.stderr, "which was left alone")
 	})
 }
+
+// TestCompactClaimsAndMarkers: a message handled by Consume has no record
+// of its own: inspect finds its marker in the index, forget removes it,
+// and pending lists the markers and compact claims by call, with the
+// layout read from Redis.
+func TestCompactClaimsAndMarkers(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		k, err := idem.NewRedis(b.Client, idem.WithMarkerScale(5000), idem.WithLease(time.Hour))
+		require.NoError(t, err)
+		_, err = idem.Consume(ctx, k, "t", []string{"m1", "m2"}, func(s string) string { return s },
+			func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+		res, err := k.BeginBatch(ctx, "t", []string{"held"}, idem.WithCompactClaims())
+		require.NoError(t, err)
+		require.NotNil(t, res[0].Outcome.Claim)
+
+		r := ctl("-redis", url(b), "inspect", "-scope", "t", "m1")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.out, "a marker in the index")
+		assert.Contains(t, r.out, "completed")
+
+		r = ctl("-redis", url(b), "-json", "inspect", "-scope", "t", "held")
+		require.Equal(t, 0, r.code, r.stderr)
+		held := decode[jsonRecord](t, r.out)[0]
+		assert.Equal(t, "pending", held.State)
+		assert.True(t, held.Compact)
+
+		r = ctl("-redis", url(b), "pending", "-all")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.out, "2 markers of this call")
+		assert.Contains(t, r.out, "1 compact claims of this call")
+
+		r = ctl("-redis", url(b), "-json", "pending")
+		require.Equal(t, 0, r.code, r.stderr)
+		rows := decode[jsonRecord](t, r.out)
+		require.Len(t, rows, 1)
+		assert.Equal(t, 1, rows[0].Claims)
+		assert.Empty(t, rows[0].ID)
+
+		r = ctl("-redis", url(b), "forget", "-yes", "-scope", "t", "m1")
+		require.Equal(t, 0, r.code, r.stderr)
+		out, err := k.Begin(ctx, "t", "m1")
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim, "forgotten: claimed again")
+
+		r = ctl("-redis", url(b), "-marker-scale", "77", "inspect", "-scope", "t", "m2")
+		assert.Equal(t, 1, r.code, "a scale the index does not have")
+		assert.Contains(t, r.stderr, "scale=5000")
+	})
+}

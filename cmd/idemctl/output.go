@@ -32,7 +32,13 @@ type jsonRecord struct {
 	Checkpoints []jsonCheckpoint `json:"checkpoints,omitempty"`
 	// ReadAt is Redis's clock when the record was read, RFC 3339.
 	ReadAt string `json:"read_at,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Compact is set for a compact claim or a marker (idem.Record.Compact):
+	// CompletedAgoMS is a marker's time since completion, Claims a
+	// listing's count of the call's claims in the state.
+	Compact        bool   `json:"compact,omitempty"`
+	CompletedAgoMS *int64 `json:"completed_ago_ms,omitempty"`
+	Claims         int    `json:"claims,omitempty"`
+	Error          string `json:"error,omitempty"`
 }
 
 // jsonCheckpoint is a checkpoint as -json prints it: its name and the size
@@ -61,7 +67,12 @@ func toJSON(r idem.Record) jsonRecord {
 		j.LeaseEnd = r.ReadAt.Add(r.LeaseLeft).UTC().Format(time.RFC3339Nano)
 	case idem.StateCompleted:
 		j.Result, j.Size = r.Stored.String(), &r.Size
+		if r.Compact {
+			ms := r.CompletedAgo.Milliseconds()
+			j.CompletedAgoMS = &ms
+		}
 	}
+	j.Compact, j.Claims = r.Compact, r.Claims
 	for _, c := range r.Checkpoints {
 		j.Checkpoints = append(j.Checkpoints, jsonCheckpoint{Name: c.Name, Size: c.Size})
 	}
@@ -88,6 +99,9 @@ func printRecord(w io.Writer, r idem.Record) {
 		fmt.Fprintln(w, "(no record: the key was never used under this scope and prefix, or its record expired or was forgotten)")
 		return
 	}
+	if r.Compact {
+		line("kept as", "%s", compactText(r))
+	}
 	line("token", "%d", r.Token)
 	line("attempt", "%d", r.Attempt)
 	line("recovered", "%s", yesNo(r.Recovered))
@@ -103,12 +117,24 @@ func printRecord(w io.Writer, r idem.Record) {
 		}
 	case idem.StateCompleted:
 		line("result", "%s, %d bytes", r.Stored, r.Size)
+		if r.Compact {
+			line("completed", "%s ago: a claim gets the empty result for the retention from then, then ErrResultExpired until the marker retention", human(r.CompletedAgo))
+		}
 	}
 	if len(r.Checkpoints) > 0 {
 		line("checkpoints", "%s", checkpointsText(r.Checkpoints))
 	}
 	line("claimed", "%s ago", human(r.Age))
 	line("expires in", "%s", expiryText(r.ExpiresIn))
+}
+
+// compactText says how a compact claim or marker is kept.
+func compactText(r idem.Record) string {
+	what := "a compact claim"
+	if r.State == idem.StateCompleted {
+		what = "a marker"
+	}
+	return what + " in the index, in the record of the call that claimed it (no record of its own)"
 }
 
 // checkpointsText lists checkpoints by name and size.
@@ -183,6 +209,14 @@ func listRow(w io.Writer, keyWidth int, r idem.Record) {
 		}
 	case idem.StateCompleted:
 		result = fmt.Sprintf("%s, %d bytes", r.Stored, r.Size)
+	}
+	if r.Claims > 0 {
+		// A call's compact claims or markers in one state.
+		kind := "compact claims"
+		if r.State == idem.StateCompleted {
+			kind = "markers"
+		}
+		result = fmt.Sprintf("%d %s of this call", r.Claims, kind)
 	}
 	fmt.Fprintf(w, "%-*s  %-9s  %16d  %7d  %-9s  %-11s  %-11s  %s\n",
 		keyWidth, r.Key, r.State, r.Token, r.Attempt, yesNo(r.Recovered), lease, human(r.Age), result)

@@ -33,7 +33,7 @@ func pendingCmd(ctx context.Context, g *globals, args []string, con console) err
 	if all {
 		opts.State = idem.StateAbsent // every state
 	}
-	c, err := connect(g, g.prefix)
+	c, err := connect(ctx, g, g.prefix)
 	if err != nil {
 		return err
 	}

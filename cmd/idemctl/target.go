@@ -38,7 +38,7 @@ func (t *target) parse(fs *flag.FlagSet) error {
 }
 
 // open connects to the Redis of g with the store that holds the record.
-func (t *target) open(g *globals) (*conn, error) {
+func (t *target) open(ctx context.Context, g *globals) (*conn, error) {
 	prefix := g.prefix
 	if t.record != "" {
 		var err error
@@ -46,7 +46,7 @@ func (t *target) open(g *globals) (*conn, error) {
 			return nil, err
 		}
 	}
-	return connect(g, prefix)
+	return connect(ctx, g, prefix)
 }
 
 // inspect reads the record.
