@@ -365,6 +365,29 @@ func (b *fenceBook) completed(id string, token, before int64, value []byte, err 
 	}
 }
 
+// expect records what a completion by token of id sends for a handler that
+// returned err (nil or Final), unless the store recorded it already: what
+// Consume stores, for a Keeper on a store the book does not see.
+func (b *fenceBook) expect(id string, token int64, err error) {
+	env := emptyBytes
+	var final *FinalError
+	if errors.As(err, &final) {
+		env = seal(sealFinal(final))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p := (overlapPair{id, token}); b.sent[p] == nil {
+		b.sent[p] = env
+	}
+}
+
+// answered records how a Keeper answered the settlement of a run.
+func (b *fenceBook) answered(p overlapPair, kind string) {
+	b.mu.Lock()
+	b.answers[p] = append(b.answers[p], kind)
+	b.mu.Unlock()
+}
+
 // fencedBatches is a store that records in book the claims it answers and
 // the completions it passes on.
 type fencedBatches struct {
@@ -609,8 +632,11 @@ type cfEnv struct {
 	book *fenceBook
 	led  *msgLedger
 	// top is the store stack the workers' Keepers use; clean, the stack on
-	// admin (no faults) that the drain uses: both record in book.
+	// admin (no faults) that the drain uses: both record in book. bare is
+	// the RedisStore under top, on the faulty path, or nil when the
+	// scenario's faults are in the wrappers.
 	top, clean cfStore
+	bare       *RedisStore
 	keys       []string
 }
 
@@ -770,6 +796,9 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 		e.swtch = &switchStore{master: inner, replica: rs}
 		base = e.swtch
 	}
+	if !sc.replica && sc.wrap == nil {
+		e.bare = inner
+	}
 	fenced := &fencedBatches{cfStore: base, book: e.book}
 	e.late = &lateBatches{cfStore: fenced, rnd: rand.New(rand.NewPCG(seed, 5)), p: 0.3, min: e.lease / 2, max: e.lease * 13 / 10}
 	e.top = e.late
@@ -803,7 +832,14 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// The first consumer's Keeper is on the RedisStore itself, so
+			// that Consume takes the paths it takes only there (its
+			// completions and releases in one pipeline); the others' are
+			// on the wrappers, which see every claim and completion.
 			k := newK(e.top)
+			if w == 0 && e.bare != nil {
+				k = newK(e.bare)
+			}
 			r := rand.New(rand.NewPCG(seed, uint64(w)))
 			for round := 0; round < 20*size.rounds && (round < size.rounds || !phaseOver.Load()); round++ {
 				if w == workers-1 {
@@ -949,15 +985,19 @@ func (e *cfEnv) work(ctx context.Context, body string) error {
 // every answer.
 func (e *cfEnv) consume(k *Keeper, batch []msg, n int) {
 	var mu sync.Mutex
-	ok := map[string]bool{} // the keys whose handler succeeded in this call
+	ok := map[string]bool{}   // the keys whose handler succeeded in this call
+	tok := map[string]int64{} // the token of each key's run in this call
 	handle := func(ctx context.Context, m msg) error {
 		run := e.led.begin(ctx, m.ID, false)
 		err := e.work(ctx, m.Body)
 		e.led.waitCancelled(run)
 		success := storesOutcome(err)
 		e.led.end(run, success)
+		if success {
+			e.book.expect(recordID(cfScope, m.ID), run.token, err)
+		}
 		mu.Lock()
-		ok[m.ID] = success
+		ok[m.ID], tok[m.ID] = success, run.token
 		mu.Unlock()
 		return err
 	}
@@ -992,6 +1032,16 @@ func (e *cfEnv) consume(k *Keeper, batch []msg, n int) {
 		}
 		if r.Ack && r.Status != MessageDuplicate {
 			e.led.acknowledged(key, r.Status.String(), ok[key])
+		}
+		if r.Ran && ok[key] {
+			// What the settlement of this run answered, as Consume tells.
+			p := overlapPair{recordID(cfScope, key), tok[key]}
+			switch {
+			case r.Status == MessageHandled:
+				e.book.answered(p, "ok")
+			case errors.Is(r.Err, ErrLeaseLost) || errors.Is(r.Err, ErrUnavailable):
+				e.book.answered(p, cfKind(r.Err))
+			}
 		}
 	}
 }
@@ -1105,8 +1155,11 @@ func (e *cfEnv) verifyStored() {
 			e.led.violation("%s after the run: status %d, %v; want its stored answer", key, r.Status, err)
 			continue
 		}
+		e.led.mu.Lock()
+		ran := e.led.lastTok[key] // the runs of the bare Keeper, which the book does not see
+		e.led.mu.Unlock()
 		e.book.mu.Lock()
-		top := e.book.highest[id]
+		top := max(e.book.highest[id], ran)
 		p := overlapPair{id, r.Token}
 		sent, answers := e.book.sent[p], e.book.answers[p]
 		e.book.mu.Unlock()
@@ -1119,7 +1172,7 @@ func (e *cfEnv) verifyStored() {
 			e.led.violation("%s: the stored answer %q is not what token %d sent, %q", key, r.Value, r.Token, sent)
 		}
 		if len(answers) > 0 && !slices.ContainsFunc(answers, func(a string) bool { return a != "lease lost" }) {
-			e.led.violation("%s: the completion by token %d was answered ErrLeaseLost %d time(s), yet it is the stored answer: ErrLeaseLost must mean that nothing was written", key, r.Token, len(answers))
+			e.led.violation("%s: the completion by token %d (%q) was answered ErrLeaseLost %d time(s), yet it is the stored answer: ErrLeaseLost must mean that nothing was written", key, r.Token, sent, len(answers))
 		}
 	}
 	e.book.mu.Lock()
