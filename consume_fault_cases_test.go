@@ -601,3 +601,33 @@ func TestConsumeRemembersARetriedMessageForTheMarkerRetention(t *testing.T) {
 		})
 	}
 }
+
+// TestCompactClaimCompletedTwiceKeepsItsFirstResult: "a claim completed
+// twice keeps its first result" (CompleteBatch): completing a compact claim
+// again, with an empty result or a value, after a first completion with
+// either, answers nil and leaves the first result, as for a claim kept in a
+// record.
+func TestCompactClaimCompletedTwiceKeepsItsFirstResult(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		markerModes(t, func(t *testing.T, opts ...Option) {
+			k := newKeeper(t, b, append(opts, WithPrefix(fmt.Sprintf("twice-done%d:", len(opts))))...)
+			ctx := context.Background()
+			values := map[string][]byte{"empty": nil, "value": []byte("v")}
+			for first, v1 := range values {
+				for second, v2 := range values {
+					key := first + "-then-" + second
+					res, err := k.BeginBatch(ctx, "s", []string{key}, WithCompactClaims())
+					require.NoError(t, err)
+					c := res[0].Outcome.Claim
+					require.NotNil(t, c)
+					require.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: c, Value: v1}})[0], key)
+					assert.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: c, Value: v2}})[0], "%s: completed again", key)
+					out, err := k.Begin(ctx, "s", key)
+					if assert.NoError(t, err, key) && assert.True(t, out.Replayed, key) {
+						assert.Equal(t, string(v1), string(out.Value), "%s: the first result is kept", key)
+					}
+				}
+			}
+		})
+	})
+}
