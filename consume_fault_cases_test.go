@@ -333,13 +333,10 @@ func TestConsumeLateAnswersOnAMovedClock(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				b := redistest.Miniredis(t)
-				clock := newTestClock()
-				b.Mini.SetTime(clock.Now())
-				advance := func(d time.Duration) { // both clocks, in one step
-					clock.Advance(d)
-					b.Mini.SetTime(clock.Now())
-					b.Mini.FastForward(d)
-				}
+				redisNow, err := b.Client.Time(context.Background()).Result()
+				require.NoError(t, err)
+				clock := &testClock{now: redisNow} // the Keeper's clock, where Redis's is
+				advance := func(d time.Duration) { clock.Advance(d); b.Advance(d) }
 				rs, err := NewRedisStore(b.Client, opts...)
 				require.NoError(t, err)
 				other := newKeeper(t, b, append(opts, WithLease(time.Minute))...)
