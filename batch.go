@@ -117,7 +117,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 			res.Outcome, res.Err = k.outcome(id, r.Reply, started, req.Lease, cl)
 		}
 		if c := res.Outcome.Claim; c != nil {
-			c.scope, c.key = scope, keys[i]
+			c.scope, c.key, c.marks = scope, keys[i], compact
 		}
 		if k.observer != nil {
 			k.reportClaim(ctx, scope, id, started, nil, res.Outcome, res.Err)
@@ -262,9 +262,7 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 			continue
 		}
 		f, env := it.claim.fence(), sealBatch(it.kind, it.body)
-		if f.Ref > 0 && isEmptyResult(env) {
-			keep = max(keep, k.policy.markerRetention) // a marker
-		}
+		env, keep = k.asMarker(f, it.claim, env, keep)
 		send = append(send, BatchCompletion{Fence: f, Value: env, Keep: keep})
 		sent = append(sent, i)
 	}
@@ -290,6 +288,21 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 		gives[i].report(ctx, StepRelease, started, giveErrs[i])
 	}
 	return doneErrs, giveErrs
+}
+
+// asMarker returns the result env of claim c, whose fence is f, and how
+// long to keep it, keep being its retention: a compact claim's empty result
+// is kept as a marker for the marker retention; so is one of a claim of a
+// compact call kept in a record of its own (a takeover, a claim after a
+// release), with markerEnvelope, so that it answers as a marker does.
+func (k *Keeper) asMarker(f Fence, c *Claim, env []byte, keep time.Duration) ([]byte, time.Duration) {
+	if !isEmptyResult(env) || f.Ref == 0 && !c.marks {
+		return env, keep
+	}
+	if f.Ref == 0 {
+		env = markerEnvelope(k.now().Add(keep))
+	}
+	return env, max(keep, k.policy.markerRetention)
 }
 
 // emptyBytes is the envelope of an empty kindBytes result, which Consume

@@ -49,6 +49,11 @@ type Claim struct {
 	// lease is the claim's lease: the Keeper's, or that of the call that
 	// made it (Consume's WithLease). Read-only.
 	lease time.Duration
+	// marks is set for a claim of a call that claims compactly (Consume,
+	// BeginBatch with WithCompactClaims), compact or not (a takeover, a
+	// claim after a release is a record): its completion with an empty
+	// result is remembered for the marker retention. Read-only.
+	marks bool
 	// checkpoints are the record's recovery points as this claim knows them:
 	// those it took over, then those it recorded (see Checkpoint).
 	checkpoints []Checkpoint
@@ -201,10 +206,9 @@ func (c *Claim) leaseRenewed(started time.Time) {
 // RedisStore included, whose Complete may do more), report false, so that
 // nothing the store may not hold is cached.
 func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) (stored bool, err error) {
-	if bs, f := c.compactFence(); f.Ref > 0 {
-		if isEmptyResult(env) {
-			keep = max(keep, c.k.policy.markerRetention)
-		}
+	bs, f := c.compactFence()
+	env, keep = c.k.asMarker(f, c, env, keep)
+	if f.Ref > 0 {
 		return false, bs.CompleteBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}})[0]
 	}
 	if rs, ok := c.k.store.(*RedisStore); ok {

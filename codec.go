@@ -64,6 +64,10 @@ const (
 	kindValue byte = 'v' // a value of Do, encoded by the Codec
 	kindError byte = 'e' // the message of a FinalError of Do
 	kindFinal byte = 'E' // a FinalError of Do with a code or details; see sealFinal
+	// kindMarker is an empty result kept as a marker is, in a record of its
+	// own: its body is, in decimal, when the result's retention ends (Unix
+	// microseconds); see markerEnvelope.
+	kindMarker byte = 'm'
 )
 
 // seal puts body in an envelope of the given kind.

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"iter"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -540,6 +541,15 @@ func splitCompactClaims(res []any, n int) ([][]any, error) {
 			each = append(each, res[p:p+2:p+2])
 			p += 2
 			continue
+		case 11, 12:
+			// A record whose result is a marker's: as 8 and 9, with its
+			// attempt count.
+			if p+3 > len(res) {
+				return nil, unexpected(res[p:])
+			}
+			each = append(each, []any{code - 3, res[p+1], res[p+2]})
+			p += 3
+			continue
 		}
 		k := claimFields(code)
 		if k < 0 || p+1+k > len(res) {
@@ -584,38 +594,36 @@ func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups
 // the compact claims of groups, one call record each, kept at least keep
 // when completing; their answers go into errs.
 func (s *RedisStore) settleCalls(target string, keep time.Duration, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
-	st := &batchStep{script: compactSettleScript, src: compactSettleLua, split: splitCompactTransitions, answer: transitionAnswers(errs)}
+	st := &batchStep{script: compactSettleScript, src: compactSettleLua, split: splitCompactTransitions, answer: compactAnswers(errs)}
 	if s.durable != nil && target == "C" {
 		st.op = "complete"
 	}
-	calls := make([]batchCall, len(groups))
-	for g, items := range groups {
-		f := fence(items[0])
-		key := s.key(f.ID)
-		places := make([]byte, 0, 2*len(items))
-		for _, j := range items {
-			r := fence(j).Ref
-			places = append(places, byte(r>>8), byte(r))
+	calls := make([]batchCall, 0, len(groups))
+	for _, group := range groups {
+		for ik, items := range s.byEntryKey(group, fence) {
+			f := fence(items[0])
+			key := s.key(f.ID)
+			places := make([]byte, 0, 2*len(items))
+			for _, j := range items {
+				r := fence(j).Ref
+				places = append(places, byte(r>>8), byte(r))
+			}
+			args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places), ik}
+			calls = append(calls, batchCall{records: items, keys: []string{key}, args: args, step: st})
 		}
-		args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places)}
-		calls[g] = batchCall{records: items, keys: []string{key}, args: args, step: st}
 	}
 	return calls
 }
 
-// moveCalls returns the calls that renew (mode "E") the compact claims of
-// each group's call, with lease and keeping the call record at least keep,
-// or move them ("M") to records of their own kept for keep; their answers
-// go into errs.
-func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
-	st := &batchStep{script: compactMoveScript, src: compactMoveLua, split: splitCompactTransitions, answer: transitionAnswers(errs)}
-	if s.durable != nil && mode == "E" {
-		st.op = "extend"
-	}
-	var calls []batchCall
-	for _, items := range groups {
-		// The entries of one call's claims may lie in several index keys
-		// (on one server of a large scale): a move takes one at a time.
+// byEntryKey splits the claims of one call by the index key of their
+// entries, in the order of their first claim: one part on a Cluster, and on
+// one server unless its scale spreads the index over several keys.
+func (s *RedisStore) byEntryKey(items []int, fence func(j int) Fence) iter.Seq2[string, []int] {
+	return func(yield func(string, []int) bool) {
+		if s.compact.keys == 1 || s.compact.cluster {
+			yield(s.entry(fence(items[0]).ID).key, items)
+			return
+		}
 		byKey := map[string][]int{}
 		var keys []string
 		for _, j := range items {
@@ -625,11 +633,51 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 			}
 			byKey[k] = append(byKey[k], j)
 		}
-		if mode == "E" {
-			keys, byKey = keys[:1], map[string][]int{keys[0]: items}
+		for _, k := range keys {
+			if !yield(k, byKey[k]) {
+				return
+			}
 		}
-		for _, ik := range keys {
-			part := byKey[ik]
+	}
+}
+
+// compactAnswers answers each claim of a compact settle or move step into
+// errs: as transitionAnswers, errMoved for a claim moved to a record of its
+// own (3), errCompletedAsMarker for one completed already (4).
+func compactAnswers(errs []error) func(i int, res []any, err error) {
+	return func(i int, res []any, err error) {
+		switch {
+		case err == nil && len(res) == 1 && res[0] == int64(3):
+			err = errMoved
+		case err == nil && len(res) == 1 && res[0] == int64(4):
+			err = errCompletedAsMarker
+		case err == nil:
+			err = transitionReply(res)
+		}
+		errs[i] = err
+	}
+}
+
+// errCompletedAsMarker answers the move of a compact claim that its call
+// record says was completed already, with an empty result: a completion
+// sent again, which keeps the first result.
+var errCompletedAsMarker = errors.New("idem: compact claim completed already")
+
+// moveCalls returns the calls that renew (mode "E") the compact claims of
+// each group's call, with lease and keeping the call record at least keep,
+// or move them ("M") to records of their own kept for keep; their answers
+// go into errs.
+func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
+	st := &batchStep{script: compactMoveScript, src: compactMoveLua, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	if s.durable != nil && mode == "E" {
+		st.op = "extend"
+	}
+	var calls []batchCall
+	for _, items := range groups {
+		// The entries of one call's claims may lie in several index keys
+		// (on one server of a large scale): a call takes one at a time
+		// (renewing, each renews the call's lease and keeps its index key).
+		for ik, part := range s.byEntryKey(items, fence) {
 			f := fence(part[0])
 			recKeys := make([]string, len(part))
 			args := make([]any, 0, 6+3*len(part))
@@ -669,6 +717,27 @@ func splitByRef(n int, fence func(j int) Fence) (compact, records []int) {
 		}
 	}
 	return compact, records
+}
+
+// markerEnvelope is the result a record keeps when a claim of a call that
+// claims compactly (Consume, BeginBatch with WithCompactClaims) was kept in
+// a record of its own (a takeover, a claim after a release) and completes
+// with an empty result: the record answers as a marker does, as completed
+// with an empty result until the retention ends at until, then as one whose
+// result is no longer kept (ErrResultExpired) for as long as it is kept,
+// the marker retention.
+func markerEnvelope(until time.Time) []byte {
+	return strconv.AppendInt([]byte{envelopeV1, kindMarker}, until.UnixMicro(), 10)
+}
+
+// markerUntil reads when the retention of the result env ends, if env is a
+// markerEnvelope.
+func markerUntil(env []byte) (until int64, ok bool) {
+	if len(env) < 3 || env[0] != envelopeV1 || env[1] != kindMarker {
+		return 0, false
+	}
+	until, err := strconv.ParseInt(string(env[2:]), 10, 64)
+	return until, err == nil
 }
 
 // isEmptyResult reports whether env is the envelope of an empty result of

@@ -157,6 +157,35 @@ var formatV1 = []struct {
 		assert.Equal(t, StoredBytes, r.Stored)
 		assert.Equal(t, 2, r.Size)
 	}},
+	// Added with markers: a message handled by Consume in a record of its
+	// own keeps the envelope kind 'm' and, in decimal, when its result's
+	// retention ends: an empty result until then, ErrResultExpired after.
+	{"marker kept in a record, within the retention", "i1C::gqll7vatq8:2:1:\x01m4102444800000000", func(t *testing.T, k *Keeper, key string) {
+		out, err := k.Begin(context.Background(), "s", key)
+		require.NoError(t, err)
+		assert.True(t, out.Replayed)
+		assert.Empty(t, out.Value)
+		assert.EqualValues(t, 1700000000000000, out.Token)
+		r, err := k.Inspect(context.Background(), "s", key)
+		require.NoError(t, err)
+		assert.Equal(t, StoredBytes, r.Stored)
+		assert.Zero(t, r.Size)
+	}},
+	{"marker kept in a record, past the retention", "i1C::gqll7vatq8:2:1:\x01m1700000000000000", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key)
+		assert.ErrorIs(t, err, ErrResultExpired)
+		res, err := Consume(context.Background(), k, "s", []string{key}, func(s string) string { return s },
+			func(context.Context, string) error { t.Error("a handled message ran"); return nil })
+		require.NoError(t, err)
+		assert.Equal(t, MessageReplayed, res[0].Status)
+	}},
+	{"marker kept in a record, with a fingerprint", "i1C:" + fingerprintDigest([]byte("body")) + ":gqll7vatq8:2:1:\x01m4102444800000000", func(t *testing.T, k *Keeper, key string) {
+		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
+		assert.ErrorIs(t, err, ErrMismatch)
+		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
+		require.NoError(t, err)
+		assert.True(t, out.Replayed)
+	}},
 }
 
 // codedFinalV1 is the body of a kind 'E' record: [message, code, details].

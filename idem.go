@@ -357,6 +357,13 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.
 		}
 		return Outcome{Claim: cl, Token: r.Token}, nil
 	case StatusCompleted:
+		if until, ok := markerUntil(r.Value); ok {
+			// An empty result kept as a marker, in a record.
+			if started.UnixMicro() >= until {
+				return Outcome{Token: r.Token, attempt: r.Attempt, marker: true}, ErrResultExpired
+			}
+			r.Value, r.Marker = emptyBytes, true
+		}
 		kind, body, err := open(r.Value)
 		if err != nil {
 			return Outcome{}, err

@@ -502,5 +502,9 @@ func (r *Record) setResult(restLen int64, restHead string) error {
 		return fmt.Errorf("%w: envelope kind 0", ErrCorrupt)
 	}
 	r.Stored, r.Size = StoredKind(restHead[1]), int(restLen-2)
+	if restHead[1] == kindMarker {
+		// An empty result kept as a marker is (markerEnvelope).
+		r.Stored, r.Size = StoredBytes, 0
+	}
 	return nil
 }

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -99,28 +100,40 @@ func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion)
 	calls, after := s.completeCalls(items, errs)
 	s.runCalls(ctx, calls)
 	after()
+	s.runCalls(ctx, movedCalls(s, s.completeStep(items, errs), errs))
 	return errs
+}
+
+// errMoved is the answer of a compact claim that its call record says was
+// moved to a record of its own (by a checkpoint, a completion with a value,
+// or Abandon) whose reply its holder may not have had: the step is then
+// taken on that record, fenced by the claim's token (movedCalls).
+var errMoved = errors.New("idem: compact claim moved to a record of its own")
+
+// movedCalls returns the calls that take st on the records of the compact
+// claims errs says were moved (errMoved), whose answers go into errs.
+func movedCalls(s *RedisStore, st *batchStep, errs []error) []batchCall {
+	var moved []int
+	for j, err := range errs {
+		if err == errMoved {
+			moved = append(moved, j)
+			errs[j] = nil
+		}
+	}
+	if len(moved) == 0 {
+		return nil
+	}
+	calls := s.batchCalls(st, moved)
+	for i := range calls {
+		calls[i].step = st
+	}
+	return calls
 }
 
 // completeCalls returns the calls of CompleteBatch, whose answers go into
 // errs once after is called.
 func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls []batchCall, after func()) {
-	var keep time.Duration
-	var keepArg any // millis(keep), boxed once for the items that share it
-	st := &batchStep{
-		op: "complete", script: batchCompleteScript, src: batchCompleteLua, split: splitTransitions,
-		key: func(i int) string { return s.key(items[i].ID) },
-		args: func(dst []any, i int) []any {
-			if keepArg == nil || items[i].Keep != keep {
-				keep, keepArg = items[i].Keep, millis(items[i].Keep)
-			}
-			return append(dst, items[i].Token, strconv.FormatInt(items[i].Token, 36), keepArg, items[i].Value)
-		},
-		answer: transitionAnswers(errs),
-	}
-	if s.durable == nil {
-		st.op = ""
-	}
+	st := s.completeStep(items, errs)
 	fence := func(j int) Fence { return items[j].Fence }
 	compact, records := splitByRef(len(items), fence)
 	var markers, moving []int
@@ -143,11 +156,37 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	}
 	return calls, func() {
 		for _, j := range moving {
-			if moveErrs[j] != nil {
+			switch moveErrs[j] {
+			case nil:
+			case errCompletedAsMarker:
+				errs[j] = nil // completed before: the first result stays
+			default:
 				errs[j] = moveErrs[j]
 			}
 		}
 	}
+}
+
+// completeStep is the step that completes records of items, with
+// batch_complete.lua; its answers go into errs.
+func (s *RedisStore) completeStep(items []BatchCompletion, errs []error) *batchStep {
+	var keep time.Duration
+	var keepArg any // millis(keep), boxed once for the items that share it
+	st := &batchStep{
+		op: "complete", script: batchCompleteScript, src: batchCompleteLua, split: splitTransitions,
+		key: func(i int) string { return s.key(items[i].ID) },
+		args: func(dst []any, i int) []any {
+			if keepArg == nil || items[i].Keep != keep {
+				keep, keepArg = items[i].Keep, millis(items[i].Keep)
+			}
+			return append(dst, items[i].Token, strconv.FormatInt(items[i].Token, 36), keepArg, items[i].Value)
+		},
+		answer: transitionAnswers(errs),
+	}
+	if s.durable == nil {
+		st.op = ""
+	}
+	return st
 }
 
 // ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do. The
@@ -155,18 +194,25 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
 	errs := make([]error, len(claims))
 	s.runCalls(ctx, s.releaseCalls(claims, keep, errs))
+	s.runCalls(ctx, movedCalls(s, s.releaseStep(claims, keep, errs), errs))
 	return errs
 }
 
-// releaseCalls returns the calls of ReleaseBatch, whose answers go into errs.
-func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []error) []batchCall {
-	st := &batchStep{
+// releaseStep is the step that releases records of claims, with
+// batch_release.lua; its answers go into errs.
+func (s *RedisStore) releaseStep(claims []Fence, keep time.Duration, errs []error) *batchStep {
+	return &batchStep{
 		script: batchReleaseScript, src: batchReleaseLua, split: splitTransitions,
 		head:   []any{millis(keep)},
 		key:    func(i int) string { return s.key(claims[i].ID) },
 		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
 		answer: transitionAnswers(errs),
 	}
+}
+
+// releaseCalls returns the calls of ReleaseBatch, whose answers go into errs.
+func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []error) []batchCall {
+	st := s.releaseStep(claims, keep, errs)
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
 	calls := s.settleCalls("R", 0, s.compactGroups(compact, fence), fence, errs)
@@ -185,6 +231,8 @@ func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, c
 	calls = append(calls, s.releaseCalls(claims, keep, given)...)
 	s.runCalls(ctx, calls)
 	after()
+	moved := movedCalls(s, s.completeStep(items, done), done)
+	s.runCalls(ctx, append(moved, movedCalls(s, s.releaseStep(claims, keep, given), given)...))
 	return done, given
 }
 
@@ -192,13 +240,7 @@ func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, c
 // compact claims of one call share one lease, renewed in one call.
 func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
 	errs := make([]error, len(claims))
-	st := &batchStep{
-		op: "extend", script: batchExtendScript, src: batchExtendLua, split: splitTransitions,
-		head:   []any{millis(lease), millis(keep)},
-		key:    func(i int) string { return s.key(claims[i].ID) },
-		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
-		answer: transitionAnswers(errs),
-	}
+	st := s.extendStep(claims, lease, keep, errs)
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
 	if len(compact) == 0 || s.compact == nil {
@@ -214,7 +256,20 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 		calls = append(calls, c)
 	}
 	s.runCalls(ctx, calls)
+	s.runCalls(ctx, movedCalls(s, st, errs))
 	return errs
+}
+
+// extendStep is the step that renews the leases of records of claims, with
+// batch_extend.lua; its answers go into errs.
+func (s *RedisStore) extendStep(claims []Fence, lease, keep time.Duration, errs []error) *batchStep {
+	return &batchStep{
+		op: "extend", script: batchExtendScript, src: batchExtendLua, split: splitTransitions,
+		head:   []any{millis(lease), millis(keep)},
+		key:    func(i int) string { return s.key(claims[i].ID) },
+		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
+		answer: transitionAnswers(errs),
+	}
 }
 
 // batchStep is one step for many records: which script, and how each record

@@ -211,13 +211,20 @@ func claimReply(res []any) (ClaimReply, error) {
 	case 5:
 		return ClaimReply{}, corrupt(res)
 	case 8, 9:
-		if len(res) == 2 {
-			if tok, ok := res[1].(int64); ok {
-				if res[0] == int64(9) {
-					return ClaimReply{Status: StatusResultExpired, Token: tok, Attempt: 1, Marker: true}, nil
-				}
-				return ClaimReply{Status: StatusCompleted, Token: tok, Attempt: 1, Marker: true, Value: emptyBytes}, nil
+		// A marker: {code, token}; or {code, token, attempt} for a record
+		// whose result is a marker's.
+		attempt, tok, ok := int64(1), int64(0), len(res) == 2 || len(res) == 3
+		if ok && len(res) == 3 {
+			attempt, ok = res[2].(int64)
+		}
+		if ok {
+			tok, ok = res[1].(int64)
+		}
+		if ok && attempt >= 1 {
+			if res[0] == int64(9) {
+				return ClaimReply{Status: StatusResultExpired, Token: tok, Attempt: int(attempt), Marker: true}, nil
 			}
+			return ClaimReply{Status: StatusCompleted, Token: tok, Attempt: int(attempt), Marker: true, Value: emptyBytes}, nil
 		}
 	}
 	return ClaimReply{}, unexpected(res)

@@ -279,8 +279,8 @@ func (k *Keeper) cacheStored(c *Claim, kind byte, body []byte, retention time.Du
 // of id the store gave a call with fingerprint fp at seen. The cache keeps
 // out.Value itself, which the call owned: out shares it from then on.
 func (k *Keeper) cacheReplayed(id, fp string, out *Outcome, seen time.Time) {
-	if k.cache == nil || out.shared {
-		return
+	if k.cache == nil || out.shared || out.marker {
+		return // a marker's empty result: its retention is the store's to tell
 	}
 	keep := k.policy.retention
 	if out.kind == kindError || out.kind == kindFinal {

@@ -31,6 +31,8 @@
 --                                   with an empty result, within the retention
 --   {9, token}                      completed, as a marker, longer ago than the
 --                                   retention: the result is no longer kept
+--   {8 or 9, token, attempt}        the same, for a record whose result is a
+--                                   marker's (see marked)
 -- The two answers of the hot paths, a new claim and a replay, are a bare
 -- integer and a bare string: a table reply costs Redis more than the rest
 -- of a replay's Lua.
@@ -151,11 +153,33 @@ if type(v) ~= 'string' then
   return {5, 'wrong type'}
 end
 
+-- marked answers a completed record whose result is a marker's (envelope
+-- kind 'm' and, in decimal, when the result's retention ends: a message
+-- handled by Consume in a record of its own) as a marker, with its attempt
+-- count: {8, token, attempt} within that retention, {9, token, attempt}
+-- after; nil for any other record. Only the last
+-- bytes of the record are looked at, however large its result.
+local function marked(v)
+  local at, _, untl = string.find(v, '\1m(%d+)$', math.max(1, #v - 24))
+  if not at then
+    return nil
+  end
+  local _, e, tok36, cnt = string.find(v, '^i1C:[%w_%-]*:([%da-z]+):(%d+):[01]:')
+  if not e or e + 1 ~= at then
+    return nil
+  end
+  local t = redis.call('TIME')
+  if t[1] * 1000000 + t[2] < tonumber(untl) then
+    return {8, tonumber(tok36, 36), tonumber(cnt)}
+  end
+  return {9, tonumber(tok36, 36), tonumber(cnt)}
+end
+
 local a, b, c, d = string.byte(v, 1, 4)
 if d == 58 and c == 67 and b == 49 and a == 105 then
   -- "i1C:" FP ":": a completed record of the short form.
   if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
-    return v
+    return marked(v) or v
   end
   if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
     return {4}

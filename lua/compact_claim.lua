@@ -48,6 +48,9 @@
 --   9, token                                    completed (a marker) longer ago
 --                                               than the retention: the result
 --                                               is no longer kept
+--   11, token, attempt                          completed, a record whose result
+--   12, token, attempt                          is a marker's (see claim.lua's
+--                                               marked): as 8 and 9
 --   3, lease_left_ms                            in progress
 --   4                                           another fingerprint
 --   5, reason                                   not a record of ours
@@ -172,6 +175,18 @@ local function record(i, v, fp)
   local a, b, c, d = string.byte(v, 1, 4)
   if d == 58 and c == 67 and b == 49 and a == 105 then
     if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
+      -- A result that is a marker's (see claim.lua's marked) answers as
+      -- a marker.
+      local at, _, untl = string.find(v, '\1m(%d+)$', math.max(1, #v - 24))
+      if at then
+        local _, e, tok36, cnt = string.find(v, '^i1C:[%w_%-]*:([%da-z]+):(%d+):[01]:')
+        if e and e + 1 == at then
+          if now < tonumber(untl) then
+            return 11, tonumber(tok36, 36), tonumber(cnt)
+          end
+          return 12, tonumber(tok36, 36), tonumber(cnt)
+        end
+      end
       return 2, v
     end
     if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
@@ -404,7 +419,7 @@ for i = 1, n do
     if code == 1 then
       out[m + 1], out[m + 2], out[m + 3], out[m + 4] = a, b, c, d
       m = m + 4
-    elseif code == 10 then
+    elseif code == 10 or code == 11 or code == 12 then
       out[m + 1], out[m + 2] = a, b
       m = m + 2
     elseif code ~= 4 then
@@ -434,7 +449,7 @@ if nw > 0 then
       local code, size = out[j], 2
       if code == 1 then
         size = 5
-      elseif code == 10 then
+      elseif code == 10 or code == 11 or code == 12 then
         size = 3
       elseif code == 4 or code == 6 then
         size = 1
@@ -451,7 +466,10 @@ if nw > 0 then
     end
     out, m, claimed = again, k, false
   else
-    redis.call('PEXPIRE', ikey, callkeep)
+    -- Never shortened: a completion or a renewal may have kept it longer.
+    if redis.call('PTTL', ikey) < tonumber(callkeep) then
+      redis.call('PEXPIRE', ikey, callkeep)
+    end
   end
 end
 

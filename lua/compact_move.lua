@@ -16,7 +16,10 @@
 -- ARGV[6+3j]   the first 7 bytes of its entry, its digest
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 renewed or
--- moved, 0 lease lost, or the reason a value is not one of ours.
+-- moved, 3 (renewing) moved to a record of its own already, which answers
+-- by the claim's token, 4 (moving) completed already, as a marker, 0 lease
+-- lost, or the reason a value is not one of
+-- ours. Renewing keeps the index key at least as long as the call record.
 --
 -- The claims of one call share one lease: renewing any of them renews every
 -- claim the call still holds, in one write. Moving writes each claim named a
@@ -37,10 +40,20 @@ local function all(x)
   return out
 end
 
--- moved reports whether KEYS[j] holds the pending record of this token.
+-- moved reports whether KEYS[j] holds the record of this token, in any
+-- state: a claim moved, then completed or released by its holder (a call
+-- sent again after its first run did both).
 local function moved(j)
   local v = redis.pcall('GET', KEYS[j])
-  return type(v) == 'string' and string.sub(v, 1, #token + 4) == 'i1P' .. token .. ':'
+  if type(v) ~= 'string' then
+    return false
+  end
+  local st, tok = string.match(v, '^i1([PCR])(%d+):')
+  if st then
+    return tok == token
+  end
+  local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):')
+  return tok36 ~= nil and tonumber(tok36, 36) == tonumber(token)
 end
 
 local v = redis.pcall('GET', ck)
@@ -64,7 +77,8 @@ local st = {string.byte(v, at, at + places - 1)}
 if mode == 'E' then
   local any = false
   for j = 1, k do
-    out[j] = st[tonumber(ARGV[4 + 3 * j])] == 80 and 1 or 0 -- 'P'
+    local s = st[tonumber(ARGV[4 + 3 * j])]
+    out[j] = s == 80 and 1 or s == 77 and 3 or 0 -- 'P', 'M'
     any = any or out[j] == 1
   end
   if any then
@@ -76,6 +90,9 @@ if mode == 'E' then
     end
     redis.call('SET', ck, 'i1B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
       att .. ':' .. fpw .. ':' .. string.sub(v, at), 'PX', keep)
+    if redis.call('PTTL', ikey) < tonumber(keep) then
+      redis.call('PEXPIRE', ikey, keep)
+    end
   end
   return out
 end
@@ -111,6 +128,8 @@ for j = 1, k do
     out[j] = 1
   elseif st[p] == 77 and moved(j) then
     out[j] = 1
+  elseif st[p] == 67 then -- 'C'
+    out[j] = 4
   else
     out[j] = 0
   end

@@ -10,12 +10,15 @@
 --            now, in milliseconds (the longer of the retention and the
 --            marker retention)
 -- ARGV[4]    the places in the call of the claims, two bytes each, big-endian
+-- ARGV[5]    the index key of the claims' entries: completing keeps it at
+--            least as long as the call record
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 done, 2 done
--- before by this call (completed or released already: a retried call), 0
--- lease lost (the place is no longer held by the call: taken over, moved to
--- a record of its own, forgotten), or the reason the call record is not one
--- of ours (nothing is written then).
+-- before by this call (completed or released already: a retried call), 3
+-- moved to a record of its own (by a checkpoint, a completion with a value,
+-- or Abandon: the record answers, by the claim's token), 0 lease lost (the
+-- place is no longer held by the call: taken over, forgotten), or the reason
+-- the call record is not one of ours (nothing is written then).
 --
 -- The call record alone answers for its claims: whatever takes a place over
 -- (a claim after its lease ran out or after a release, Forget, Abandon)
@@ -55,6 +58,8 @@ for j = 1, k do
     st[p], out[j], changed = want, 1, true
   elseif s == want then
     out[j] = 2
+  elseif s == 77 then -- 'M'
+    out[j] = 3
   else
     out[j] = 0
   end
@@ -71,5 +76,9 @@ if changed then
   end
   redis.call('SET', ck, 'i1B' .. u .. ':' .. done .. ':' .. att .. ':' .. fpw .. ':' ..
     string.char(unpack(st)) .. string.sub(v, at + places), 'PX', keep)
+  -- The markers last as long as their call record: so must their entries.
+  if target == 'C' and redis.call('PTTL', ARGV[5]) < tonumber(keep) then
+    redis.call('PEXPIRE', ARGV[5], keep)
+  end
 end
 return out
