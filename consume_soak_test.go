@@ -341,6 +341,8 @@ type soakCounts struct {
 	mu                                                  sync.Mutex
 	status                                              map[string]int
 	oldSent, oldReplayed, oldExpired, oldRetry, oldRuns int
+	// oldRetryWhy counts the answers of the redeliveries in oldRetry.
+	oldRetryWhy map[string]int
 }
 
 func (c *soakCounts) add(what string) {
@@ -424,7 +426,7 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 			if !typedErr(r.Err, errFlaky) {
 				led.violate("message %d: untyped error: %v", id, r.Err)
 			}
-			if old[id] {
+			if old[id] && r.Status != MessageDuplicate { // a duplicate is answered by its first
 				counts.mu.Lock()
 				counts.oldSent++
 				switch {
@@ -436,6 +438,10 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 					counts.oldExpired++
 				default:
 					counts.oldRetry++
+					if counts.oldRetryWhy == nil {
+						counts.oldRetryWhy = map[string]int{}
+					}
+					counts.oldRetryWhy[r.Status.String()+": "+cfKind(r.Err)]++
 				}
 				counts.mu.Unlock()
 			}
@@ -627,8 +633,8 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 	t.Logf("%d claims in %s (%.0f claims/s)%s; %d message ids; %d handler runs, %d executions (handler successes); duplicate executions: %d (%d beside a live holder, %d after the message was acknowledged, within the marker retention, %d of them of messages that took more than one delivery); %d runs after the marker retention; %d holders started beside a handler not yet cancelled past its lease",
 		issued, elapsed.Round(time.Millisecond), float64(issued)/elapsed.Seconds(), map[bool]string{true: " (stopped by the time bound)", false: ""}[stoppedByTime.Load()],
 		ids, led.runs.Load(), led.executions.Load(), dups, led.overlaps.Load(), led.afterAck.Load(), led.afterAckRetried.Load(), led.afterMarkers.Load(), led.overruns.Load())
-	t.Logf("claims answered from markers: %d of %d; redeliveries after the result retention (%s to %s old): %d, answered replayed %d, ErrResultExpired %d, other retry %d, ran again %d",
-		book.markers, book.claims, soakOldMin, soakOldMax, counts.oldSent, counts.oldReplayed, counts.oldExpired, counts.oldRetry, counts.oldRuns)
+	t.Logf("claims answered from markers: %d of %d; redeliveries after the result retention (%s to %s old): %d, answered replayed %d, ErrResultExpired %d, other retry %d (%s), ran again %d",
+		book.markers, book.claims, soakOldMin, soakOldMax, counts.oldSent, counts.oldReplayed, counts.oldExpired, counts.oldRetry, sortedCounts(counts.oldRetryWhy), counts.oldRuns)
 	t.Logf("answers: %s; stale completions accepted %d, refused %d; never acknowledged: %d (%d left after %d drain rounds); handled messages checked after (up to 20000, handled within the marker retention): %d, forgotten %d (%d of them took more than one delivery); %s",
 		sortedCounts(counts.status), book.stale, book.refused, lost, left, rounds, checked, forgotten, forgottenRetried, faults())
 	assert.Zero(t, dups, "duplicate executions")
