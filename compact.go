@@ -507,24 +507,36 @@ func batchClaimAnswer(res []any, err error, place int) (ClaimReply, error) {
 }
 
 // splitCompactClaims cuts compact_claim.lua's flat reply into each record's:
-// those of claimReply, {6 or 10, token, place} for a compact claim, {8 or
-// 9, token} for a marker, {7, error} for a write Redis refused.
+// those of claimReply ({1, ...} for code 13, a new record, too), {6 or 10,
+// token, place} for a compact claim, {8 or 9, token} for a marker, {7,
+// error} for a write Redis refused.
 func splitCompactClaims(res []any, n int) ([][]any, error) {
 	if len(res) < 2 {
 		return nil, unexpected(res)
 	}
-	tok, ok := res[len(res)-2].(int64)
-	if !ok {
+	tok, ok1 := res[len(res)-2].(int64)
+	now, ok2 := res[len(res)-1].(int64)
+	if !ok1 || !ok2 {
 		return nil, unexpected(res[len(res)-2:])
 	}
 	res = res[:len(res)-2]
 	each := make([][]any, 0, n)
 	six := []any{int64(6), tok} // the answer of every new compact claim of the call, read only
+	var fresh []any             // that of every new record it claimed, read only
 	for p := 0; p < len(res); {
 		code, _ := res[p].(int64)
 		switch code {
 		case 6:
 			each = append(each, six)
+			p++
+			continue
+		case 13:
+			// A new record: token Redis's clock, attempt 1, not recovered,
+			// no checkpoints.
+			if fresh == nil {
+				fresh = []any{int64(1), now, int64(1), int64(0)}
+			}
+			each = append(each, fresh)
 			p++
 			continue
 		case 10:

@@ -41,6 +41,10 @@
 --   10, token, place                            claimed compactly by an earlier
 --                                               run of this call (its reply was
 --                                               lost and it was sent again)
+--   13                                          claimed a new record: token
+--                                               Redis's clock (the reply's
+--                                               last), attempt 1, not
+--                                               recovered, no checkpoints
 --   1, token, attempt, recovered, checkpoints   claimed a record (checkpoints may be '')
 --   2, record                                   completed (a record)
 --   8, token                                    completed (a marker): an empty
@@ -98,6 +102,9 @@ local layout, blocknames, heads = ARGV[10], ARGV[11], ARGV[12]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local until_s = string.format('%d', now + lease * 1000)
+-- A new record of this call, but for its fingerprint: token now, attempt 1,
+-- not recovered.
+local fresh = 'i1P' .. string.format('%d', now) .. ':1:0:' .. until_s .. ':' .. attempt .. ':'
 
 -- The call's token: Redis's clock, unless a call record holds it already.
 local token = now
@@ -168,6 +175,20 @@ local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
     return refused(ok)
   end
   return 1, tok, c, recovered, checkpoints
+end
+
+-- newfresh writes a new pending record for KEYS[i], which holds no string,
+-- and answers 13; NX, so that a value of another type there is refused
+-- rather than overwritten.
+local function newfresh(i, fp)
+  local ok = redis.pcall('SET', KEYS[i], fresh .. fp .. ':', 'PX', keep, 'NX')
+  if not ok then
+    return 5, 'wrong type'
+  end
+  if type(ok) == 'table' and ok.err then
+    return refused(ok)
+  end
+  return 13
 end
 
 -- record answers for KEYS[i], whose value v is a record (see claim.lua).
@@ -353,11 +374,16 @@ local pad = string.rep('.', fpw)
 -- The records of a call come ordered by block, so that those of one block
 -- are next to each other: blk is the block of the record at hand, as this
 -- call changes it, and writes the blocks to write back, block then value.
-local names = {''}
-for i = 1, n do
-  names[i + 1] = string.sub(blocknames, 3 * i - 2, 3 * i)
+-- (Claims kept in records find nothing in an index key that is not there:
+-- no reading of its blocks, every block empty.)
+local names, blocks = {''}, {}
+local indexed = compact or redis.call('EXISTS', ikey) == 1
+if indexed then
+  for i = 1, n do
+    names[i + 1] = string.sub(blocknames, 3 * i - 2, 3 * i)
+  end
+  blocks = redis.call('HMGET', ikey, unpack(names))
 end
-local blocks = redis.call('HMGET', ikey, unpack(names))
 -- blocks[1] is the field "", the layout: blocks[i + 1] that of KEYS[i].
 if blocks[1] and blocks[1] ~= layout then
   return redis.error_reply('IDEMLAYOUT ' .. blocks[1])
@@ -381,6 +407,8 @@ for i = 1, n do
   local code, a, b, c, d
   if recs[i] then
     code, a, b, c, d = record(i, recs[i], fp)
+  elseif not indexed then
+    code, a = newfresh(i, fp)
   else
     local head = string.sub(heads, 9 * i - 8, 9 * i)
     if blk ~= '' then
@@ -406,7 +434,7 @@ for i = 1, n do
         end
         blk, dirty, code = blk .. head .. tok7, true, 6
       else
-        code, a, b, c, d = newrecord(i, 0, 0, 0, fp, '')
+        code, a = newfresh(i, fp)
       end
     end
   end
@@ -422,7 +450,7 @@ for i = 1, n do
     elseif code == 10 or code == 11 or code == 12 then
       out[m + 1], out[m + 2] = a, b
       m = m + 2
-    elseif code ~= 4 then
+    elseif code ~= 4 and code ~= 13 then
       m = m + 1
       out[m] = a
     end
@@ -451,7 +479,7 @@ if nw > 0 then
         size = 5
       elseif code == 10 or code == 11 or code == 12 then
         size = 3
-      elseif code == 4 or code == 6 then
+      elseif code == 4 or code == 6 or code == 13 then
         size = 1
       end
       if code == 6 then
