@@ -78,7 +78,24 @@ func TestBatchCluster(t *testing.T) {
 		require.NoError(t, err)
 		id := func(s string) string { return s }
 		ok := func(context.Context, string) error { return nil }
-		batch, done := redeliveryBatch(500, 0.2, 4)
+		// Ids whose records are in 64 slots over the three masters, 8 a
+		// slot, those of 8 slots handled before: each slot's share of a
+		// batch is kept compactly (clusterCompactMin). (Ids spread over
+		// all slots are kept in records: the next subtest.)
+		var batch, done []string
+		perSlot := map[uint16]int{}
+		for n := 0; len(batch) < 64*8; n++ {
+			m := fmt.Sprint("msg-4-", n)
+			slot := keySlot(s.RecordKey("m", m))
+			if slot%256 != 0 || perSlot[slot] == 8 {
+				continue
+			}
+			perSlot[slot]++
+			batch = append(batch, m)
+			if slot%2048 == 0 {
+				done = append(done, m)
+			}
+		}
 		res, err := Consume(ctx, k, "m", done, id, ok)
 		require.NoError(t, err)
 		for _, r := range res {
@@ -157,6 +174,34 @@ func TestBatchCluster(t *testing.T) {
 		res, err = Consume(ctx, k, "m", batch[:1], id, func(_ context.Context, m string) error { ran[m]++; return nil })
 		require.NoError(t, err)
 		assert.Equal(t, MessageHandled, res[0].Status, "forgotten: handled again")
+	})
+	t.Run("a slot's few messages are kept in records, answered as markers", func(t *testing.T) {
+		k, err := New(s, WithLease(time.Minute), WithRetention(time.Minute), WithMarkerRetention(time.Hour))
+		require.NoError(t, err)
+		id := func(s string) string { return s }
+		batch, done := redeliveryBatch(100, 0.2, 5)
+		ran := map[string]int{}
+		count := func(_ context.Context, m string) error { ran[m]++; return nil }
+		_, err = Consume(ctx, k, "m", done, id, count)
+		require.NoError(t, err)
+		res, err := Consume(ctx, k, "m", batch, id, count)
+		require.NoError(t, err)
+		for i, r := range res {
+			require.True(t, r.Ack, "%s: %v", batch[i], r.Err)
+		}
+		assert.Len(t, ran, len(batch), "each ran once")
+		for _, m := range ran {
+			assert.Equal(t, 1, m)
+		}
+		for _, m := range batch {
+			r, err := k.Inspect(ctx, "m", m)
+			require.NoError(t, err)
+			assert.Equal(t, StateCompleted, r.State, m)
+			assert.False(t, r.Compact, "%s: a record of its own", m)
+			ttl, err := cc.PTTL(ctx, s.RecordKey("m", m)).Result()
+			require.NoError(t, err)
+			assert.Greater(t, ttl, 30*time.Minute, "%s: kept for the marker retention, not the retention", m)
+		}
 	})
 	t.Run("a master down fails its keys only", func(t *testing.T) {
 		k, err := New(s, WithLease(time.Hour))

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem/internal/slot"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -574,25 +574,7 @@ func bySlot(todo []int, key func(i int) string) [][]int {
 
 // keySlot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash tag,
 // or of the whole key when it has none, modulo 16384.
-func keySlot(key string) uint16 {
-	if s := strings.IndexByte(key, '{'); s >= 0 {
-		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
-			key = key[s+1 : s+1+e]
-		}
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc % 16384
-}
+func keySlot(key string) uint16 { return slot.Of(key) }
 
 // upTo returns 0, 1, ..., n-1.
 func upTo(n int) []int {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +27,9 @@ type memoryProbe struct {
 	idemDB       int
 	baseDB       int
 	withBaseline bool
+	// cluster is set on a Cluster: memory and keys are summed over the
+	// masters, and both sides' keys share each master's database 0.
+	cluster bool
 	// why says why memory is not measured; empty when it is.
 	why string
 
@@ -66,10 +70,7 @@ func (m memory) perID() float64 {
 // writes any, on one server, or says why it will not measure.
 func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memoryProbe {
 	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != ""}
-	if o.cluster != "" {
-		p.why = "not measured on a Cluster: run it on one server"
-		return p
-	}
+	p.cluster = o.cluster != ""
 	if c, ok := idemC.(*redis.Client); ok {
 		p.idemDB = c.Options().DB
 	}
@@ -101,7 +102,7 @@ func (p *memoryProbe) start(ctx context.Context) {
 // dbSizes returns the keys of idem's database and, with a baseline, of the
 // baseline's.
 func (p *memoryProbe) dbSizes(ctx context.Context) (idem, base int64, err error) {
-	if idem, err = p.idemC.DBSize(ctx).Result(); err != nil || !p.withBaseline {
+	if idem, err = p.idemC.DBSize(ctx).Result(); err != nil || !p.withBaseline || p.cluster {
 		return idem, 0, err
 	}
 	base, err = p.baseC.DBSize(ctx).Result()
@@ -109,8 +110,26 @@ func (p *memoryProbe) dbSizes(ctx context.Context) (idem, base int64, err error)
 }
 
 // readMemory reads INFO memory and CLIENT LIST of c's server, in one round
-// trip.
+// trip; of a Cluster's masters, summed.
 func readMemory(ctx context.Context, c client) (memInfo, error) {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return readNodeMemory(ctx, c)
+	}
+	var mu sync.Mutex
+	var sum memInfo
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		m, err := readNodeMemory(ctx, node)
+		mu.Lock()
+		defer mu.Unlock()
+		sum.used, sum.clients = sum.used+m.used, sum.clients+m.clients
+		return err
+	})
+	return sum, err
+}
+
+// readNodeMemory reads INFO memory and CLIENT LIST of one server.
+func readNodeMemory(ctx context.Context, c client) (memInfo, error) {
 	pipe := c.Pipeline()
 	info := pipe.Info(ctx, "memory")
 	list := pipe.ClientList(ctx)
@@ -181,6 +200,15 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 			return fail(err)
 		}
 		baseline = memory{bytes: after.data() - alone.data(), ids: deliveredIDs(base), keys: baseKeys - p.baseKeys0}
+		if p.cluster {
+			// One database for both: what the deletion took away was the
+			// baseline's.
+			left, err := p.idemC.DBSize(ctx).Result()
+			if err != nil {
+				return fail(err)
+			}
+			idem.keys, baseline.keys = left-p.idemKeys0, idemKeys-left
+		}
 	}
 	idem.bytes = alone.data() - p.before.data()
 	return idem, baseline, p.method()
@@ -190,6 +218,16 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 func (p *memoryProbe) method() string {
 	var b strings.Builder
 	b.WriteString("used_memory after the run minus before, less the connections' memory (CLIENT LIST tot-mem), over the ids delivered")
+	if p.cluster {
+		b.WriteString(", summed over the Cluster's masters")
+		if p.withBaseline {
+			b.WriteString("; both sides' keys in database 0, sharing its hash tables; the baseline's keys then deleted, and the tables shrunk by Redis, to read idem's alone")
+		}
+		if p.idemOthers > 0 {
+			fmt.Fprintf(&b, "; the masters held %d other keys before the run: the figure is approximate", p.idemOthers)
+		}
+		return b.String()
+	}
 	shared := func(side string, db int, keys int64) {
 		if keys > 0 {
 			fmt.Fprintf(&b, "; %s's db %d held %d other keys before the run, whose hash tables its keys share: the figure is approximate", side, db, keys)
@@ -216,9 +254,13 @@ func deliveredIDs(s *side) int64 {
 }
 
 // deleteKeys deletes the keys of every id the streams of the baseline s
-// delivered: 1,000 keys a DEL, 16 DELs a round trip.
+// delivered: 1,000 keys a DEL, 16 DELs a round trip; on a Cluster, whose
+// DEL takes the keys of one slot, one key a DEL.
 func deleteKeys(ctx context.Context, c client, s *side) error {
-	const perDel, perPipeline = 1000, 16
+	perDel, perPipeline := 1000, 16
+	if _, ok := c.(*redis.ClusterClient); ok {
+		perDel, perPipeline = 1, 1000
+	}
 	pipe := c.Pipeline()
 	args := make([]any, 0, perDel+1)
 	flush := func(force bool) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/slot"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -242,10 +244,20 @@ func TestPendingCluster(t *testing.T) {
 	// masters.
 	mk, err := idem.NewRedis(c.Client(t, nil), idem.WithMarkerScale(100000))
 	require.NoError(t, err)
-	msgs := []string{"m1", "m2", "m3", "m4", "m5", "m6"}
+	// Six messages whose records share a slot, so that the Cluster keeps
+	// them compactly (a slot's share of fewer than four is kept in
+	// records).
+	st, err := idem.NewRedisStore(c.Client(t, nil))
+	require.NoError(t, err)
+	msgs := []string{"m0"}
+	for n := 1; len(msgs) < 6; n++ {
+		if m := fmt.Sprint("m", n); slot.Of(st.RecordKey("s", m)) == slot.Of(st.RecordKey("s", "m0")) {
+			msgs = append(msgs, m)
+		}
+	}
 	_, err = idem.Consume(ctx, mk, "s", msgs, func(s string) string { return s }, func(context.Context, string) error { return nil })
 	require.NoError(t, err)
-	r = ctl("-cluster", cluster, "-json", "inspect", "-scope", "s", "m4")
+	r = ctl("-cluster", cluster, "-json", "inspect", "-scope", "s", msgs[3])
 	require.Equal(t, 0, r.code, r.stderr)
 	m4 := decode[jsonRecord](t, r.out)[0]
 	assert.Equal(t, "completed", m4.State)

@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/slot"
 	"github.com/redis/go-redis/v9"
 )
 
 // Slots is the number of hash slots of a Redis Cluster.
-const Slots = 16384
+const Slots = slot.Slots
 
 // Cluster is a Redis Cluster of redis-server processes on loopback, started
 // by a test.
