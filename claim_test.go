@@ -93,4 +93,8 @@ func TestNilClaim(t *testing.T) {
 		assert.ErrorIs(t, err, ErrNoClaim, step)
 		assert.NotErrorIs(t, err, ErrLeaseLost, step)
 	}
+	op, stop := c.KeepAlive(ctx)
+	require.Error(t, op.Err(), "nothing to keep alive: cancelled before it starts")
+	assert.ErrorIs(t, context.Cause(op), ErrNoClaim)
+	assert.ErrorIs(t, stop(), ErrNoClaim)
 }

@@ -52,7 +52,17 @@ import (
 // claims are due in the order they were asked for, and wait in one queue
 // with one timer (renewalQueue). A renewal runs on a goroutine of its own,
 // with a timer for its deadline.
+//
+// On a nil Claim (ClaimFromContext where no claim was made) KeepAlive
+// renews nothing: it returns a context already cancelled with a cause
+// wrapping ErrNoClaim, and a stop that returns that cause.
 func (c *Claim) KeepAlive(ctx context.Context) (_ context.Context, stop func() error) {
+	if c == nil {
+		err := errNoClaim("keep alive")
+		op, cancel := context.WithCancelCause(ctx)
+		cancel(err)
+		return op, func() error { return err }
+	}
 	ka := c.keepAlive(ctx)
 	return &ka.op, ka.stop
 }

@@ -145,8 +145,10 @@
 // database's tables, what remains is idem's. memory_method says so, and
 // says when a database held other keys before the run (the keys of an
 // earlier run, say), whose hash tables the side's keys then share: measure
-// on a server of its own for figures worth quoting. Not measured on a
-// Cluster or on miniredis.
+// on a server of its own for figures worth quoting. On a Cluster the
+// figures are summed over the masters, and both sides' keys share each
+// master's database 0 (Redis shrinks its tables once the baseline's keys
+// are deleted). Not measured on miniredis.
 //
 // The text output gives each side's ops/s, latency percentiles and costs per
 // operation, and the ratios between idem and the baseline (idem's figure
