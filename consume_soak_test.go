@@ -252,8 +252,13 @@ type soakStream struct {
 	next atomic.Int64
 	mu   sync.Mutex
 	// pending are the ids not acknowledged, to redeliver, each not before
-	// its time: a broker redelivers after a while, not at once.
+	// its time: a broker redelivers after a while, not at once. queued
+	// holds the ids in pending: a broker keeps one copy of a message it
+	// waits to see acknowledged, however many deliveries of it came back
+	// unacknowledged (else the copies of a message held by a dead
+	// consumer multiply, and use its 30 deliveries up within one lease).
 	pending []soakPending
+	queued  map[int64]bool
 	// handled is a ring of (id, when its call began) of handled messages,
 	// one in 16 (see handledOne).
 	handled []soakHandled
@@ -314,6 +319,7 @@ func (s *soakStream) takePending(n int, all bool) []int64 {
 	for _, p := range s.pending {
 		if len(out) < n && (all || !now.Before(p.notBefore)) {
 			out = append(out, p.id)
+			delete(s.queued, p.id)
 		} else {
 			kept = append(kept, p)
 		}
@@ -322,11 +328,18 @@ func (s *soakStream) takePending(n int, all bool) []int64 {
 	return out
 }
 
-// redeliver queues id for redelivery after d.
+// redeliver queues id for redelivery after d, unless it is queued already.
 func (s *soakStream) redeliver(id int64, d time.Duration) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.queued[id] {
+		return
+	}
+	if s.queued == nil {
+		s.queued = map[int64]bool{}
+	}
+	s.queued[id] = true
 	s.pending = append(s.pending, soakPending{id, time.Now().Add(d)})
-	s.mu.Unlock()
 }
 
 func soakKey(id int64) string { return "m" + strconv.FormatInt(id, 10) }
