@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -143,7 +144,8 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 		req.Fingerprints = make([]string, 0, len(keys))
 	}
 	places = make([]int, 0, len(keys))
-	first := make(map[string]int, len(keys))
+	first := firstPlaces(len(keys))
+	defer putFirstPlaces(first)
 	// The ids of the batch, in one allocation.
 	idBuf := make([]byte, idLen*len(keys))
 	for i, key := range keys {
@@ -182,6 +184,32 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 		}
 	}
 	return req, places
+}
+
+// firstMaps keeps the maps batchRequest finds repeated ids with, emptied,
+// for the next batch: a map of a batch's size is the largest allocation of
+// a batch that is not returned to the caller.
+var firstMaps sync.Pool
+
+// maxPooledFirst is the largest batch whose map is kept for another.
+const maxPooledFirst = 4096
+
+// firstPlaces returns an empty map for a batch of n ids.
+func firstPlaces(n int) map[string]int {
+	if m, ok := firstMaps.Get().(map[string]int); ok {
+		return m
+	}
+	return make(map[string]int, n)
+}
+
+// putFirstPlaces empties m and keeps it for another batch, unless it is
+// too large to keep.
+func putFirstPlaces(m map[string]int) {
+	if len(m) > maxPooledFirst {
+		return
+	}
+	clear(m)
+	firstMaps.Put(m)
 }
 
 // claimBatch asks the store for req: in one call if it is a BatchStore, else

@@ -387,8 +387,15 @@ func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
 }
 
 func (s *RedisStore) batchCall(st *batchStep, records []int) batchCall {
-	c := batchCall{records: records, keys: make([]string, len(records))}
-	c.args = append(make([]any, 0, len(st.head)+4*len(records)), st.head...)
+	// One key more than the records, for a call that adds one (the index
+	// key of compact_claim.lua); arguments for the records only when st
+	// appends them (compact_claim.lua's are made by its caller).
+	c := batchCall{records: records, keys: make([]string, len(records), len(records)+1)}
+	perRecord := 0
+	if st.args != nil {
+		perRecord = 4
+	}
+	c.args = append(make([]any, 0, len(st.head)+perRecord*len(records)), st.head...)
 	for j, i := range records {
 		c.keys[j] = st.key(i)
 		if st.args != nil {
