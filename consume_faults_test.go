@@ -7,7 +7,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -44,7 +43,7 @@ func lateKeeper(t *testing.T, b *redistest.Backend, key string) (*Keeper, **Clai
 	rs, err := NewRedisStore(b.Client)
 	require.NoError(t, err)
 	var other *Claim
-	s := &lateClaims{RedisStore: rs, late: func() { other = takeOverAfterLease(t, b, "s", key) }}
+	s := &lateClaims{RedisStore: rs, late: func() { other = takeOver(t, b, "s", key) }}
 	k, err := New(s, WithLease(300*time.Millisecond), WithRetention(time.Minute))
 	require.NoError(t, err)
 	return k, &other
@@ -76,25 +75,6 @@ func TestConsumeDoesNotRunALateClaimTakenOver(t *testing.T) {
 	require.NotNil(t, *other, "another consumer holds the key")
 	assert.False(t, ran.Load(), "Consume ran a handler while another consumer held its key (token %d)", (*other).Token())
 	assert.Equal(t, MessageRetry, res[0].Status)
-}
-
-// takeOverAfterLease claims key with another Keeper once the first holder's
-// lease has run out in Redis, and returns that claim.
-func takeOverAfterLease(t *testing.T, b *redistest.Backend, scope, key string) *Claim {
-	t.Helper()
-	other := newKeeper(t, b, WithLease(time.Minute))
-	deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
-	for {
-		out, err := other.Begin(context.Background(), scope, key)
-		if err == nil {
-			require.NotNil(t, out.Claim)
-			require.True(t, out.Claim.Recovered())
-			return out.Claim
-		}
-		require.ErrorIs(t, err, ErrInProgress)
-		require.True(t, time.Now().Before(deadline), "the first lease never ran out")
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // TestConsumeRepeatedKeyWithOtherFingerprintIsRejected: two messages with
@@ -227,83 +207,13 @@ func batchClaimUnderOOM(t *testing.T, opts ...Option) {
 	assert.Equal(t, MessageReplayed, cons[1].Status, "a completed key is replayed: %v", cons[1].Err)
 }
 
-// hangingRenewals is a RedisStore whose renewals (Extend, ExtendBatch) hang
-// while hang is set, until release is closed, then fail as a timeout would.
-type hangingRenewals struct {
-	*RedisStore
-	mu      sync.Mutex
-	hang    bool
-	release chan struct{}
-	entered chan struct{}
-	once    sync.Once
-}
-
-func newHangingRenewals(t *testing.T, b *redistest.Backend) *hangingRenewals {
-	rs, err := NewRedisStore(b.Client)
-	require.NoError(t, err)
-	h := &hangingRenewals{RedisStore: rs, release: make(chan struct{}), entered: make(chan struct{})}
-	t.Cleanup(func() { h.unblock() })
-	return h
-}
-
-func (h *hangingRenewals) unblock() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	select {
-	case <-h.release:
-	default:
-		close(h.release)
-	}
-}
-
-func (h *hangingRenewals) setHang(v bool) {
-	h.mu.Lock()
-	h.hang = v
-	h.mu.Unlock()
-}
-
-// stuck blocks a renewal while hang is set; it reports whether it did.
-func (h *hangingRenewals) stuck(ctx context.Context) (bool, error) {
-	h.mu.Lock()
-	hang := h.hang
-	h.mu.Unlock()
-	if !hang {
-		return false, nil
-	}
-	h.once.Do(func() { close(h.entered) })
-	select {
-	case <-ctx.Done():
-		return true, ctx.Err()
-	case <-h.release:
-		return true, errors.New("read tcp 127.0.0.1: i/o timeout")
-	}
-}
-
-func (h *hangingRenewals) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	if hung, err := h.stuck(ctx); hung {
-		return err
-	}
-	return h.RedisStore.Extend(ctx, id, token, lease, keep)
-}
-
-func (h *hangingRenewals) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
-	if hung, err := h.stuck(ctx); hung {
-		errs := make([]error, len(claims))
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
-	}
-	return h.RedisStore.ExtendBatch(ctx, claims, lease, keep)
-}
-
 // TestConsumeCancelsWhenTheLeaseRunsOutDuringAHungRenewal: the same for
 // Consume, whose handlers' contexts are cancelled "if the renewals find its
 // lease lost": a hung ExtendBatch finds nothing, and the redelivery runs the
 // message beside the live handler.
 func TestConsumeCancelsWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	b := redistest.Real(t)
-	h := newHangingRenewals(t, b)
+	h := newHangingStore(t, b)
 	const lease = 600 * time.Millisecond
 	k, err := New(h, WithLease(lease), WithRetention(time.Minute))
 	require.NoError(t, err)
@@ -325,7 +235,7 @@ func TestConsumeCancelsWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	opCtx := <-started
 	<-h.entered
 
-	second := takeOverAfterLease(t, b, "s", "m1")
+	second := takeOver(t, b, "s", "m1")
 	t.Logf("redelivery took the message over with token %d while the first handler runs", second.Token())
 	select {
 	case <-opCtx.Done():
