@@ -12,8 +12,8 @@ import (
 var (
 	//go:embed lua/abandon.lua
 	abandonBody string
-	// abandonLua is abandon.lua after index_lib.lua, whose functions it uses.
-	abandonLua    = indexLib + abandonBody
+	// abandonLua is abandon.lua after lib.lua, whose functions it uses.
+	abandonLua    = scriptLib + abandonBody
 	abandonScript = redis.NewScript(abandonLua)
 )
 

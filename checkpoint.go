@@ -189,7 +189,10 @@ func withoutCheckpoint(cps []Checkpoint, name string) []Checkpoint {
 }
 
 //go:embed lua/checkpoint.lua
-var checkpointLua string
+var checkpointBody string
+
+// checkpointLua is checkpoint.lua after lib.lua, whose functions it uses.
+var checkpointLua = scriptLib + checkpointBody
 
 var checkpointScript = redis.NewScript(checkpointLua)
 

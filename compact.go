@@ -29,11 +29,15 @@ var (
 	//go:embed lua/compact_settle.lua
 	compactSettleLua string
 	//go:embed lua/compact_move.lua
-	compactMoveLua string
-	// indexLib holds the functions with which the operator scripts look in
-	// the index (inspect.lua, forget.lua, abandon.lua).
-	//go:embed lua/index_lib.lua
-	indexLib string
+	compactMoveBody string
+	// compactMoveLua is compact_move.lua after lib.lua, whose functions it
+	// uses.
+	compactMoveLua = scriptLib + compactMoveBody
+	// scriptLib holds the functions the scripts that read records and the
+	// index share (see lib.lua): it goes before inspect.lua, forget.lua,
+	// abandon.lua, checkpoint.lua and compact_move.lua.
+	//go:embed lua/lib.lua
+	scriptLib string
 
 	compactClaimScript  = redis.NewScript(compactClaimLua)
 	compactSettleScript = redis.NewScript(compactSettleLua)

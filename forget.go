@@ -15,8 +15,8 @@ import (
 var (
 	//go:embed lua/forget.lua
 	forgetBody string
-	// forgetLua is forget.lua after index_lib.lua, whose functions it uses.
-	forgetLua    = indexLib + forgetBody
+	// forgetLua is forget.lua after lib.lua, whose functions it uses.
+	forgetLua    = scriptLib + forgetBody
 	forgetScript = redis.NewScript(forgetLua)
 )
 

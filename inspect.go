@@ -15,8 +15,8 @@ import (
 var (
 	//go:embed lua/inspect.lua
 	inspectBody string
-	// inspectLua is inspect.lua after index_lib.lua, whose functions it uses.
-	inspectLua    = indexLib + inspectBody
+	// inspectLua is inspect.lua after lib.lua, whose functions it uses.
+	inspectLua    = scriptLib + inspectBody
 	inspectScript = redis.NewScript(inspectLua)
 )
 
@@ -262,7 +262,7 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 // operator script (inspect.lua, forget.lua, abandon.lua) reads the record
 // id at key rk and, when there is none, its compact claim or marker: the
 // index key, the entry's block and digest, and the start of the call
-// record keys and the layout (see index_lib.lua).
+// record keys and the layout (see lib.lua).
 func (s *RedisStore) withIndex(ctx context.Context, id, rk string, args ...any) ([]string, []any, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return nil, nil, err

@@ -6,7 +6,7 @@
 -- ARGV[1]  the fencing token of the claim whose lease ends (decimal)
 -- KEYS[2]  the index key of the record's entry, and ARGV[2] to ARGV[5] its
 --          block, digest, the start of the call record keys and the index's
---          layout (see index_lib.lua): when the key holds no record, a
+--          layout (see lib.lua): when the key holds no record, a
 --          compact claim of the token there is moved to a pending record of
 --          its own whose lease has ended (the call's other claims keep their
 --          shared lease), its place marked M and its entry taken out of the
@@ -23,7 +23,7 @@
 --                              of another token (a newer claim); as it is
 --   {5, reason}                the value is not a record of ours; nothing done
 -- A compact claim or marker left as it is (code 2) is answered in the form of
--- index_lib.lua's index_reply (9 elements); one moved is a record (code 1).
+-- lib.lua's index_reply (9 elements); one moved is a record (code 1).
 --
 -- The record is described as inspect.lua describes it. Only the lease end
 -- changes: to Redis's clock now, so that a claim finds the lease run out
@@ -72,7 +72,7 @@ if not v then
   end
   redis.call('SET', key, head, 'PX', keep)
   redis.call('SETRANGE', c.ck, c.at - 1, 'M')
-  index_drop(ikey, ix, blk, pos)
+  index_drop(ikey, ix[1], blk, pos)
   return {1, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local head, st, tok, cnt, rec, until_us, att, fp =
@@ -85,30 +85,12 @@ if not head then
   st = 'C'
 end
 
--- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
--- fields (see checkpoint.lua), read before anything is written.
+-- The checkpoints of a pending or released record, read before anything is
+-- written.
 local cps
-if #v > #head and (st == 'P' or st == 'R') then
-  local pos, n = #head + 1, 0
-  cps = {}
-  while pos <= #v do
-    local len = string.match(v, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return {5, 'checkpoints unreadable'}
-    end
-    local from = pos + #len + 1
-    pos = from + tonumber(len)
-    if pos > #v + 1 then
-      return {5, 'checkpoints unreadable'}
-    end
-    n = n + 1
-    if n % 2 == 1 then
-      cps[#cps + 1] = string.sub(v, from, pos - 1)
-    else
-      cps[#cps + 1] = tonumber(len)
-    end
-  end
-  if n % 2 ~= 0 then
+if st == 'P' or st == 'R' then
+  cps = checkpoint_list(v, #head + 1)
+  if cps == false then
     return {5, 'checkpoints unreadable'}
   end
 end
@@ -127,6 +109,6 @@ if st == 'P' and tok == token then
     redis.call('SET', key, v, 'KEEPTTL')
   end
 end
-local reply = {code, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+local reply = record_reply(code, key, v, head, t)
 reply[8] = cps
 return reply

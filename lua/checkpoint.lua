@@ -33,44 +33,16 @@ local v = redis.pcall('GET', key)
 local ttl = 'KEEPTTL'
 if not v and ARGV[5] and ARGV[5] ~= '' then
   local p, ck, ikey, block, d7 = tonumber(ARGV[5]), ARGV[8], ARGV[7], ARGV[6], ARGV[9]
-  local cv = redis.pcall('GET', ck)
-  if type(cv) == 'table' then
-    return {5, 'wrong type'}
+  local c, why = call_place(ck, p)
+  if why then
+    return {5, why}
   end
-  if not cv then
+  if not c or c.st ~= 'P' then
     return {0}
   end
-  local _, e, u, _, att, fpw = string.find(cv, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-  if not e then
-    return {5, 'unknown format'}
-  end
-  local w = tonumber(fpw)
-  local places = (#cv - e) / (1 + w)
-  if p < 1 or p > places or string.sub(cv, e + p, e + p) ~= 'P' then
-    return {0}
-  end
-  local fp = ''
-  if w > 0 then
-    local from = e + 1 + places + (p - 1) * w
-    fp = string.gsub(string.sub(cv, from, from + w - 1), '%.+$', '')
-  end
-  v = 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':'
-  redis.call('SETRANGE', ck, e + p - 1, 'M')
-  local blk = redis.call('HGET', ikey, block)
-  if blk then
-    local pos = string.find(blk, d7, 1, true)
-    while pos and pos % 16 ~= 1 do
-      pos = string.find(blk, d7, pos + 1, true)
-    end
-    if pos then
-      blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
-      if blk == '' then
-        redis.call('HDEL', ikey, block)
-      else
-        redis.call('HSET', ikey, block, blk)
-      end
-    end
-  end
+  v = 'i1P' .. token .. ':1:0:' .. c.until_us .. ':' .. c.att .. ':' .. c.fp .. ':'
+  redis.call('SETRANGE', ck, c.at - 1, 'M')
+  index_remove(ikey, block, d7)
   ttl = nil
 end
 if type(v) == 'table' then

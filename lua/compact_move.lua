@@ -109,21 +109,7 @@ for j = 1, k do
     redis.call('SET', KEYS[j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
     -- Its entry leaves the index.
     local block, d7 = ARGV[5 + 3 * j], ARGV[6 + 3 * j]
-    local blk = redis.call('HGET', ikey, block)
-    if blk then
-      local pos = string.find(blk, d7, 1, true)
-      while pos and pos % 16 ~= 1 do
-        pos = string.find(blk, d7, pos + 1, true)
-      end
-      if pos then
-        blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
-        if blk == '' then
-          redis.call('HDEL', ikey, block)
-        else
-          redis.call('HSET', ikey, block, blk)
-        end
-      end
-    end
+    index_remove(ikey, block, d7)
     st[p], changed = 77, true -- 'M'
     out[j] = 1
   elseif st[p] == 77 and moved(j) then

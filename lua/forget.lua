@@ -9,7 +9,7 @@
 --          record that holds checkpoints; anything else refuses them
 -- KEYS[2]  the index key of the record's entry, and ARGV[4] to ARGV[7] its
 --          block, digest, the start of the call record keys and the index's
---          layout (see index_lib.lua): when the key holds no record, a
+--          layout (see lib.lua): when the key holds no record, a
 --          compact claim or marker of the token there is forgotten instead,
 --          its place in its call record marked F and its entry taken out of
 --          the index
@@ -29,7 +29,7 @@
 --   {5, reason}                the value is not a record of ours; nothing done,
 --                              even when forced
 -- A compact claim or marker is answered with the same codes, in the form of
--- index_lib.lua's index_reply (9 elements).
+-- lib.lua's index_reply (9 elements).
 --
 -- The record is described as inspect.lua describes it. Safe to run twice for
 -- one call (go-redis retries a command whose reply was lost): the second run
@@ -65,7 +65,7 @@ if not v then
     return reply
   end
   redis.call('SETRANGE', c.ck, c.at - 1, 'F')
-  index_drop(ikey, ix, blk, pos)
+  index_drop(ikey, ix[1], blk, pos)
   return reply
 end
 local head, st, tok, until_us = string.match(v, '^(i1([PCR])(%d+):%d+:[01]:(%d+):[%w_%-]*:[%w_%-]*:)')
@@ -84,29 +84,11 @@ if not mine then
   return {0, t[1], t[2]}
 end
 
-local reply = {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
--- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
--- fields (see checkpoint.lua).
-if #v > #head and (st == 'P' or st == 'R') then
-  local cps, pos, n = {}, #head + 1, 0
-  while pos <= #v do
-    local len = string.match(v, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return {5, 'checkpoints unreadable'}
-    end
-    local from = pos + #len + 1
-    pos = from + tonumber(len)
-    if pos > #v + 1 then
-      return {5, 'checkpoints unreadable'}
-    end
-    n = n + 1
-    if n % 2 == 1 then
-      cps[#cps + 1] = string.sub(v, from, pos - 1)
-    else
-      cps[#cps + 1] = tonumber(len)
-    end
-  end
-  if n % 2 ~= 0 then
+local reply = record_reply(1, key, v, head, t)
+-- The checkpoints of a pending or released record.
+if st == 'P' or st == 'R' then
+  local cps = checkpoint_list(v, #head + 1)
+  if cps == false then
     return {5, 'checkpoints unreadable'}
   end
   reply[8] = cps

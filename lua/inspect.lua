@@ -3,7 +3,7 @@
 -- KEYS[1]  the record key
 -- KEYS[2]  the index key of its entry, and ARGV[1] to ARGV[4] its block,
 --          digest, the start of the call record keys and the index's layout
---          (see index_lib.lua); without them the index is not read
+--          (see lib.lua); without them the index is not read
 --
 -- Returns one of
 --   {0, now_s, now_us}                            no record at the key, and no
@@ -29,7 +29,7 @@
 --   {6, header, pttl_ms, rest_len, rest_head, now_s, now_us, 0, done_us}
 --                                                 no record at the key, but a
 --                                                 compact claim or a marker in the
---                                                 index (see index_lib.lua's
+--                                                 index (see lib.lua's
 --                                                 index_reply)
 --   {5, reason}                                   the value is not a record of ours
 --
@@ -67,32 +67,12 @@ local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
 if not head then
   return {5, 'unknown format'}
 end
-local reply = {1, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
--- The checkpoints of a pending or released record: LEN ":" NAME LEN ":" VALUE
--- fields (see checkpoint.lua). What cannot be read as checkpoints (written by
--- a later version, say) is left out, and left to the caller's other scripts.
+local reply = record_reply(1, key, v, head, t)
+-- The checkpoints of a pending or released record. What cannot be read as
+-- checkpoints (written by a later version, say) is left out, and left to the
+-- caller's other scripts.
 local st = string.sub(head, 3, 3)
-if #v > #head and (st == 'P' or st == 'R') then
-  local cps, pos, n = {}, #head + 1, 0
-  while pos <= #v do
-    local len = string.match(v, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return reply
-    end
-    local from = pos + #len + 1
-    pos = from + tonumber(len)
-    if pos > #v + 1 then
-      return reply
-    end
-    n = n + 1
-    if n % 2 == 1 then
-      cps[#cps + 1] = string.sub(v, from, pos - 1)
-    else
-      cps[#cps + 1] = tonumber(len)
-    end
-  end
-  if n % 2 == 0 then
-    reply[8] = cps
-  end
+if st == 'P' or st == 'R' then
+  reply[8] = checkpoint_list(v, #head + 1) or nil
 end
 return reply
