@@ -21,35 +21,17 @@ type abandonOutcome struct {
 // record: the next claim takes it over at once, told it is recovered, with
 // the attempt count and the checkpoints.
 func abandonCmd(ctx context.Context, g *globals, args []string, con console) error {
-	var (
-		t     target
-		yes   bool
-		token int64
-	)
+	var t shown
 	fs := flag.NewFlagSet("abandon", flag.ContinueOnError)
 	fs.SetOutput(con.err)
-	t.flags(fs)
-	fs.BoolVar(&yes, "yes", false, "abandon without asking (required when the input is not a terminal)")
-	fs.Int64Var(&token, "token", 0, "abandon the claim only if its token is this one, as inspect showed it (default: the token of the record shown now)")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON instead of text")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := t.parse(fs); err != nil {
-		return err
-	}
-	if token < 0 {
-		return fmt.Errorf("%w: abandon: -token %d is not a token", errUsage, token)
-	}
-	c, err := t.open(ctx, g)
+	t.flags(fs, g, "abandon", "abandon the claim")
+	c, r, err := t.open(ctx, g, fs, args)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	r, err := t.inspect(ctx, c)
+	token := t.token
 	switch {
-	case err != nil:
-		return err
 	case token != 0 && r.State != idem.StateAbsent && r.Token != token:
 		return changedClaim(con, g, token, r)
 	case r.State != idem.StatePending:
@@ -57,7 +39,7 @@ func abandonCmd(ctx context.Context, g *globals, args []string, con console) err
 	case r.LeaseLeft <= 0:
 		return reportAbandon(con, g, r, false) // over already: nothing to do
 	}
-	if !yes {
+	if !t.yes {
 		notes := []string{
 			"abandoned, its lease ends now and the record is kept: the next claim takes the key over at once,",
 			"told it is recovered, with the attempt count and the checkpoints. Abandon only a claim whose holder",

@@ -21,35 +21,20 @@ type forgetOutcome struct {
 // showed: a claim made meanwhile is never the one removed.
 func forgetCmd(ctx context.Context, g *globals, args []string, con console) error {
 	var (
-		t          target
-		force, yes bool
-		token      int64
+		t     shown
+		force bool
 	)
 	fs := flag.NewFlagSet("forget", flag.ContinueOnError)
 	fs.SetOutput(con.err)
-	t.flags(fs)
+	t.flags(fs, g, "remove", "remove the record")
 	fs.BoolVar(&force, "force", false, "remove the record even when an attempt holds a live lease on it, or it holds checkpoints: the holder's completion then fails (idem.ErrLeaseLost), and the next call runs the operation again from its first step, beside the holder if it still runs")
-	fs.BoolVar(&yes, "yes", false, "remove without asking (required when the input is not a terminal)")
-	fs.Int64Var(&token, "token", 0, "remove the record only if its token is this one, as inspect showed it (default: the token of the record shown now)")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON instead of text")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := t.parse(fs); err != nil {
-		return err
-	}
-	if token < 0 {
-		return fmt.Errorf("%w: forget: -token %d is not a token", errUsage, token)
-	}
-	c, err := t.open(ctx, g)
+	c, r, err := t.open(ctx, g, fs, args)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	r, err := t.inspect(ctx, c)
+	token := t.token
 	switch {
-	case err != nil:
-		return err
 	case r.State == idem.StateAbsent:
 		return reportForget(con, g, r, false)
 	case token != 0 && r.Token != token:
@@ -57,7 +42,7 @@ func forgetCmd(ctx context.Context, g *globals, args []string, con console) erro
 	case !force && (r.State == idem.StatePending && r.LeaseLeft > 0 || len(r.Checkpoints) > 0):
 		return refuse(con, g, r)
 	}
-	if !yes {
+	if !t.yes {
 		if err := confirm(con, r, "forget this record?", forgetConsequences(r)); err != nil {
 			return err
 		}

@@ -66,3 +66,45 @@ func (t *target) inspect(ctx context.Context, c *conn) (idem.Record, error) {
 	}
 	return r, err
 }
+
+// shown is the target of a command that acts on the record it shows, named
+// by its fencing token (forget, abandon), with the flags they share: -yes
+// and -token (and -json).
+type shown struct {
+	target
+	yes   bool
+	token int64
+}
+
+// flags adds the target's flags, -yes, -token and -json to fs; yes and
+// token say what the command does without asking, or by the token.
+func (s *shown) flags(fs *flag.FlagSet, g *globals, yes, token string) {
+	s.target.flags(fs)
+	fs.BoolVar(&s.yes, "yes", false, yes+" without asking (required when the input is not a terminal)")
+	fs.Int64Var(&s.token, "token", 0, token+" only if its token is this one, as inspect showed it (default: the token of the record shown now)")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON instead of text")
+}
+
+// open parses args, opens the store and reads the record the command shows
+// and acts on. The caller closes the connection.
+func (s *shown) open(ctx context.Context, g *globals, fs *flag.FlagSet, args []string) (*conn, idem.Record, error) {
+	if err := parseFlags(fs, args); err != nil {
+		return nil, idem.Record{}, err
+	}
+	if err := s.parse(fs); err != nil {
+		return nil, idem.Record{}, err
+	}
+	if s.token < 0 {
+		return nil, idem.Record{}, fmt.Errorf("%w: %s: -token %d is not a token", errUsage, fs.Name(), s.token)
+	}
+	c, err := s.target.open(ctx, g)
+	if err != nil {
+		return nil, idem.Record{}, err
+	}
+	r, err := s.inspect(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, idem.Record{}, err
+	}
+	return c, r, nil
+}
