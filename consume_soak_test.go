@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -55,42 +54,17 @@ import (
 // Consume call that acknowledged the message (counted from when that call
 // began, which is before Redis stored the marker).
 func TestSoakConsume(t *testing.T) {
-	if os.Getenv("IDEM_SOAK") != "1" {
-		t.Skip("the soak runs only with IDEM_SOAK=1 (IDEM_SOAK_N claims per target, default 1000000; IDEM_SOAK_LIMIT per target, default 10m; give go test -timeout 60m)")
-	}
-	n := int64(1_000_000)
-	if s := os.Getenv("IDEM_SOAK_N"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		require.NoError(t, err, "IDEM_SOAK_N")
-		n = v
-	}
-	limit := 10 * time.Minute
-	if s := os.Getenv("IDEM_SOAK_LIMIT"); s != "" {
-		v, err := time.ParseDuration(s)
-		require.NoError(t, err, "IDEM_SOAK_LIMIT")
-		limit = v
-	}
+	n, limit := soakSettings(t)
 	t.Run("single", func(t *testing.T) {
 		srv := redistest.Start(t)
 		p := newFaultProxy(t, srv.Addr, 2025)
-		c := redis.NewClient(&redis.Options{
-			Addr: p.Addr(), ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond,
-			DialTimeout: time.Second, PoolSize: 256,
-			MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 8 * time.Millisecond,
-		})
-		t.Cleanup(func() { c.Close() })
+		c := soakClient(t, p.Addr(), 256)
 		p.Set(faultproxy.Faults{Cut: 0.001, DropReply: 0.001, Delay: 300 * time.Millisecond, Slow: 0.0005})
 		stop := cutEvery(p, 5*time.Second)
 		runConsumeSoak(t, c, srv.Client(t), n, limit, func() string { return fmt.Sprintf("proxy %+v", p.Stats()) }, stop)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		cl := redistest.StartCluster(t, 3, 0)
-		addrs := make([]string, len(cl.Masters))
-		for i, m := range cl.Masters {
-			addrs[i] = m.Addr
-		}
-		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 256})
-		t.Cleanup(func() { cc.Close() })
+		cc := soakCluster(t, 256)
 		runConsumeSoak(t, cc, cc, n, limit, func() string { return "no proxy" }, func() {})
 	})
 }

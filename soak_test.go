@@ -58,30 +58,11 @@ import (
 // lost, or one that never lost it); in that mode only the second kind must
 // be 0.
 func TestSoak(t *testing.T) {
-	if os.Getenv("IDEM_SOAK") != "1" {
-		t.Skip("the soak runs only with IDEM_SOAK=1 (IDEM_SOAK_N claims per target, default 1000000; IDEM_SOAK_LIMIT per target, default 10m; give go test -timeout 60m)")
-	}
-	n := int64(1_000_000)
-	if s := os.Getenv("IDEM_SOAK_N"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		require.NoError(t, err, "IDEM_SOAK_N")
-		n = v
-	}
-	limit := 10 * time.Minute
-	if s := os.Getenv("IDEM_SOAK_LIMIT"); s != "" {
-		v, err := time.ParseDuration(s)
-		require.NoError(t, err, "IDEM_SOAK_LIMIT")
-		limit = v
-	}
+	n, limit := soakSettings(t)
 	t.Run("single", func(t *testing.T) {
 		srv := redistest.Start(t)
 		p := newFaultProxy(t, srv.Addr, 2024)
-		c := redis.NewClient(&redis.Options{
-			Addr: p.Addr(), ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond,
-			DialTimeout: time.Second, PoolSize: 1024,
-			MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 8 * time.Millisecond,
-		})
-		t.Cleanup(func() { c.Close() })
+		c := soakClient(t, p.Addr(), 1024)
 		p.Set(faultproxy.Faults{Cut: 0.002, DropReply: 0.002, Delay: 300 * time.Millisecond, Slow: 0.0005})
 		stop := cutEvery(p, 5*time.Second)
 		var renew redis.Scripter = srv.Client(t) // holders renew on time
@@ -92,15 +73,56 @@ func TestSoak(t *testing.T) {
 		runSoak(t, c, renew, srv.Client(t), n, limit, func() string { return fmt.Sprintf("proxy %+v", p.Stats()) }, stop)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		cl := redistest.StartCluster(t, 3, 0)
-		addrs := make([]string, len(cl.Masters))
-		for i, m := range cl.Masters {
-			addrs[i] = m.Addr
-		}
-		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 1024})
-		t.Cleanup(func() { cc.Close() })
+		cc := soakCluster(t, 1024)
 		runSoak(t, cc, nil, cc, n, limit, func() string { return "no proxy" }, func() {})
 	})
+}
+
+// soakSettings skips the test unless IDEM_SOAK=1 and returns the claims to
+// make per target (IDEM_SOAK_N, default 1,000,000) and the time after which
+// a target stops making them (IDEM_SOAK_LIMIT, default 10m).
+func soakSettings(t *testing.T) (n int64, limit time.Duration) {
+	t.Helper()
+	if os.Getenv("IDEM_SOAK") != "1" {
+		t.Skip("the soak runs only with IDEM_SOAK=1 (IDEM_SOAK_N claims per target, default 1000000; IDEM_SOAK_LIMIT per target, default 10m; give go test -timeout 60m)")
+	}
+	n, limit = 1_000_000, 10*time.Minute
+	if s := os.Getenv("IDEM_SOAK_N"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		require.NoError(t, err, "IDEM_SOAK_N")
+		n = v
+	}
+	if s := os.Getenv("IDEM_SOAK_LIMIT"); s != "" {
+		v, err := time.ParseDuration(s)
+		require.NoError(t, err, "IDEM_SOAK_LIMIT")
+		limit = v
+	}
+	return n, limit
+}
+
+// soakClient is a client of addr (a fault proxy) with short timeouts and
+// go-redis's retries of a lost reply, and pool connections.
+func soakClient(t *testing.T, addr string, pool int) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr: addr, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond,
+		DialTimeout: time.Second, PoolSize: pool,
+		MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 8 * time.Millisecond,
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// soakCluster starts a 3-master Cluster and returns a client of it with
+// pool connections per node.
+func soakCluster(t *testing.T, pool int) *redis.ClusterClient {
+	cl := redistest.StartCluster(t, 3, 0)
+	addrs := make([]string, len(cl.Masters))
+	for i, m := range cl.Masters {
+		addrs[i] = m.Addr
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: pool})
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // errSoakFailed is the error of an operation that fails (its key is
