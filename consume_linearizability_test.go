@@ -44,20 +44,12 @@ func newBatchLinRecorder(s cfStore) *batchLinRecorder {
 
 func (r *batchLinRecorder) since() int64 { return time.Since(r.base).Nanoseconds() }
 
-// add records in id's history a call made at call that answered out and err:
-// ErrLeaseLost is an answer; any other error leaves the outcome unknown.
+// add records in id's history a call made at call that answered out and err
+// (see linOperation).
 func (r *batchLinRecorder) add(ctx context.Context, id string, in linInput, call int64, out linOutput, err error) {
-	ret := r.since()
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrLeaseLost):
-		out = linOutput{leaseLost: true}
-	default:
-		out, ret = linOutput{unknown: true}, linUnknownReturn
-	}
-	client, _ := ctx.Value(linClientKey{}).(int)
+	op := linOperation(ctx, in, call, r.since(), out, err)
 	r.mu.Lock()
-	r.ops[id] = append(r.ops[id], porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+	r.ops[id] = append(r.ops[id], op)
 	r.mu.Unlock()
 }
 

@@ -353,10 +353,18 @@ func newLinRecorder(s Store) *linRecorder { return &linRecorder{Store: s, base: 
 
 func (r *linRecorder) since() int64 { return time.Since(r.base).Nanoseconds() }
 
-// add records a call made at call that answered out and err: ErrLeaseLost is
-// an answer; any other error leaves the outcome unknown.
+// add records a call made at call that answered out and err.
 func (r *linRecorder) add(ctx context.Context, in linInput, call int64, out linOutput, err error) {
-	ret := r.since()
+	op := linOperation(ctx, in, call, r.since(), out, err)
+	r.mu.Lock()
+	r.ops = append(r.ops, op)
+	r.mu.Unlock()
+}
+
+// linOperation is the operation of a call made at call that returned at ret,
+// answering out and err, by the client ctx names: ErrLeaseLost is an
+// answer; any other error leaves the outcome unknown.
+func linOperation(ctx context.Context, in linInput, call, ret int64, out linOutput, err error) porcupine.Operation {
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrLeaseLost):
@@ -365,9 +373,7 @@ func (r *linRecorder) add(ctx context.Context, in linInput, call int64, out linO
 		out, ret = linOutput{unknown: true}, linUnknownReturn
 	}
 	client, _ := ctx.Value(linClientKey{}).(int)
-	r.mu.Lock()
-	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
-	r.mu.Unlock()
+	return porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret}
 }
 
 func (r *linRecorder) history() []porcupine.Operation {
