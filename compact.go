@@ -206,7 +206,60 @@ const redisClusterSlots = slot.Slots
 
 // describe is the layout as the index keys record it.
 func (l *compactLayout) describe() string {
-	return "v1 scale=" + strconv.FormatInt(l.scale, 10)
+	return layoutPrefix + strconv.FormatInt(l.scale, 10)
+}
+
+// layoutPrefix starts the layout an index key records, before its scale.
+const layoutPrefix = "v1 scale="
+
+// parseLayout reads the scale of a layout that describe wrote; false for
+// one this version does not know.
+func parseLayout(layout string) (int64, bool) {
+	rest, ok := strings.CutPrefix(layout, layoutPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	return n, err == nil && n >= 1 && n <= MaxMarkerScale
+}
+
+// RecordedMarkerScale reads the marker scale that the index of the store's
+// prefix records (see WithMarkerScale), so that a tool can open a store
+// laid out as the prefix is: the scale and true, or false when the prefix
+// has no index key yet (any scale may then be chosen). It scans each node
+// of the store's client for the prefix's index keys, until one holds a
+// layout. A layout this version does not know is ErrInvalidConfig; a
+// client that cannot scan (see Scan) is refused as Scan refuses it.
+func (s *RedisStore) RecordedMarkerScale(ctx context.Context) (int64, bool, error) {
+	nodes, err := s.scanNodes(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	match := escapeGlob(s.prefix) + "i:*"
+	if s.compact.cluster {
+		match = escapeGlob(s.prefix) + "{*}i"
+	}
+	for _, node := range nodes {
+		iter := node.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			layout, err := node.HGet(ctx, iter.Val(), "").Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if err != nil {
+				return 0, false, storeError(ctx, "reading the index's layout", err)
+			}
+			n, ok := parseLayout(layout)
+			if !ok {
+				return 0, false, fmt.Errorf("%w: the index of prefix %q is laid out as %q, which this version does not know", ErrInvalidConfig, s.prefix, layout)
+			}
+			return n, true, nil
+		}
+		if err := iter.Err(); err != nil {
+			return 0, false, storeError(ctx, "listing the index keys", err)
+		}
+	}
+	return 0, false, nil
 }
 
 // indexDigest writes the digest of record id the index places and knows

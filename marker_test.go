@@ -460,3 +460,32 @@ func TestMarkerEntryIsKnownByMoreThanItsBytes(t *testing.T) {
 		assert.Equal(t, StatusClaimed, got[1].Reply.Status, "c is not a")
 	})
 }
+
+// TestRecordedMarkerScale: a store reads the scale its prefix's index
+// records, whatever its own: none before anything is written, the scale of
+// the store that wrote, and ErrInvalidConfig for a layout it does not know.
+func TestRecordedMarkerScale(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		reader, err := NewRedisStore(b.Client)
+		require.NoError(t, err)
+		_, found, err := reader.RecordedMarkerScale(ctx)
+		require.NoError(t, err)
+		assert.False(t, found, "no index yet")
+
+		writer, err := NewRedisStore(b.Client, WithMarkerScale(1000))
+		require.NoError(t, err)
+		k, err := New(writer)
+		require.NoError(t, err)
+		_, err = Consume(ctx, k, "s", msgs("m1", "m2"), msgID, func(context.Context, msg) error { return nil })
+		require.NoError(t, err)
+		n, found, err := reader.RecordedMarkerScale(ctx)
+		require.NoError(t, err)
+		assert.True(t, found)
+		assert.EqualValues(t, 1000, n, "the writer's scale, not the reader's")
+
+		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v9 something").Err())
+		_, _, err = reader.RecordedMarkerScale(ctx)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+	})
+}

@@ -104,6 +104,7 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 type scanClient interface {
 	redis.Scripter
 	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+	HGet(ctx context.Context, key, field string) *redis.StringCmd
 	Pipeline() redis.Pipeliner
 }
 
