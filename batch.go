@@ -320,17 +320,16 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 
 // asMarker returns the result env of claim c, whose fence is f, and how
 // long to keep it, keep being its retention: a compact claim's empty result
-// is kept as a marker for the marker retention; so is one of a claim of a
-// compact call kept in a record of its own (a takeover, a claim after a
-// release), with markerEnvelope, so that it answers as a marker does.
+// is kept as a marker for the marker retention, answering as an empty
+// result for the retention keep; so is one of a claim of a compact call
+// kept in a record of its own (a takeover, a claim after a release). Both
+// carry markerEnvelope, which says when the retention ends, so that they
+// answer as a marker does.
 func (k *Keeper) asMarker(f Fence, c *Claim, env []byte, keep time.Duration) ([]byte, time.Duration) {
 	if !isEmptyResult(env) || f.Ref == 0 && !c.marks {
 		return env, keep
 	}
-	if f.Ref == 0 {
-		env = markerEnvelope(k.now().Add(keep))
-	}
-	return env, max(keep, k.policy.markerRetention)
+	return markerEnvelope(k.now().Add(keep)), max(keep, k.policy.markerRetention)
 }
 
 // emptyBytes is the envelope of an empty kindBytes result, which Consume

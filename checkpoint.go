@@ -210,7 +210,7 @@ func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string
 	key := s.key(f.ID)
 	e := s.entryAt(f.ID, key)
 	return s.checkpoint(ctx, []string{key}, []any{f.Token, name, value, MaxCheckpoints,
-		f.Ref, string(e.block[:]), e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10), string(e.d7[:]), millis(keep)})
+		f.Ref, string(e.d8[:]), e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10), millis(keep)})
 }
 
 // checkpoint runs checkpoint.lua on keys with args.

@@ -8,9 +8,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"iter"
-	"math/bits"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,17 +22,19 @@ import (
 // lua/compact_claim.lua for the layout.
 var (
 	//go:embed lua/compact_claim.lua
-	compactClaimLua string
+	compactClaimBody string
 	//go:embed lua/compact_settle.lua
-	compactSettleLua string
+	compactSettleBody string
 	//go:embed lua/compact_move.lua
 	compactMoveBody string
-	// compactMoveLua is compact_move.lua after lib.lua, whose functions it
-	// uses.
-	compactMoveLua = scriptLib + compactMoveBody
+	// The compact scripts are their files after lib.lua, whose functions
+	// they use.
+	compactClaimLua  = scriptLib + compactClaimBody
+	compactSettleLua = scriptLib + compactSettleBody
+	compactMoveLua   = scriptLib + compactMoveBody
 	// scriptLib holds the functions the scripts that read records and the
-	// index share (see lib.lua): it goes before inspect.lua, forget.lua,
-	// abandon.lua, checkpoint.lua and compact_move.lua.
+	// index share (see lib.lua): it goes before every script that reads the
+	// index or a call record.
 	//go:embed lua/lib.lua
 	scriptLib string
 
@@ -44,24 +43,15 @@ var (
 	compactMoveScript   = redis.NewScript(compactMoveLua)
 )
 
-// Defaults of the markers.
-const (
-	// DefaultMarkerRetention is how long a marker answers for a handled
-	// message unless WithMarkerRetention says otherwise: 7 days.
-	DefaultMarkerRetention = 7 * 24 * time.Hour
-	// DefaultMarkerScale is how many markers (and compact claims) a
-	// RedisStore's index is sized for unless WithMarkerScale says
-	// otherwise: 2^21, about two million.
-	DefaultMarkerScale = 1 << 21
-	// MaxMarkerScale is the largest WithMarkerScale: 2^34, about 17 billion.
-	MaxMarkerScale = 1 << 34
-)
+// DefaultMarkerRetention is how long a marker answers for a handled
+// message unless WithMarkerRetention says otherwise: 7 days.
+const DefaultMarkerRetention = 7 * 24 * time.Hour
 
 // WithMarkerRetention sets how long a message handled by Consume (or a
 // claim made by BeginBatch with WithCompactClaims and completed with an
 // empty result) is remembered: for that long a redelivery is answered
 // "handled before" (MessageReplayed) instead of running again. Such a
-// message leaves a marker, about 22 bytes in Redis (see WithMarkerScale),
+// message leaves a marker, about 22 bytes in Redis,
 // instead of a record. For as long as the retention, Begin and Do answer
 // such a key as completed with an empty result; after the retention and
 // within the marker retention they answer ErrResultExpired: the operation
@@ -72,38 +62,14 @@ func WithMarkerRetention(d time.Duration) Option {
 	return Option{name: "WithMarkerRetention", to: toKeeper, set: func(s *settings) { s.policy.markerRetention, s.policy.markerSet = d, true }}
 }
 
-// WithMarkerScale sizes a RedisStore's index of compact claims and markers
-// for about n of them held at once: the messages handled within the marker
-// retention, and the claims in progress. The index keeps an entry of 16
-// bytes per claim or marker, in blocks of about 32 (n/32 blocks, rounded up
-// to a power of two, a million to an index key; on a Cluster, one index key
-// per slot): 21 to 24 bytes per marker in all. A store that holds many more
-// than n markers still answers right, with larger blocks (each claim reads
-// and writes its block, so a claim costs Redis a little more); one that
-// holds far fewer pays the blocks' own cost, about 60 bytes each.
+// WithMarkerScale was how a RedisStore's index of compact claims and
+// markers was sized. The index now sizes itself: it grows a block at a time
+// as markers come and shrinks as they go, whatever their number, so n is
+// ignored and every store on a prefix reads the same index.
 //
-// On a Cluster a call keeps compactly only the records of one slot, and
-// only when it has at least four of them there: the ids of a batch fall in
-// slots at random, so a batch of 500 puts one or two records in each of
-// about 490 slots, and those are kept in records (completed as markers:
-// the same answers and retentions, about 230 bytes each). Markers pay on a
-// Cluster only for batches of tens of thousands of messages.
-//
-// The scale is declared, not observed: where an id's entry lives follows
-// from it, so every RedisStore on a prefix, WithoutMarkers ones included,
-// must have the same. Each index key records it (in its field ""), and a
-// store of another scale is refused with ErrInvalidConfig at its first call
-// that meets such a key, before anything is written. To change the scale,
-// move to a new prefix. n must be 1 to MaxMarkerScale. Default:
-// DefaultMarkerScale (about two million). Applies to a RedisStore.
-//
-// An entry holds 56 bits of the id's digest; its block and index key are
-// chosen by other bits. A key that has no entry is taken for one that has
-// when another id's entry in its block holds the same 56 bits: a chance of
-// about 32 in 2^56 (4e-16) for each claim of a new key while the store
-// holds at most n entries, and more in proportion past that.
+// Deprecated: the index sizes itself; remove the option.
 func WithMarkerScale(n int64) Option {
-	return Option{name: "WithMarkerScale", to: toStore, set: func(s *settings) { s.markerScale = n }}
+	return Option{name: "WithMarkerScale", to: toStore, set: func(*settings) {}}
 }
 
 // WithoutMarkers turns compact claims off: Consume keeps each message's
@@ -111,7 +77,7 @@ func WithMarkerScale(n int64) Option {
 // retention, and a RedisStore made with it never claims compactly. It still
 // reads the markers and compact claims others left on its prefix, and
 // answers them as a Keeper with markers does, so that Keepers with and
-// without markers can share a prefix (with the same WithMarkerScale).
+// without markers can share a prefix.
 // Default: markers on. Applies to a Keeper and a RedisStore.
 func WithoutMarkers() Option {
 	return Option{name: "WithoutMarkers", to: toKeeper | toStore, set: func(s *settings) { s.noMarkers = true }}
@@ -137,137 +103,47 @@ func WithCompactClaims() Option {
 // The operation must not run again, and there is nothing to replay.
 var ErrResultExpired = errors.New("idem: the operation completed; its result is no longer kept")
 
-// blockFill is how many entries a block of the index holds when the store
-// holds as many claims and markers as its scale: 32 entries of 16 bytes, a
-// value of 512 bytes in a hash Redis keeps as a hash table, whose own cost
-// (its field, its slot in the table, the allocator's rounding) is about 2
-// to 4 bytes an entry.
-const blockFill = 32
-
-// maxBlocks is the most blocks one index key holds: 2^20, some 32 million
-// entries at the fill, about 700 MB. A store of a larger scale spreads its
-// index over several keys.
-const maxBlocks = 1 << 20
-
-// compactLayout is how a RedisStore lays its index of compact claims out:
-// index keys (hashes), each of blocks (their fields), each of entries.
+// compactLayout is where a RedisStore keeps its index of compact claims
+// and markers: one index key on one server, one per slot on a Cluster. Each
+// index key sizes itself (see lib.lua): where an entry lives within it
+// follows from the key's own state, which every script reads, never from a
+// setting of the store.
 type compactLayout struct {
-	// scale is WithMarkerScale's n.
-	scale int64
-	// blocks is how many blocks an index key has, keys how many index
-	// keys there are (on one server; on a Cluster, one per slot): blocks
-	// times keys is scale / blockFill, rounded up to a power of two.
-	blocks, keys int64
-	// sweepArg is, as a script argument, the entries of a block past which
-	// a new entry sweeps it of stale ones.
-	sweepArg string
 	// cluster is set for a *redis.ClusterClient: each slot has its own index
 	// key and call records, so that a record and its entry share a slot.
 	cluster bool
-	// keyNames holds the names of the index keys: on one server, of each;
-	// on a Cluster, of each slot's.
+	// keyNames holds the names of the index keys: on one server, the one;
+	// on a Cluster, each slot's.
 	keyNames []string
-	// desc is describe(), which every index key holds in its field "", so
-	// that a store of another layout sees that it is.
-	desc string
 }
 
-func newCompactLayout(scale int64, cluster bool, prefix string) (*compactLayout, error) {
-	if scale < 1 || scale > MaxMarkerScale {
-		return nil, fmt.Errorf("%w: marker scale %d is not between 1 and %d", ErrInvalidConfig, scale, int64(MaxMarkerScale))
-	}
-	l := &compactLayout{scale: scale}
-	l.desc = l.describe()
-	total := int64(1) << bits.Len64(uint64((scale+blockFill-1)/blockFill-1))
+func newCompactLayout(cluster bool, prefix string) *compactLayout {
+	l := &compactLayout{cluster: cluster}
 	if cluster {
-		l.cluster = true
-		l.blocks, l.keys = max(1, total/redisClusterSlots), 1
-	} else {
-		l.blocks = min(total, maxBlocks)
-		l.keys = total / l.blocks
-	}
-	l.sweepArg = strconv.Itoa(4 * blockFill)
-	if l.cluster {
 		l.keyNames = make([]string, redisClusterSlots)
 		for slot := range l.keyNames {
 			l.keyNames[slot] = prefix + "{" + slotTag(uint16(slot)) + "}i"
 		}
 	} else {
-		l.keyNames = make([]string, l.keys)
-		for n := range l.keyNames {
-			l.keyNames[n] = prefix + "i:" + strconv.Itoa(n)
-		}
+		// i:0, the name an index of the first layout had: a store of this
+		// version refuses it rather than miss its markers.
+		l.keyNames = []string{prefix + "i:0"}
 	}
-	return l, nil
+	return l
 }
 
 // redisClusterSlots is the number of hash slots of a Redis Cluster.
 const redisClusterSlots = slot.Slots
 
-// describe is the layout as the index keys record it.
-func (l *compactLayout) describe() string {
-	return layoutPrefix + strconv.FormatInt(l.scale, 10)
-}
-
-// layoutPrefix starts the layout an index key records, before its scale.
-const layoutPrefix = "v1 scale="
-
-// parseLayout reads the scale of a layout that describe wrote; false for
-// one this version does not know.
-func parseLayout(layout string) (int64, bool) {
-	rest, ok := strings.CutPrefix(layout, layoutPrefix)
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(rest, 10, 64)
-	return n, err == nil && n >= 1 && n <= MaxMarkerScale
-}
-
-// RecordedMarkerScale reads the marker scale that the index of the store's
-// prefix records (see WithMarkerScale), so that a tool can open a store
-// laid out as the prefix is: the scale and true, or false when the prefix
-// has no index key yet (any scale may then be chosen). It scans each node
-// of the store's client for the prefix's index keys, until one holds a
-// layout. A layout this version does not know is ErrInvalidConfig; a
-// client that cannot scan (see Scan) is refused as Scan refuses it.
-func (s *RedisStore) RecordedMarkerScale(ctx context.Context) (int64, bool, error) {
-	nodes, err := s.scanNodes(ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	match := escapeGlob(s.prefix) + "i:*"
-	if s.compact.cluster {
-		match = escapeGlob(s.prefix) + "{*}i"
-	}
-	for _, node := range nodes {
-		iter := node.Scan(ctx, 0, match, 1000).Iterator()
-		for iter.Next(ctx) {
-			layout, err := node.HGet(ctx, iter.Val(), "").Result()
-			if errors.Is(err, redis.Nil) {
-				continue
-			}
-			if err != nil {
-				return 0, false, storeError(ctx, "reading the index's layout", err)
-			}
-			n, ok := parseLayout(layout)
-			if !ok {
-				return 0, false, fmt.Errorf("%w: the index of prefix %q is laid out as %q, which this version does not know", ErrInvalidConfig, s.prefix, layout)
-			}
-			return n, true, nil
-		}
-		if err := iter.Err(); err != nil {
-			return 0, false, storeError(ctx, "listing the index keys", err)
-		}
-	}
-	return 0, false, nil
-}
-
 // indexDigest writes the digest of record id the index places and knows
 // its entry by into dst: the 16 bytes of SHA-256 a Keeper's id is in
-// base64url, or the first 16 bytes of the SHA-256 of an id of another form.
+// canonical base64url, or the first 16 bytes of the SHA-256 of an id of
+// any other form (one whose last character carries padding bits that are
+// not zero included, so that two ids never share a digest by their
+// encoding).
 func indexDigest(dst *[16]byte, id string) {
 	if len(id) == idLen {
-		if _, err := base64.RawURLEncoding.Decode(dst[:], []byte(id)); err == nil {
+		if n, err := base64.RawURLEncoding.Strict().Decode(dst[:], []byte(id)); err == nil && n == len(dst) {
 			return
 		}
 	}
@@ -275,17 +151,14 @@ func indexDigest(dst *[16]byte, id string) {
 	copy(dst[:], sum[:16])
 }
 
-// entryOf is where the index keeps the entry of record id: its index key,
-// its block (a field of that key) and the first 7 bytes of its digest,
-// which the entry starts with. The block and the key are chosen by other
-// bytes of the digest than those 7, so that an entry is known by 56 bits
-// of the digest and by as many more as choose its block and key: two ids
-// share an entry's place and its 56 bits with a chance of 2^-56 times the
-// entries of the block, about 32 at the scale declared.
+// entryOf is where the index keeps the entry of record id: its index key
+// and the first 8 bytes of its digest, which the entry starts with; bytes 5
+// to 8 of those choose its block (see lib.lua). Within a block every entry
+// shares the low bits of those 4 bytes that chose it, so an entry is told
+// from the others of its block by the remaining 64 - log2(blocks) bits.
 type entryOf struct {
-	key   string
-	block [3]byte
-	d7    [7]byte
+	key string
+	d8  [8]byte
 }
 
 // entry returns where the index keeps the entry of record id.
@@ -295,15 +168,12 @@ func (s *RedisStore) entry(id string) entryOf { return s.entryAt(id, s.key(id)) 
 func (s *RedisStore) entryAt(id, key string) entryOf {
 	var d [16]byte
 	indexDigest(&d, id)
-	l := s.compact
 	var e entryOf
-	copy(e.d7[:], d[:7])
-	b := (int64(d[8])<<16 | int64(d[9])<<8 | int64(d[10])) % l.blocks
-	e.block = [3]byte{byte(b >> 16), byte(b >> 8), byte(b)}
-	if l.cluster {
-		e.key = l.keyNames[keySlot(key)]
+	copy(e.d8[:], d[:8])
+	if s.compact.cluster {
+		e.key = s.compact.keyNames[keySlot(key)]
 	} else {
-		e.key = l.keyNames[(int64(d[11])<<8|int64(d[12]))%l.keys]
+		e.key = s.compact.keyNames[0]
 	}
 	return e
 }
@@ -393,11 +263,7 @@ func (s *RedisStore) layoutReady(ctx context.Context) error {
 				return err
 			}
 			if strings.Contains(info, "cluster_enabled:1") {
-				l, err := newCompactLayout(s.compact.scale, true, s.prefix)
-				if err != nil {
-					return err
-				}
-				s.compact = l
+				s.compact = newCompactLayout(true, s.prefix)
 			}
 		}
 	}
@@ -405,9 +271,9 @@ func (s *RedisStore) layoutReady(ctx context.Context) error {
 	return nil
 }
 
-// errLayout is what a script answers when the index it is given was laid
-// out for another scale: its error starts with layoutErrPrefix, then the
-// layout found.
+// layoutErrPrefix starts what a script answers when the index key it is
+// given is of another layout (written by another version of idem), before
+// what its field "" holds.
 const layoutErrPrefix = "IDEMLAYOUT "
 
 // layoutError turns a script's answer that the index holds another layout
@@ -417,8 +283,8 @@ func (s *RedisStore) layoutError(err error) error {
 		return err
 	}
 	found := strings.TrimPrefix(err.Error(), layoutErrPrefix)
-	return fmt.Errorf("%w: the index of prefix %q is laid out as %q, this store as %q: give every store on a prefix the same WithMarkerScale",
-		ErrInvalidConfig, s.prefix, found, s.compact.describe())
+	return fmt.Errorf("%w: the index of prefix %q is laid out as %q, which this version of idem does not read: use another prefix",
+		ErrInvalidConfig, s.prefix, found)
 }
 
 // clusterCompactMin is the fewest records of one slot that a claim on a
@@ -440,11 +306,7 @@ func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string, n int
 	if req.Compact && (!s.compact.cluster || n >= clusterCompactMin) {
 		mode = "c"
 	}
-	return []any{
-		req.Attempt, millis(req.Lease), millis(req.Keep), millis(callKeep),
-		millis(orForever(req.Retention)), millis(orForever(req.MarkerRetention)),
-		s.callBase(recordKey), s.compact.sweepArg, mode, s.compact.desc,
-	}
+	return []any{req.Attempt, millis(req.Lease), millis(req.Keep), millis(callKeep), s.callBase(recordKey), mode}
 }
 
 // orForever is d, or MaxDuration for zero: a marker of a request that says
@@ -485,65 +347,37 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 		answer: func(i int, res []any, err error) {
 			out[i].Reply, out[i].Err = batchClaimAnswer(res, s.layoutError(err), int(placeOf[i]))
 		},
-		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 },
+		// A claim by this call, of its first run or of an earlier one whose
+		// reply was lost (10), waits for the replicas as a new one does.
+		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 || c == 10 },
 	}
 	if s.durable == nil {
 		st.op = ""
 	}
 	var calls []batchCall
-	for _, group := range s.byIndexKey(todo, entries) {
-		for _, c := range s.batchCalls(st, group) {
-			c.step = st
-			// The script takes the records of a block one after another.
-			slices.SortStableFunc(c.records, func(a, b int) int {
-				return bytes.Compare(entries[a].block[:], entries[b].block[:])
-			})
-			for p, i := range c.records {
-				c.keys[p] = keys[i]
-				placeOf[i] = int32(p + 1)
-			}
-			c.keys = append(c.keys, entries[c.records[0]].key)
-			c.args = append(make([]any, 0, 12+len(c.records)), s.compactHead(req, c.keys[0], len(c.records))...)
-			// The blocks and the entries' starts of the call, 3 and 9 bytes
-			// each: two arguments, not two per record.
-			blocks := make([]byte, 0, 3*len(c.records))
-			heads := make([]byte, 0, 9*len(c.records))
-			for p, i := range c.records {
-				blocks = append(blocks, entries[i].block[:]...)
-				heads = append(heads, entries[i].d7[:]...)
-				heads = append(heads, byte((p+1)>>8), byte(p+1))
-			}
-			c.args = append(c.args, string(blocks), string(heads))
-			if req.Fingerprints != nil {
-				for _, i := range c.records {
-					c.args = append(c.args, req.Fingerprints[i])
-				}
-			}
-			calls = append(calls, c)
+	for _, c := range s.batchCalls(st, todo) {
+		c.step = st
+		for p, i := range c.records {
+			placeOf[i] = int32(p + 1)
 		}
+		c.keys = append(c.keys, entries[c.records[0]].key)
+		c.args = append(make([]any, 0, 7+len(c.records)), s.compactHead(req, c.keys[0], len(c.records))...)
+		// The entries' starts of the call, 10 bytes each: one argument, not
+		// one per record.
+		heads := make([]byte, 0, 10*len(c.records))
+		for p, i := range c.records {
+			heads = append(heads, entries[i].d8[:]...)
+			heads = append(heads, byte((p+1)>>8), byte(p+1))
+		}
+		c.args = append(c.args, string(heads))
+		if req.Fingerprints != nil {
+			for _, i := range c.records {
+				c.args = append(c.args, req.Fingerprints[i])
+			}
+		}
+		calls = append(calls, c)
 	}
 	s.runCalls(ctx, calls)
-}
-
-// byIndexKey groups todo by the index key of their entries, in the order of
-// their first record; on one server with one index key (every store up to
-// a scale of 16 million), that is todo itself.
-func (s *RedisStore) byIndexKey(todo []int, entries []entryOf) [][]int {
-	if s.compact.keys == 1 || s.compact.cluster {
-		return [][]int{todo}
-	}
-	at := map[string]int{}
-	var groups [][]int
-	for _, i := range todo {
-		g, ok := at[entries[i].key]
-		if !ok {
-			g = len(groups)
-			at[entries[i].key] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
-	}
-	return groups
 }
 
 // batchClaimAnswer reads one record's part of the reply of compact_claim.lua,
@@ -653,19 +487,32 @@ func splitCompactClaims(res []any, n int) ([][]any, error) {
 }
 
 // compactGroups groups the records picks names, whose fences have a Ref, by
-// the call record that holds them (on a Cluster, where every slot has its
-// own, the token and the slot), in the order of their first record.
+// the call record that holds them, in the order of their first record. A
+// call's token is unique only on the server that made it: on one server
+// the token names the call; on a Cluster, where every slot has its own call
+// records, the token and the slot; on other clients (a Ring, whose shards
+// have clocks of their own, or an AutoPipeliner), whose every claim call
+// holds one record, the token and the record.
 func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups [][]int) {
 	type call struct {
 		token int64
 		slot  uint16
+		id    string
+	}
+	oneServer := false
+	switch s.client.(type) {
+	case *redis.Client, *redis.Conn:
+		oneServer = true
 	}
 	at := map[call]int{}
 	for _, j := range picks {
 		f := fence(j)
 		c := call{token: f.Token}
-		if s.compact.cluster {
+		switch {
+		case s.compact.cluster:
 			c.slot = keySlot(s.key(f.ID))
+		case !oneServer:
+			c.id = f.ID
 		}
 		g, ok := at[c]
 		if !ok {
@@ -680,53 +527,26 @@ func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups
 
 // settleCalls returns the calls that complete (target "C") or release ("R")
 // the compact claims of groups, one call record each, kept at least keep
-// when completing; their answers go into errs.
-func (s *RedisStore) settleCalls(target string, keep time.Duration, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
+// when completing, their results' retention ending at until (Unix
+// microseconds; 0: keep from now); their answers go into errs.
+func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
 	st := &batchStep{script: compactSettleScript, src: compactSettleLua, split: splitCompactTransitions, answer: compactAnswers(errs)}
 	if s.durable != nil && target == "C" {
 		st.op = "complete"
 	}
 	calls := make([]batchCall, 0, len(groups))
-	for _, group := range groups {
-		for ik, items := range s.byEntryKey(group, fence) {
-			f := fence(items[0])
-			key := s.key(f.ID)
-			places := make([]byte, 0, 2*len(items))
-			for _, j := range items {
-				r := fence(j).Ref
-				places = append(places, byte(r>>8), byte(r))
-			}
-			args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places), ik}
-			calls = append(calls, batchCall{records: items, keys: []string{key}, args: args, step: st})
+	for _, items := range groups {
+		f := fence(items[0])
+		key := s.key(f.ID)
+		places := make([]byte, 0, 2*len(items))
+		for _, j := range items {
+			r := fence(j).Ref
+			places = append(places, byte(r>>8), byte(r))
 		}
+		args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places), s.entry(f.ID).key, until}
+		calls = append(calls, batchCall{records: items, keys: []string{key}, args: args, step: st})
 	}
 	return calls
-}
-
-// byEntryKey splits the claims of one call by the index key of their
-// entries, in the order of their first claim: one part on a Cluster, and on
-// one server unless its scale spreads the index over several keys.
-func (s *RedisStore) byEntryKey(items []int, fence func(j int) Fence) iter.Seq2[string, []int] {
-	return func(yield func(string, []int) bool) {
-		if s.compact.keys == 1 || s.compact.cluster {
-			yield(s.entry(fence(items[0]).ID).key, items)
-			return
-		}
-		byKey := map[string][]int{}
-		var keys []string
-		for _, j := range items {
-			k := s.entry(fence(j).ID).key
-			if byKey[k] == nil {
-				keys = append(keys, k)
-			}
-			byKey[k] = append(byKey[k], j)
-		}
-		for _, k := range keys {
-			if !yield(k, byKey[k]) {
-				return
-			}
-		}
-	}
 }
 
 // compactAnswers answers each claim of a compact settle or move step into
@@ -760,24 +580,19 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 	if s.durable != nil && mode == "E" {
 		st.op = "extend"
 	}
-	var calls []batchCall
+	calls := make([]batchCall, 0, len(groups))
 	for _, items := range groups {
-		// The entries of one call's claims may lie in several index keys
-		// (on one server of a large scale): a call takes one at a time
-		// (renewing, each renews the call's lease and keeps its index key).
-		for ik, part := range s.byEntryKey(items, fence) {
-			f := fence(part[0])
-			recKeys := make([]string, len(part))
-			args := make([]any, 0, 6+3*len(part))
-			args = append(args, s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), f.Token, mode, millis(lease), millis(keep), ik)
-			for k, j := range part {
-				fj := fence(j)
-				recKeys[k] = s.key(fj.ID)
-				e := s.entry(fj.ID)
-				args = append(args, fj.Ref, string(e.block[:]), string(e.d7[:]))
-			}
-			calls = append(calls, batchCall{records: part, keys: recKeys, args: args, step: st})
+		f := fence(items[0])
+		recKeys := make([]string, len(items))
+		args := make([]any, 0, 6+2*len(items))
+		args = append(args, s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), f.Token, mode, millis(lease), millis(keep), s.entry(f.ID).key)
+		for k, j := range items {
+			fj := fence(j)
+			recKeys[k] = s.key(fj.ID)
+			e := s.entry(fj.ID)
+			args = append(args, fj.Ref, string(e.d8[:]))
 		}
+		calls = append(calls, batchCall{records: items, keys: recKeys, args: args, step: st})
 	}
 	return calls
 }
@@ -833,11 +648,11 @@ func markerUntil(env []byte) (until int64, ok bool) {
 func isEmptyResult(env []byte) bool { return bytes.Equal(env, emptyBytes) }
 
 // compactIndexArgs returns the arguments of claim.lua that let it look in
-// the index: the record's block, its index key, the start of the call
-// record keys and the first 7 bytes of its entry.
-func (s *RedisStore) compactIndexArgs(id string) (block, index, calls, d7 string) {
+// the index: the first 8 bytes of the record's digest, its index key and
+// the start of the call record keys.
+func (s *RedisStore) compactIndexArgs(id string) (d8, index, calls string) {
 	e := s.entry(id)
-	return string(e.block[:]), e.key, s.callBase(s.key(id)), string(e.d7[:])
+	return string(e.d8[:]), e.key, s.callBase(s.key(id))
 }
 
 // keysOf returns the Redis keys of the records ids[i] for i in todo, made

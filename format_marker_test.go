@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,26 +13,30 @@ import (
 )
 
 // The record format rule holds for compact claims and markers too: these
-// index entries and call records are written exactly as the first compact
-// layout ("v1 scale=N") writes them, and every later release must read them
-// as this one does, with markers or without. Never edit a row: add rows.
+// index entries and call records are written exactly as the self-sizing
+// layout ("v2") writes them, and every later release must read them as
+// this one does, with markers or without. Never edit a row: add rows.
 //
-// An index key (idem:i:N on one server) is a hash: its field "" is the
-// layout, every other field a block of 16-byte entries DIGEST7 PLACE2
-// TOKEN7. A call record idem:c:TOKEN is
-// "i1B" LEASE_UNTIL_US ":" DONE_US ":" ATTEMPT ":" FPW ":" STATES FPS.
-// In the rows, DONE is replaced by when the call completed, in Redis's
-// microseconds, as each row says.
-var markerFormatV1 = []struct {
+// An index key (idem:i:0 on one server) is a hash: its field "" is
+// "v2 L S N" (see lib.lua), every other field a block of 16-byte entries
+// DIGEST8 PLACE2 TOKEN6 named by its number in 4 bytes. A call record
+// idem:c:TOKEN is
+// "i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT ":" FPW ":" STATES FPS.
+// In the rows, DONE is replaced by when the call completed and UNTIL by
+// when its results' retention ends, in Redis's microseconds, as each row
+// says.
+var markerFormatV2 = []struct {
 	name string
-	// call is the call record; place is the entry's place in it.
+	// call is the call record, "" for none; place is the entry's place in
+	// it.
 	call  string
 	place uint16
-	// doneAgo is how long before the read the call completed its claims.
-	doneAgo time.Duration
-	check   func(t *testing.T, k *Keeper, key string, token int64)
+	// doneAgo is how long before the read the call completed its claims;
+	// untilIn how long after the read the retention of its results ends.
+	doneAgo, untilIn time.Duration
+	check            func(t *testing.T, k *Keeper, key string, token int64)
 }{
-	{"marker within the retention", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:C", 1, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker within the retention", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
@@ -43,7 +48,7 @@ var markerFormatV1 = []struct {
 		assert.Equal(t, MessageReplayed, res[0].Status)
 		assert.True(t, res[0].Ack)
 	}},
-	{"marker past the retention", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:C", 1, 48 * time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker past the retention", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, 48 * time.Hour, -24 * time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key)
 		assert.ErrorIs(t, err, ErrResultExpired)
 		res, err := Consume(context.Background(), k, "s", []string{key}, func(s string) string { return s },
@@ -51,40 +56,40 @@ var markerFormatV1 = []struct {
 		require.NoError(t, err)
 		assert.Equal(t, MessageReplayed, res[0].Status)
 	}},
-	{"marker past the marker retention", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:C", 1, 10 * 24 * time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"entry whose call record is gone", "", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
 		assert.Equal(t, 1, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"second place of a call", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:XC", 2, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"second place of a call", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:XC", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 		assert.Equal(t, token, out.Token)
 	}},
-	{"place not claimed by the call", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:CX", 2, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"place not claimed by the call", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:CX", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim, "an entry whose place the call did not claim is stale")
 		assert.Equal(t, 1, out.Claim.Attempt())
 	}},
-	{"marker with a fingerprint", "i1B1700000000000000:DONE:AAAAAAAAAAA:16:C" + fingerprintDigest([]byte("body")), 1, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker with a fingerprint", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:C" + fingerprintDigest([]byte("body")), 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
 		assert.ErrorIs(t, err, ErrMismatch)
 		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 	}},
-	{"fingerprints padded to the call's widest", "i1B1700000000000000:DONE:AAAAAAAAAAA:16:CC" + fingerprintDigest([]byte("body")) + "................", 2, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"fingerprints padded to the call's widest", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:CC" + fingerprintDigest([]byte("body")) + "................", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
 		assert.ErrorIs(t, err, ErrMismatch, "the second place has no fingerprint")
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 	}},
-	{"compact claim, lease alive", "i1B4102444800000000:0:AAAAAAAAAAA:0:P", 1, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim, lease alive", "i2B4102444800000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key)
 		assert.ErrorIs(t, err, ErrInProgress)
 		res, err := Consume(context.Background(), k, "s", []string{key}, func(s string) string { return s },
@@ -93,7 +98,7 @@ var markerFormatV1 = []struct {
 		assert.Equal(t, MessageRetry, res[0].Status)
 		assert.ErrorIs(t, res[0].Err, ErrInProgress)
 	}},
-	{"compact claim, lease run out", "i1B1700000000000000:0:AAAAAAAAAAA:0:P", 1, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim, lease run out", "i2B1700000000000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -101,7 +106,7 @@ var markerFormatV1 = []struct {
 		assert.Equal(t, 2, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"compact claim released", "i1B1700000000000000:0:AAAAAAAAAAA:0:R", 1, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim released", "i2B1700000000000000:0:0:AAAAAAAAAAA:0:R", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -109,7 +114,7 @@ var markerFormatV1 = []struct {
 		assert.Equal(t, 2, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"compact claim forgotten", "i1B1700000000000000:DONE:AAAAAAAAAAA:0:F", 1, time.Minute, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim forgotten", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:F", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -117,66 +122,78 @@ var markerFormatV1 = []struct {
 	}},
 }
 
-// TestMarkerPlacementV1: where the index keeps an id's entry is part of the
-// format: the same id must land in the same key, block and digest.
-func TestMarkerPlacementV1(t *testing.T) {
-	s, err := NewRedisStore(redistest.Miniredis(t).Client, WithMarkerScale(1000))
+// blockOf is where an index of state "v2 l sp N" keeps the entry whose
+// digest starts with d8, as lib.lua's index_place computes it.
+func blockOf(d8 [8]byte, l, sp uint32) uint32 {
+	h := uint32(d8[4])<<24 | uint32(d8[5])<<16 | uint32(d8[6])<<8 | uint32(d8[7])
+	half := uint64(1) << l
+	b := uint64(h) % half
+	if b < uint64(sp) {
+		b = uint64(h) % (2 * half)
+	}
+	return uint32(b)
+}
+
+// TestMarkerPlacementV2: where the index keeps an id's entry is part of the
+// format: the same id must have the same digest and index key, and land in
+// the same block for the same state of the index.
+func TestMarkerPlacementV2(t *testing.T) {
+	s, err := NewRedisStore(redistest.Miniredis(t).Client)
 	require.NoError(t, err)
 	require.NoError(t, s.layoutReady(context.Background()))
 	e := s.entry(recordID("s", "golden-1"))
 	assert.Equal(t, "idem:i:0", e.key)
-	assert.Equal(t, "\x00\x00\x1b", string(e.block[:]))
-	assert.Equal(t, "k@Y\xe1\xc6\xfa\xa6", string(e.d7[:]))
-	assert.Equal(t, int64(32), s.compact.blocks)
-
-	// At a scale of 2^30: 2^20 blocks in each of 32 index keys.
-	s, err = NewRedisStore(redistest.Miniredis(t).Client, WithMarkerScale(1<<30))
-	require.NoError(t, err)
-	require.NoError(t, s.layoutReady(context.Background()))
-	e = s.entry(recordID("s", "golden-1"))
-	assert.Equal(t, "idem:i:27", e.key)
-	assert.Equal(t, "\x05\xd7{", string(e.block[:]))
-	assert.Equal(t, "k@Y\xe1\xc6\xfa\xa6", string(e.d7[:]))
-	assert.Equal(t, int64(1<<20), s.compact.blocks)
-	assert.Equal(t, int64(32), s.compact.keys)
+	assert.Equal(t, "k@Y\xe1\xc6\xfa\xa6>", string(e.d8[:]))
+	for _, c := range []struct{ l, sp, want uint32 }{{0, 0, 0}, {3, 0, 6}, {3, 7, 14}, {20, 5, 0xaa63e}, {20, 0xaa63f, 0x1aa63e}} {
+		assert.Equal(t, c.want, blockOf(e.d8, c.l, c.sp), "state v2 %d %d", c.l, c.sp)
+	}
 }
 
-func TestMarkerFormatV1StillReads(t *testing.T) {
+// TestMarkerFormatV2StillReads writes each row's call record and its entry,
+// in an index of a few blocks, and reads it with Keepers with and without
+// markers.
+func TestMarkerFormatV2StillReads(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client, WithMarkerScale(1000))
+		s, err := NewRedisStore(b.Client)
 		require.NoError(t, err)
 		require.NoError(t, s.layoutReady(ctx))
 		keepers := map[string][]Option{
-			"markers":         {WithMarkerScale(1000)},
-			"without markers": {WithMarkerScale(1000), WithoutMarkers()},
+			"markers":         nil,
+			"without markers": {WithoutMarkers()},
 		}
+		const l, sp = 2, 1 // 5 blocks
 		for kname, opts := range keepers {
 			k := newKeeper(t, b, opts...)
-			for i, row := range markerFormatV1 {
+			for i, row := range markerFormatV2 {
 				t.Run(kname+"/"+row.name, func(t *testing.T) {
 					key := kname + "/" + row.name
 					token := int64(1700000000000000 + i)
 					now, err := b.Client.Time(ctx).Result()
 					require.NoError(t, err)
 					call := row.call
-					if done := now.Add(-row.doneAgo).UnixMicro(); row.doneAgo > 0 {
-						call = replaceDone(call, done)
+					if row.doneAgo > 0 {
+						call = replaceMark(call, "DONE", now.Add(-row.doneAgo).UnixMicro())
+						call = replaceMark(call, "UNTIL", now.Add(row.untilIn).UnixMicro())
 					}
 					tok := strconv.FormatInt(token, 10)
 					e := s.entry(recordID("s", key))
 					var entry [16]byte
-					copy(entry[:7], e.d7[:])
-					entry[7], entry[8] = byte(row.place>>8), byte(row.place)
-					for j := 0; j < 7; j++ {
+					copy(entry[:8], e.d8[:])
+					entry[8], entry[9] = byte(row.place>>8), byte(row.place)
+					for j := 0; j < 6; j++ {
 						entry[15-j] = byte(token >> (8 * j))
 					}
-					blk, err := b.Client.HGet(ctx, e.key, string(e.block[:])).Result()
+					blk := blockOf(e.d8, l, sp)
+					field := string([]byte{byte(blk >> 24), byte(blk >> 16), byte(blk >> 8), byte(blk)})
+					old, err := b.Client.HGet(ctx, e.key, field).Result()
 					if err != nil {
-						blk = ""
+						old = ""
 					}
-					require.NoError(t, b.Client.HSet(ctx, e.key, "", "v1 scale=1000", string(e.block[:]), blk+string(entry[:])).Err())
-					require.NoError(t, b.Client.Set(ctx, "idem:c:"+tok, call, time.Hour).Err())
+					require.NoError(t, b.Client.HSet(ctx, e.key, "", "v2 2 1 10", field, old+string(entry[:])).Err())
+					if call != "" {
+						require.NoError(t, b.Client.Set(ctx, "idem:c:"+tok, call, time.Hour).Err())
+					}
 					row.check(t, k, key, token)
 				})
 			}
@@ -184,13 +201,38 @@ func TestMarkerFormatV1StillReads(t *testing.T) {
 	})
 }
 
-// replaceDone puts done in place of DONE in a call record.
-func replaceDone(call string, done int64) string {
-	const mark = "DONE"
-	for i := 0; i+len(mark) <= len(call); i++ {
-		if call[i:i+len(mark)] == mark {
-			return call[:i] + strconv.FormatInt(done, 10) + call[i+len(mark):]
+// TestIndexOfAnotherLayoutIsRefused: an index key that another version of
+// idem laid out (the first layout's "v1 scale=N") is refused with
+// ErrInvalidConfig by every call that meets it, and nothing is written.
+func TestIndexOfAnotherLayoutIsRefused(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v1 scale=2097152").Err())
+		k := newKeeper(t, b)
+		res, err := Consume(ctx, k, "s", []string{"a", "b"}, func(m string) string { return m },
+			func(context.Context, string) error {
+				t.Error("a handler ran on an index of another layout")
+				return nil
+			})
+		require.NoError(t, err)
+		for _, r := range res {
+			assert.ErrorIs(t, r.Err, ErrInvalidConfig)
+			assert.False(t, r.Ack)
 		}
-	}
-	return call
+		_, err = k.Begin(ctx, "s", "c")
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		_, err = k.Inspect(ctx, "s", "c")
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		keys, err := b.Client.Keys(ctx, "*").Result()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"idem:i:0"}, keys, "written beside an index of another layout")
+		n, err := b.Client.HLen(ctx, "idem:i:0").Result()
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, n)
+	})
+}
+
+// replaceMark puts v in place of mark in a call record.
+func replaceMark(call, mark string, v int64) string {
+	return strings.Replace(call, mark, strconv.FormatInt(v, 10), 1)
 }

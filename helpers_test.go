@@ -26,10 +26,10 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func init() { redis.SetLogger(quietLogger{}) }
 
 // expireLeaseSrc makes the lease of the claim of a record run out: the
-// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] its block,
-// ARGV[2] its index key, ARGV[3] the start of the call record keys, ARGV[4]
-// its digest), that of the call that holds it, which its other claims
-// share.
+// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] the first 8
+// bytes of its digest, ARGV[2] its index key, ARGV[3] the start of the call
+// record keys), that of the call that holds it, which its other claims
+// share. lib.lua goes before it.
 const expireLeaseSrc = `
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -39,25 +39,21 @@ if v then
   return 1
 end
 if ARGV[1] == '' then return 0 end
-local blk = redis.call('HGET', ARGV[2], ARGV[1])
-if not blk then return 0 end
-local pos = string.find(blk, ARGV[4], 1, true)
-while pos and pos % 16 ~= 1 do pos = string.find(blk, ARGV[4], pos + 1, true) end
+local _, pos, tok = index_entry(ARGV[2], {ARGV[1], ARGV[3]})
 if not pos then return 0 end
-local a, b, c, d, e, f, g = string.byte(blk, pos + 9, pos + 15)
-local ck = ARGV[3] .. string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g))
+local ck = ARGV[3] .. tok
 local cv = redis.call('GET', ck)
 if not cv then return 0 end
-redis.call('SET', ck, 'i1B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
+redis.call('SET', ck, 'i2B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
 return 1`
 
-var expireLeaseLua = redis.NewScript(expireLeaseSrc)
+var expireLeaseLua = redis.NewScript(scriptLib + expireLeaseSrc)
 
 // expireLease makes the lease of the claim of (scope, key) in s run out, by
 // Redis's clock, whether the claim is kept in a record or compactly.
 func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 	t.Helper()
 	id := recordID(scope, key)
-	block, index, calls, d7 := s.compactIndexArgs(id)
-	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, block, index, calls, d7).Err())
+	d8, index, calls := s.compactIndexArgs(id)
+	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, d8, index, calls).Err())
 }

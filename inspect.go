@@ -261,14 +261,14 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 // withIndex returns the keys and the arguments after args with which an
 // operator script (inspect.lua, forget.lua, abandon.lua) reads the record
 // id at key rk and, when there is none, its compact claim or marker: the
-// index key, the entry's block and digest, and the start of the call
-// record keys and the layout (see lib.lua).
+// index key, the first 8 bytes of the record's digest and the start of the
+// call record keys (see lib.lua).
 func (s *RedisStore) withIndex(ctx context.Context, id, rk string, args ...any) ([]string, []any, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return nil, nil, err
 	}
-	block, index, calls, d7 := s.compactIndexArgs(id)
-	return []string{rk, index}, append(args, block, d7, calls, s.compact.desc), nil
+	d8, index, calls := s.compactIndexArgs(id)
+	return []string{rk, index}, append(args, d8, calls), nil
 }
 
 // checkRecordID refuses an id that no Keeper makes.

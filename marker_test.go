@@ -243,39 +243,14 @@ func TestMarkersAreReadWithoutMarkers(t *testing.T) {
 	})
 }
 
-// TestMarkerLayoutIsChecked: a store whose index is laid out for another
-// scale would look for markers where there are none: it is refused with
-// ErrInvalidConfig, and nothing runs.
-func TestMarkerLayoutIsChecked(t *testing.T) {
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		k := newKeeper(t, b)
-		_, err := Consume(ctx, k, "s", msgs("m1"), msgID, func(context.Context, msg) error { return nil })
-		require.NoError(t, err)
-		other := newKeeper(t, b, WithMarkerScale(1000))
-		ran := 0
-		res, err := Consume(ctx, other, "s", msgs("m1", "m2"), msgID, func(context.Context, msg) error { ran++; return nil })
-		require.NoError(t, err)
-		for _, r := range res {
-			assert.ErrorIs(t, r.Err, ErrInvalidConfig)
-			assert.False(t, r.Ack)
-		}
-		assert.Zero(t, ran)
-		_, err = other.Begin(ctx, "s", "m1")
-		assert.ErrorIs(t, err, ErrInvalidConfig)
-		assert.Contains(t, err.Error(), "WithMarkerScale")
-	})
-}
-
 // TestMarkerDigestsDoNotCollide: many ids that share blocks are each
 // answered for themselves: every new one is claimed, every handled one
 // replayed, none mistaken for another.
 func TestMarkerDigestsDoNotCollide(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		// A scale of 64: the index has two blocks, so every block holds
-		// hundreds of entries.
-		k := newKeeper(t, b, WithMarkerScale(64))
+		// Ids that share blocks as the index splits them.
+		k := newKeeper(t, b)
 		const n = 600
 		var batch []msg
 		for i := range n {
@@ -303,12 +278,12 @@ func TestMarkerDigestsDoNotCollide(t *testing.T) {
 	})
 }
 
-// TestMarkersAreSwept: a block that grows past its bound drops the entries
-// whose call records are gone, and keeps the others.
+// TestMarkersAreSwept: a block written drops the entries whose call records
+// are gone, and keeps the others.
 func TestMarkersAreSwept(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := context.Background()
-	k := newKeeper(t, b, WithLease(time.Second), WithRetention(time.Minute), WithMarkerRetention(time.Minute), WithMarkerScale(1))
+	k := newKeeper(t, b, WithLease(time.Second), WithRetention(time.Minute), WithMarkerRetention(time.Minute))
 	s := k.store.(*RedisStore)
 	handle := func(context.Context, string) error { return nil }
 	id := func(s string) string { return s }
@@ -333,7 +308,7 @@ func TestMarkersAreSwept(t *testing.T) {
 			entries += len(v) / 16
 		}
 	}
-	assert.Less(t, entries, 140, "a block past its bound was swept of stale entries")
+	assert.Less(t, entries, 140, "the blocks written were swept of stale entries")
 	assert.GreaterOrEqual(t, entries, 70, "the live entries are kept")
 	res, err := Consume(ctx, k, "s", fresh, id, handle)
 	require.NoError(t, err)
@@ -343,7 +318,7 @@ func TestMarkersAreSwept(t *testing.T) {
 }
 
 // TestMarkerMemory: a message handled by Consume costs at most 24 bytes of
-// Redis memory at the scale it was sized for, where its record (WithoutMarkers)
+// Redis memory, where its record (WithoutMarkers)
 // costs well over a hundred.
 func TestMarkerMemory(t *testing.T) {
 	redistest.Long(t)
@@ -352,7 +327,7 @@ func TestMarkerMemory(t *testing.T) {
 		name string
 		opts []Option
 		max  float64
-	}{{"markers", []Option{WithMarkerScale(n)}, 24}, {"records", []Option{WithoutMarkers()}, 200}} {
+	}{{"markers", nil, 24}, {"records", []Option{WithoutMarkers()}, 200}} {
 		t.Run(c.name, func(t *testing.T) {
 			b := redistest.Real(t)
 			ctx := context.Background()
@@ -422,26 +397,26 @@ func TestCompactClaimSentTwice(t *testing.T) {
 	})
 }
 
-// TestMarkerEntryIsKnownByMoreThanItsBytes: the block and the index key of
-// an entry are chosen by bytes of the digest that the entry does not hold,
-// so two ids whose entries start alike (56 bits) still answer each for
-// itself when their other bytes differ.
-func TestMarkerEntryIsKnownByMoreThanItsBytes(t *testing.T) {
+// TestMarkerEntryIsKnownByAllItsBytes: an entry holds 8 bytes of the id's
+// digest, 4 of which choose its block: two ids whose digests differ only in
+// the last of those 8 share a block and still answer each for itself.
+func TestMarkerEntryIsKnownByAllItsBytes(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client, WithMarkerScale(1<<20))
+		s, err := NewRedisStore(b.Client)
 		require.NoError(t, err)
 		id := func(last byte) string {
 			var raw [16]byte
 			copy(raw[:7], "same7by")
-			raw[10], raw[15] = last, last
+			raw[7] = last
 			return base64.RawURLEncoding.EncodeToString(raw[:])
 		}
 		a, c := id(1), id(2)
 		require.NoError(t, s.layoutReady(ctx))
 		ea, ec := s.entry(a), s.entry(c)
-		require.Equal(t, ea.d7, ec.d7, "the entries start alike")
-		require.NotEqual(t, ea.block, ec.block, "the other bytes choose another block")
+		require.Equal(t, ea.d8[:7], ec.d8[:7], "the entries start alike")
+		require.NotEqual(t, ea.d8, ec.d8)
+		require.Equal(t, blockOf(ea.d8, 0, 0), blockOf(ec.d8, 0, 0), "one block")
 
 		req := BatchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
 			Retention: time.Hour, MarkerRetention: time.Hour, Compact: true}
@@ -458,34 +433,5 @@ func TestMarkerEntryIsKnownByMoreThanItsBytes(t *testing.T) {
 		assert.Equal(t, StatusCompleted, got[0].Reply.Status, "a is done")
 		assert.True(t, got[0].Reply.Marker)
 		assert.Equal(t, StatusClaimed, got[1].Reply.Status, "c is not a")
-	})
-}
-
-// TestRecordedMarkerScale: a store reads the scale its prefix's index
-// records, whatever its own: none before anything is written, the scale of
-// the store that wrote, and ErrInvalidConfig for a layout it does not know.
-func TestRecordedMarkerScale(t *testing.T) {
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		reader, err := NewRedisStore(b.Client)
-		require.NoError(t, err)
-		_, found, err := reader.RecordedMarkerScale(ctx)
-		require.NoError(t, err)
-		assert.False(t, found, "no index yet")
-
-		writer, err := NewRedisStore(b.Client, WithMarkerScale(1000))
-		require.NoError(t, err)
-		k, err := New(writer)
-		require.NoError(t, err)
-		_, err = Consume(ctx, k, "s", msgs("m1", "m2"), msgID, func(context.Context, msg) error { return nil })
-		require.NoError(t, err)
-		n, found, err := reader.RecordedMarkerScale(ctx)
-		require.NoError(t, err)
-		assert.True(t, found)
-		assert.EqualValues(t, 1000, n, "the writer's scale, not the reader's")
-
-		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v9 something").Err())
-		_, _, err = reader.RecordedMarkerScale(ctx)
-		assert.ErrorIs(t, err, ErrInvalidConfig)
 	})
 }

@@ -160,20 +160,25 @@ func TestAbandonCompactClaim(t *testing.T) {
 	})
 }
 
-// TestOperatorsCheckTheLayout: a store of another scale does not read the
-// index as if it were its own.
+// TestOperatorsCheckTheLayout: an index of another layout (the first one's,
+// "v1 scale=N") is not read as if it were this version's, nor changed.
 func TestOperatorsCheckTheLayout(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := context.Background()
 	k := newKeeper(t, b)
 	claims := compactClaims(t, k, "x")
-	other := newKeeper(t, b, WithMarkerScale(1000))
-	_, err := other.Inspect(ctx, "s", "x")
+	ikey := k.store.(*RedisStore).entry(recordID("s", "x")).key
+	state, err := b.Client.HGet(ctx, ikey, "").Result()
+	require.NoError(t, err)
+	require.NoError(t, b.Client.HSet(ctx, ikey, "", "v1 scale=1000").Err())
+	other := k
+	_, err = other.Inspect(ctx, "s", "x")
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = other.ForgetToken(ctx, "s", "x", claims[0].Token(), true)
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = other.Abandon(ctx, "s", "x", claims[0].Token())
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+	require.NoError(t, b.Client.HSet(ctx, ikey, "", state).Err())
 	r, err := k.Inspect(ctx, "s", "x")
 	require.NoError(t, err)
 	assert.Equal(t, StatePending, r.State, "nothing done")

@@ -40,10 +40,8 @@ type settings struct {
 	// RedisStore.
 	prefix   string
 	replicas *durability
-	// markerScale is WithMarkerScale's; noMarkers is set by WithoutMarkers,
-	// for a Keeper and a RedisStore.
-	markerScale int64
-	noMarkers   bool
+	// noMarkers is set by WithoutMarkers, for a Keeper and a RedisStore.
+	noMarkers bool
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
@@ -55,7 +53,7 @@ type settings struct {
 }
 
 func defaultSettings() settings {
-	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix, markerScale: DefaultMarkerScale}
+	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix}
 }
 
 // apply sets opts on s, refusing an option that does not apply to what

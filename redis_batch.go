@@ -138,16 +138,18 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	compact, records := splitByRef(len(items), fence)
 	var markers, moving []int
 	var markerKeep, movedKeep time.Duration
+	var until int64 // when the markers' results' retention ends; 0: Keep from now
 	for _, j := range compact {
-		if isEmptyResult(items[j].Value) {
+		u, marker := markerUntil(items[j].Value)
+		if marker || isEmptyResult(items[j].Value) {
 			markers = append(markers, j)
-			markerKeep = max(markerKeep, items[j].Keep)
+			markerKeep, until = max(markerKeep, items[j].Keep), max(until, u)
 		} else {
 			moving = append(moving, j)
 			movedKeep = max(movedKeep, items[j].Keep)
 		}
 	}
-	calls = s.settleCalls("C", markerKeep, s.compactGroups(markers, fence), fence, errs)
+	calls = s.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
 	moveErrs := make([]error, len(items))
 	calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
 	for _, c := range s.batchCalls(st, append(records, moving...)) {
@@ -215,7 +217,7 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	st := s.releaseStep(claims, keep, errs)
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
-	calls := s.settleCalls("R", 0, s.compactGroups(compact, fence), fence, errs)
+	calls := s.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
 	for _, c := range s.batchCalls(st, records) {
 		c.step = st
 		calls = append(calls, c)

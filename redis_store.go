@@ -17,7 +17,10 @@ import (
 // redis.Script: Run sends EVALSHA and falls back to EVAL on NOSCRIPT.
 var (
 	//go:embed lua/claim.lua
-	claimLua string
+	claimBody string
+	// claimLua is claim.lua after lib.lua, whose functions it uses to look
+	// in the index of compact claims.
+	claimLua = scriptLib + claimBody
 	//go:embed lua/complete.lua
 	completeLua string
 	//go:embed lua/release.lua
@@ -77,8 +80,7 @@ func WithPrefix(prefix string) Option {
 // or '}' is refused with ErrInvalidConfig.
 //
 // Options that apply to a RedisStore: WithPrefix ("idem:"), WithReplicas
-// (no waiting), WithMarkerScale (DefaultMarkerScale) and WithoutMarkers
-// (compact claims on); others are refused with ErrInvalidConfig.
+// (no waiting) and WithoutMarkers (compact claims on); others are refused with ErrInvalidConfig.
 //
 // With an AutoPipeliner (client.AutoPipelineWithOptions; docs/benchmarks.md
 // has a setting that suits idem), concurrent calls share pipelines. Three things
@@ -109,11 +111,7 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 		}
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	l, err := newCompactLayout(s.markerScale, cluster, s.prefix)
-	if err != nil {
-		return nil, err
-	}
-	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: l, noCompact: s.noMarkers}, nil
+	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(cluster, s.prefix), noCompact: s.noMarkers}, nil
 }
 
 // NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
@@ -150,10 +148,9 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if err := s.layoutReady(ctx); err != nil {
 		return ClaimReply{}, err
 	}
-	block, index, calls, d7 := s.compactIndexArgs(id)
-	args := s.evalArgs(claimEval, id, 11)
-	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep),
-		block, index, calls, s.boxes.millis(boxMarkerRet, orForever(req.Retention)), s.boxes.millis(boxMarkerKeep, orForever(req.MarkerRetention)), d7, s.compact.desc)
+	d8, index, calls := s.compactIndexArgs(id)
+	args := s.evalArgs(claimEval, id, 7)
+	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, index, calls)
 	res, err := s.eval(ctx, claimEval, args).Result()
 	if err != nil {
 		return ClaimReply{}, s.layoutError(err)
@@ -486,15 +483,13 @@ func process(ctx context.Context, p processor, args []any) *redis.Cmd {
 // milliseconds, boxed for the script's arguments: a Keeper passes the same
 // lease, keep and retention on every call, which would otherwise be boxed
 // (allocated) every time. A slot holds the last duration it was asked for.
-type millisBoxes [5]atomic.Pointer[millisBox]
+type millisBoxes [3]atomic.Pointer[millisBox]
 
 // The slots of millisBoxes.
 const (
 	boxLease = iota
 	boxKeep
 	boxRetention
-	boxMarkerRet  // the retention a claim is given, for markers
-	boxMarkerKeep // the marker retention
 )
 
 type millisBox struct {

@@ -307,15 +307,15 @@ func (sc *scanner) readCalls(ctx context.Context, node scanClient, keys []string
 // in, pending, completed (markers) and released, in that order.
 func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error) {
 	tok, err := strconv.ParseInt(key[strings.LastIndexByte(key, ':')+1:], 10, 64)
-	rest, ok := strings.CutPrefix(v, "i1B")
-	fields := strings.SplitN(rest, ":", 5)
-	if err != nil || !ok || len(fields) != 5 {
+	rest, ok := strings.CutPrefix(v, "i2B")
+	fields := strings.SplitN(rest, ":", 6)
+	if err != nil || !ok || len(fields) != 6 {
 		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
 	}
 	until, err1 := strconv.ParseInt(fields[0], 10, 64)
 	done, err2 := strconv.ParseInt(fields[1], 10, 64)
-	fpw, err3 := strconv.Atoi(fields[3])
-	tail := fields[4]
+	fpw, err3 := strconv.Atoi(fields[4])
+	tail := fields[5]
 	if err1 != nil || err2 != nil || err3 != nil || fpw < 0 || len(tail)%(1+fpw) != 0 {
 		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
 	}

@@ -4,9 +4,9 @@
 --
 -- KEYS[1]  the record key
 -- ARGV[1]  the fencing token of the claim whose lease ends (decimal)
--- KEYS[2]  the index key of the record's entry, and ARGV[2] to ARGV[5] its
---          block, digest, the start of the call record keys and the index's
---          layout (see lib.lua): when the key holds no record, a
+-- KEYS[2]  the index key of the record's entry, and ARGV[2] and ARGV[3] its
+--          digest's first 8 bytes and the start of the call record keys
+--          (see lib.lua): when the key holds no record, a
 --          compact claim of the token there is moved to a pending record of
 --          its own whose lease has ended (the call's other claims keep their
 --          shared lease), its place marked M and its entry taken out of the
@@ -33,7 +33,7 @@
 -- answers {1} without writing, or finds the newer claim made since and
 -- answers {2} without touching it.
 local key, token = KEYS[1], ARGV[1]
-local ikey, ix = KEYS[2], {ARGV[2], ARGV[3], ARGV[4], ARGV[5]}
+local ikey, ix = KEYS[2], {ARGV[2], ARGV[3]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -41,7 +41,7 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local blk, pos, tok, place, other = index_entry(ikey, ix)
+  local blk, pos, tok, place, name, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
@@ -72,7 +72,7 @@ if not v then
   end
   redis.call('SET', key, head, 'PX', keep)
   redis.call('SETRANGE', c.ck, c.at - 1, 'M')
-  index_drop(ikey, ix[1], blk, pos)
+  index_drop(ikey, name, blk, pos)
   return {1, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local head, st, tok, cnt, rec, until_us, att, fp =

@@ -6,9 +6,9 @@
 -- ARGV[3]  the checkpoint's value (bytes, may be empty)
 -- ARGV[4]  how many checkpoints a record may hold
 -- ARGV[5]  for a compact claim (see compact_claim.lua), its place in its call,
---          else ''; then ARGV[6] its block, ARGV[7] its index key, ARGV[8]
---          its call record key, ARGV[9] the first 7 bytes of its entry, and
---          ARGV[10] how long to keep a pending record, in milliseconds
+--          else ''; then ARGV[6] the first 8 bytes of its digest, ARGV[7]
+--          its index key, ARGV[8] its call record key, and ARGV[9] how long
+--          to keep a pending record, in milliseconds
 --
 -- Returns
 --   {1}          recorded (or already recorded by this same call: a retried call)
@@ -26,13 +26,13 @@
 -- compact_move.lua does, in the same call: its token, attempt 1, the call's
 -- lease end, attempt id and the fingerprint the call record keeps; its place
 -- is marked M and its entry leaves the index. The record is kept for
--- ARGV[10] from then on.
+-- ARGV[9] from then on.
 local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 
 local v = redis.pcall('GET', key)
 local ttl = 'KEEPTTL'
 if not v and ARGV[5] and ARGV[5] ~= '' then
-  local p, ck, ikey, block, d7 = tonumber(ARGV[5]), ARGV[8], ARGV[7], ARGV[6], ARGV[9]
+  local p, ck, ikey, d8 = tonumber(ARGV[5]), ARGV[8], ARGV[7], ARGV[6]
   local c, why = call_place(ck, p)
   if why then
     return {5, why}
@@ -42,7 +42,7 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   end
   v = 'i1P' .. token .. ':1:0:' .. c.until_us .. ':' .. c.att .. ':' .. c.fp .. ':'
   redis.call('SETRANGE', ck, c.at - 1, 'M')
-  index_remove(ikey, block, d7)
+  index_remove(ikey, d8)
   ttl = nil
 end
 if type(v) == 'table' then
@@ -99,6 +99,6 @@ kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
 if ttl then
   redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), ttl)
 else
-  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[10])
+  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[9])
 end
 return {1}

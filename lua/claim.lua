@@ -5,15 +5,12 @@
 -- ARGV[2]  attempt id (base64url), unique per Begin call
 -- ARGV[3]  lease in milliseconds
 -- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
--- ARGV[5]  the record's block in the id index of compact claims, or '' when
---          the store keeps none (see compact_claim.lua)
--- ARGV[6]  its index key
+-- ARGV[5]  the first 8 bytes of the record's digest, its entry's start in
+--          the id index of compact claims, or '' when the store keeps none
+--          (see compact_claim.lua and lib.lua, which goes before this)
+-- ARGV[6]  its index key: an index key of another layout is refused with
+--          the error "IDEMLAYOUT " and what its field "" holds
 -- ARGV[7]  the start of the call record keys
--- ARGV[8]  retention in milliseconds, ARGV[9] marker retention in
---          milliseconds: how a marker answers (see compact_claim.lua)
--- ARGV[10] the first 7 bytes of its entry in the block: its digest
--- ARGV[11] the layout of the index: an index key of another is refused with
---          the error "IDEMLAYOUT " and the layout it holds
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -29,7 +26,8 @@
 --   {5, reason}                     the value at the key is not a record of ours
 --   {8, token}                      completed, as a marker (a compact claim's),
 --                                   with an empty result, within the retention
---   {9, token}                      completed, as a marker, longer ago than the
+--                                   its completion asked for
+--   {9, token}                      completed, as a marker, past that
 --                                   retention: the result is no longer kept
 --   {8 or 9, token, attempt}        the same, for a record whose result is a
 --                                   marker's (see marked)
@@ -69,69 +67,38 @@ local v = redis.pcall('GET', key)
 if not v then
   local prev, cnt, rec = 0, 0, 0
   if ARGV[5] ~= '' then
-    local got = redis.call('HMGET', ARGV[6], ARGV[5], '')
-    if got[2] and got[2] ~= ARGV[11] then
-      return redis.error_reply('IDEMLAYOUT ' .. got[2])
-    end
-    local blk = got[1]
-    local pos = blk and string.find(blk, ARGV[10], 1, true)
-    while pos and pos % 16 ~= 1 do
-      pos = string.find(blk, ARGV[10], pos + 1, true)
+    local ix = {ARGV[5], ARGV[7]}
+    local blk, pos, ctok, place, name, other = index_entry(ARGV[6], ix)
+    if other then
+      return redis.error_reply('IDEMLAYOUT ' .. other)
     end
     if pos then
-      -- The entry: DIGEST7 PLACE2 TOKEN7 (see compact_claim.lua).
-      local p1, p2, a, b, c, d, e7, f, g = string.byte(blk, pos + 7, pos + 15)
-      local ctok = string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e7) * 256 + f) * 256 + g))
-      local place = p1 * 256 + p2
-      local cv = redis.call('GET', ARGV[7] .. ctok)
-      local _, e, u, done, _, cfpw
-      if cv then
-        _, e, u, done, _, cfpw = string.find(cv, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-        if not e then
-          return {5, 'unknown format'}
-        end
+      local c, why = index_claim(ix, ctok, place)
+      if why then
+        return {5, why}
       end
-      local places = cv and (#cv - e) / (1 + tonumber(cfpw)) or 0
-      local st = ''
-      if place >= 1 and place <= places then
-        st = string.sub(cv, e + place, e + place)
+      local st = c and c.st or ''
+      if (st == 'P' or st == 'C') and c.fp ~= fp then
+        return {4}
       end
-      if st == 'P' or st == 'C' then
-        local rfp = ''
-        if cfpw ~= '0' then
-          local from = e + places + (place - 1) * cfpw + 1
-          rfp = string.gsub(string.sub(cv, from, from + cfpw - 1), '%.+$', '')
-        end
-        if rfp ~= fp then
-          return {4}
-        end
-      end
-      local t = redis.call('TIME')
-      local now = t[1] * 1000000 + t[2]
+      local now = index_now()
       if st == 'C' then
-        if now - done <= ARGV[8] * 1000 then
+        if now < tonumber(c.runtil_us) then
           return {8, tonumber(ctok)}
         end
-        if now - done <= ARGV[9] * 1000 then
-          return {9, tonumber(ctok)}
-        end
-      elseif st == 'P' and tonumber(u) > now then
-        return -math.ceil((tonumber(u) - now) / 1000)
+        return {9, tonumber(ctok)}
+      elseif st == 'P' and tonumber(c.until_us) > now then
+        return -math.ceil((tonumber(c.until_us) - now) / 1000)
       end
       if st == 'P' or st == 'R' then
         prev, cnt = tonumber(ctok), 1
         if st == 'P' then
           rec = 1
         end
-        redis.call('SETRANGE', ARGV[7] .. ctok, e + place - 1, 'M')
+        redis.call('SETRANGE', c.ck, c.at - 1, 'M')
       end
       -- The entry leaves the index: a record holds the claim from now on.
-      blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
-      if blk == '' then
-        redis.call('HDEL', ARGV[6], ARGV[5])
-      else
-        redis.call('HSET', ARGV[6], ARGV[5], blk)
-      end
+      index_drop(ARGV[6], name, blk, pos)
     end
   end
   local t = redis.call('TIME')

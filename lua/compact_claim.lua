@@ -1,10 +1,11 @@
 -- compact_claim.lua: claim many records at once, looking at the records and at
 -- the id index of compact claims, and keeping the new claims compactly or
--- each in a record of its own.
+-- each in a record of its own. lib.lua goes before it.
 --
--- A compact claim is an entry of 16 bytes in the id index and a place in one
--- call record, instead of a Redis key: what a consumer's message handled that
--- way leaves is that entry and one byte of the call record, a marker.
+-- A compact claim is an entry of 16 bytes in the id index (see lib.lua) and
+-- a place in one call record, instead of a Redis key: what a consumer's
+-- message handled that way leaves is that entry and one byte of the call
+-- record, a marker.
 --
 -- KEYS          the record keys, distinct, n of them, then the index key all
 --               their entries are in (of one Cluster slot)
@@ -13,26 +14,17 @@
 -- ARGV[3]       time to keep a pending record, in milliseconds (>= lease)
 -- ARGV[4]       time to keep the call record and the index key, in
 --               milliseconds: the lease and the longer of the retention and
---               the marker retention
--- ARGV[5]       retention in milliseconds: a marker younger than that
---               answers as a completed record with an empty result
--- ARGV[6]       marker retention in milliseconds: a marker older than that
---               is no answer
--- ARGV[7]       the start of the call record keys; a call record key is
---               ARGV[7] .. TOKEN
--- ARGV[8]       entries of a block past which it is swept of the entries
---               whose call record is gone, when one more is added
--- ARGV[9]       'c' to keep new claims compactly, 'r' in records of their own
--- ARGV[10]      the layout of the index, which every index key holds in its
---               field "": a key of another layout is refused
--- ARGV[11]      the block of each record in the index key, a field name of 3
---               bytes: those of KEYS[i] at 3i-2 to 3i
--- ARGV[12]      the start of each record's entry, 9 bytes: 7 bytes of the
---               digest its id is, then its place in this call, 2 bytes
---               big-endian (i); that of KEYS[i] at 9i-8 to 9i
--- ARGV[12+i]    fingerprint of the request of KEYS[i] (base64url, at most 64
+--               the marker retention; entries of calls older than that are
+--               swept once their call record is gone
+-- ARGV[5]       the start of the call record keys; a call record key is
+--               ARGV[5] .. TOKEN
+-- ARGV[6]       'c' to keep new claims compactly, 'r' in records of their own
+-- ARGV[7]       the start of each record's entry, 10 bytes: the first 8 bytes
+--               of its digest, then its place in this call, 2 bytes
+--               big-endian (i); that of KEYS[i] at 10i-9 to 10i
+-- ARGV[7+i]     fingerprint of the request of KEYS[i] (base64url, at most 64
 --               bytes, may be empty), present only when the call has
---               fingerprints: #ARGV is 12 or 12 + n
+--               fingerprints: #ARGV is 7 or 7 + n
 --
 -- Returns one flat array: for each record in turn, one of
 --   6                                           claimed compactly by this call:
@@ -49,9 +41,10 @@
 --   2, record                                   completed (a record)
 --   8, token                                    completed (a marker): an empty
 --                                               result, within the retention
---   9, token                                    completed (a marker) longer ago
---                                               than the retention: the result
---                                               is no longer kept
+--                                               its completion asked for
+--   9, token                                    completed (a marker), past that
+--                                               retention: the result is no
+--                                               longer kept
 --   11, token, attempt                          completed, a record whose result
 --   12, token, attempt                          is a marker's (see claim.lua's
 --                                               marked): as 8 and 9
@@ -61,27 +54,32 @@
 --   7, error                                    Redis refused a write (OOM,
 --                                               READONLY, ...): not claimed
 -- then the call's token (0 when no record was claimed compactly) and Redis's
--- clock (microseconds); or the error "IDEMLAYOUT " and the layout the index
--- key holds, when it is not ARGV[10], and nothing is done.
+-- clock (microseconds); or the error "IDEMLAYOUT " and what the index key's
+-- field "" holds, when it is of another layout, and nothing is done.
 --
--- The id index: hashes whose fields are blocks of entries, each entry 16
--- bytes: DIGEST7 PLACE2 TOKEN7, the record's digest, its place in the call
--- that holds it and that call's token (microseconds), big-endian. One HMGET
--- reads the blocks of a call's records, one HSET writes those that changed:
--- no Redis command per record. The call record, a string:
---   "i1B" LEASE_UNTIL_US ":" DONE_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
+-- The call record, a string:
+--   "i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
 -- STATES holds one byte per place of the call: P pending (held by the call),
 -- C completed (a marker), R released, X not claimed by the call, M moved to
 -- a record of its own (taken over, claimed after a release, checkpointed or
 -- completed with a value), F forgotten. FPS holds FPW bytes per place, its
 -- fingerprint '.' padded; FPW is the longest fingerprint of the call (0
 -- when it has none). DONE_US is when the call last completed a claim (0 if
--- never): its markers' retention runs from then. A call's claims share its
--- lease. The token of a call is Redis's clock in microseconds, made unique
--- among the call records there are, so that it is above every token its
--- records had before. Whatever takes a place over marks it in the call
--- record, and takes the entry out of the index, so the call record alone
--- says whether the call still holds it.
+-- never); RESULT_UNTIL_US when the retention its completions asked for ends
+-- (0 if never): a marker answers as an empty result until then, and as one
+-- whose result is no longer kept for as long as the call record is kept
+-- (the marker retention). A call's claims share its lease. The token of a
+-- call is Redis's clock in microseconds, made unique among the call records
+-- there are, so that it is above every token its records had before.
+-- Whatever takes a place over marks it in the call record, and takes the
+-- entry out of the index, so the call record alone says whether the call
+-- still holds it.
+--
+-- The index is read once for the call: its state, then every block the
+-- call's records fall in, in one HMGET; it is written once: every block that
+-- changed and the state, in one HSET. A block written is first swept of its
+-- oldest entries whose call record is gone; entries past INDEX_FILL a block
+-- split blocks, a few a call; an index far below that merges one.
 --
 -- A record key's value comes first: when it holds a record, the index is
 -- not asked, and the rules are those of claim.lua. (A compact claim does
@@ -94,13 +92,10 @@
 local n = (#KEYS - 1)
 local ikey = KEYS[n + 1]
 local attempt, lease, keep, callkeep = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local retention, mretention = tonumber(ARGV[5]) * 1000, tonumber(ARGV[6]) * 1000
-local cbase, sweepcut = ARGV[7], 16 * tonumber(ARGV[8])
-local compact, withfps = ARGV[9] == 'c', #ARGV == 12 + n
-local layout, blocknames, heads = ARGV[10], ARGV[11], ARGV[12]
+local cbase, compact, heads = ARGV[5], ARGV[6] == 'c', ARGV[7]
+local withfps = #ARGV == 7 + n
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = index_now()
 local until_s = string.format('%d', now + lease * 1000)
 -- A new record of this call, but for its fingerprint: token now, attempt 1,
 -- not recovered.
@@ -114,17 +109,7 @@ if compact then
   end
 end
 local token_s = string.format('%d', token)
-
--- bytes7 is x, below 2^56, in 7 bytes big-endian.
-local function bytes7(x)
-  local b = {}
-  for j = 7, 1, -1 do
-    b[j] = x % 256
-    x = (x - b[j]) / 256
-  end
-  return string.char(b[1], b[2], b[3], b[4], b[5], b[6], b[7])
-end
-local tok7 = bytes7(token)
+local tok6 = index_tok6(token)
 
 -- refused answers a write that Redis refused: a value that is not ours is
 -- corrupt; anything else (OOM, READONLY, ...) is Redis's to answer.
@@ -261,48 +246,34 @@ local function call(tok)
   return v
 end
 
--- header reads the call record of tok: its lease end, when it last
--- completed a claim, its attempt id, its fingerprint width, where STATES
--- starts and how many places it has; nil if it is not a call record.
+-- header reads the call record of tok (see lib.lua's call_header).
 local function header(tok, v)
   local h = headers[tok]
   if not h then
-    local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-    if not e then
-      return nil
-    end
-    fpw = tonumber(fpw)
-    h = {tonumber(u), tonumber(done), att, fpw, e + 1, (#v - e) / (1 + fpw)}
+    h = {call_header(v)}
     headers[tok] = h
   end
-  return h[1], h[2], h[3], h[4], h[5], h[6]
+  return h[1], h[2], h[3], h[4], h[5], h[6], h[7]
 end
 
 -- mark puts byte s at place p of the call record tok.
 local function mark(tok, p, s)
   local cv = call(tok)
-  local _, _, _, _, at = header(tok, cv)
-  redis.call('SETRANGE', cbase .. tok, at + p - 2, s)
-  calls[tok] = string.sub(cv, 1, at + p - 2) .. s .. string.sub(cv, at + p)
+  local _, _, _, _, _, e = header(tok, cv)
+  redis.call('SETRANGE', cbase .. tok, e + p - 1, s)
+  calls[tok] = string.sub(cv, 1, e + p - 1) .. s .. string.sub(cv, e + p + 1)
 end
 
--- entrytoken reads the token and place of the entry at pos of block blk.
-local function entrytoken(blk, pos)
-  local p1, p2, a, b, c, d, e, f, g = string.byte(blk, pos + 7, pos + 15)
-  return string.format('%d', ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g)), p1 * 256 + p2
-end
-
--- sweep returns blk without the entries whose call record is gone, as
--- their age says and the call record's absence confirms.
-local function sweep(blk)
-  local kept = {}
-  for pos = 1, #blk, 16 do
-    local tok = entrytoken(blk, pos)
-    if now - tonumber(tok) <= tonumber(callkeep) * 1000 or call(tok) then
-      kept[#kept + 1] = string.sub(blk, pos, pos + 15)
-    end
+-- gone reports whether the call record of tok (decimal) is gone; asked once
+-- a call.
+local gones = {}
+local function gone(tok)
+  local g = gones[tok]
+  if g == nil then
+    g = calls[tok] == false or calls[tok] == nil and redis.call('EXISTS', cbase .. tok) == 0
+    gones[tok] = g
   end
-  return table.concat(kept)
+  return g
 end
 
 -- entryof answers for KEYS[i] from its index entry, that of call ctok at
@@ -313,30 +284,23 @@ local function entryof(i, fp, ctok, place)
   if not cv then
     return true, nil
   end
-  local u, done, att, cfpw, at, places = header(ctok, cv)
+  local u, _, runtil, att, cfpw, e, places = header(ctok, cv)
   if not u then
     return false, 5, 'unknown format'
   end
   if place < 1 or place > places then
     return true, nil
   end
-  local st = string.sub(cv, at + place - 1, at + place - 1)
-  if st == 'P' or st == 'C' then
-    local rfp = ''
-    if cfpw > 0 then
-      local from = at + places + (place - 1) * cfpw
-      rfp = string.gsub(string.sub(cv, from, from + cfpw - 1), '%.+$', '')
-    end
-    if rfp ~= fp then
-      return false, 4
-    end
+  local st = string.sub(cv, e + place, e + place)
+  if (st == 'P' or st == 'C') and call_fp(cv, e, places, cfpw, place) ~= fp then
+    return false, 4
   end
   if st == 'P' then
     if att == attempt then
       return false, 10, tonumber(ctok), place
     end
-    if u > now then
-      return false, 3, math.ceil((u - now) / 1000)
+    if tonumber(u) > now then
+      return false, 3, math.ceil((tonumber(u) - now) / 1000)
     end
   end
   if st == 'P' or st == 'R' then
@@ -352,13 +316,10 @@ local function entryof(i, fp, ctok, place)
     return false, code, x, y, z, w
   end
   if st == 'C' then
-    local age = now - done
-    if age <= retention then
+    if now < tonumber(runtil) then
       return false, 8, tonumber(ctok)
     end
-    if age <= mretention then
-      return false, 9, tonumber(ctok)
-    end
+    return false, 9, tonumber(ctok)
   end
   return true, nil
 end
@@ -366,43 +327,47 @@ end
 local fpw = 0
 if withfps then
   for i = 1, n do
-    fpw = math.max(fpw, #ARGV[12 + i])
+    fpw = math.max(fpw, #ARGV[7 + i])
   end
 end
 local pad = string.rep('.', fpw)
 
--- The records of a call come ordered by block, so that those of one block
--- are next to each other: blk is the block of the record at hand, as this
--- call changes it, and writes the blocks to write back, block then value.
--- (Claims kept in records find nothing in an index key that is not there:
--- no reading of its blocks, every block empty.)
-local names, blocks = {''}, {}
+-- The index: its state m, and bv[name], the value of each block the call
+-- reads, as the call changes it ('' for none); dirty[name] is set for the
+-- blocks to write back. (Claims kept in records find nothing in an index key
+-- that is not there: no reading of its blocks, every block empty.)
+local m, bv, dirty, names = nil, {}, {}, {}
 local indexed = compact or redis.call('EXISTS', ikey) == 1
 if indexed then
+  local other
+  m, other = index_state(redis.call('HGET', ikey, ''))
+  if not m then
+    return redis.error_reply('IDEMLAYOUT ' .. other)
+  end
+  local want, nw = {}, 0
   for i = 1, n do
-    names[i + 1] = string.sub(blocknames, 3 * i - 2, 3 * i)
-  end
-  blocks = redis.call('HMGET', ikey, unpack(names))
-end
--- blocks[1] is the field "", the layout: blocks[i + 1] that of KEYS[i].
-if blocks[1] and blocks[1] ~= layout then
-  return redis.error_reply('IDEMLAYOUT ' .. blocks[1])
-end
-local recs = redis.call('MGET', unpack(KEYS, 1, n))
-local writes, nw = {}, 0
-local out, m, states, fps, claimed = {}, 0, {}, {}, false
-local lastf, blk, dirty
-for i = 1, n do
-  local f = names[i + 1]
-  if f ~= lastf then
-    if dirty then
-      writes[nw + 1], writes[nw + 2], nw = lastf, blk, nw + 2
+    local name = index_name(index_place(m, heads, 10 * i - 9))
+    names[i] = name
+    if not bv[name] then
+      bv[name] = ''
+      nw = nw + 1
+      want[nw] = name
     end
-    lastf, blk, dirty = f, blocks[i + 1] or '', false
   end
+  local got = redis.call('HMGET', ikey, unpack(want, 1, nw))
+  for j = 1, nw do
+    if got[j] then
+      bv[want[j]] = got[j]
+    end
+  end
+end
+local added, dropped = 0, 0
+local recs = redis.call('MGET', unpack(KEYS, 1, n))
+local out, o, states, fps, claimed = {}, 0, {}, {}, false
+for i = 1, n do
   local fp = ''
   if withfps then
-    fp = ARGV[12 + i]
+    fp = ARGV[7 + i]
   end
   local code, a, b, c, d
   if recs[i] then
@@ -410,62 +375,144 @@ for i = 1, n do
   elseif not indexed then
     code, a = newfresh(i, fp)
   else
-    local head = string.sub(heads, 9 * i - 8, 9 * i)
+    local name = names[i]
+    local blk = bv[name]
     if blk ~= '' then
-      local d7 = string.sub(head, 1, 7)
-      local pos = string.find(blk, d7, 1, true)
-      while pos and pos % 16 ~= 1 do
-        pos = string.find(blk, d7, pos + 1, true)
-      end
+      local d8 = string.sub(heads, 10 * i - 9, 10 * i - 2)
+      local pos = index_find(blk, d8)
       if pos then
-        local ctok, place = entrytoken(blk, pos)
+        local ctok, place = index_token(blk, pos, now)
         local drop
-        drop, code, a, b, c, d = entryof(i, fp, ctok, place)
+        drop, code, a, b, c, d = entryof(i, fp, string.format('%d', ctok), place)
         if drop then
-          blk, dirty = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16), true
+          bv[name], dirty[name], dropped = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16), true, dropped + 1
         end
       end
     end
     if not code then
       -- No entry, or a stale one: the record is free.
       if compact then
-        if #blk >= sweepcut then
-          blk = sweep(blk)
-        end
-        blk, dirty, code = blk .. head .. tok7, true, 6
+        bv[name], dirty[name], code = bv[name] .. string.sub(heads, 10 * i - 9, 10 * i) .. tok6, true, 6
+        added = added + 1
       else
         code, a = newfresh(i, fp)
       end
     end
   end
-  m = m + 1
-  out[m] = code
+  o = o + 1
+  out[o] = code
   if code == 6 then
     states[i], claimed = 'P', true
   else
     states[i] = 'X'
     if code == 1 then
-      out[m + 1], out[m + 2], out[m + 3], out[m + 4] = a, b, c, d
-      m = m + 4
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a, b, c, d
+      o = o + 4
     elseif code == 10 or code == 11 or code == 12 then
-      out[m + 1], out[m + 2] = a, b
-      m = m + 2
+      out[o + 1], out[o + 2] = a, b
+      o = o + 2
     elseif code ~= 4 and code ~= 13 then
-      m = m + 1
-      out[m] = a
+      o = o + 1
+      out[o] = a
     end
   end
   if fpw > 0 then
     fps[i] = string.sub(fp .. pad, 1, fpw)
   end
 end
-if dirty then
-  writes[nw + 1], writes[nw + 2], nw = lastf, blk, nw + 2
-end
 
-if nw > 0 then
-  if not blocks[1] then
-    writes[nw + 1], writes[nw + 2], nw = '', layout, nw + 2
+if indexed and (added > 0 or dropped > 0) then
+  local maxage = tonumber(callkeep) * 1000
+
+  -- block returns the value of block b, read if the call has not.
+  local function block(b)
+    local name = index_name(b)
+    local v = bv[name]
+    if v == nil then
+      v = redis.call('HGET', ikey, name) or ''
+      bv[name] = v
+    end
+    return name, v
+  end
+
+  -- sweep returns blk without its entries at the start whose call is older
+  -- than the call record's keep and whose call record is gone (entries come
+  -- in the order of their calls, but for those of merged blocks), and how
+  -- many it took out.
+  local function sweep(blk)
+    local pos = 1
+    local kept, cut = {}, 0
+    while pos <= #blk do
+      local tok = index_token(blk, pos, now)
+      if now - tok <= maxage then
+        break
+      end
+      if gone(string.format('%d', tok)) then
+        cut = cut + 1
+      else
+        kept[#kept + 1] = string.sub(blk, pos, pos + 15)
+      end
+      pos = pos + 16
+    end
+    if cut == 0 then
+      return blk, 0
+    end
+    return table.concat(kept) .. string.sub(blk, pos), cut
+  end
+
+  for name in pairs(dirty) do
+    local v, cut = sweep(bv[name])
+    bv[name], dropped = v, dropped + cut
+  end
+  m.n = math.max(0, m.n + added - dropped)
+
+  -- Split: block s goes into s and s + 2^l by the next bit of its entries'
+  -- digests, a few blocks a call, while the index holds more than
+  -- INDEX_FILL entries a block.
+  local splits = 2 + math.floor(added / INDEX_FILL)
+  while splits > 0 and m.n > INDEX_FILL * index_blocks(m) do
+    local half = 2 ^ m.l
+    local from, v = block(m.s)
+    local v2, cut = sweep(v)
+    m.n = m.n - cut
+    local stay, go = {}, {}
+    for pos = 1, #v2, 16 do
+      local e = string.sub(v2, pos, pos + 15)
+      local a, b, c, d = string.byte(e, 5, 8)
+      if (((a * 256 + b) * 256 + c) * 256 + d) % (2 * half) == m.s then
+        stay[#stay + 1] = e
+      else
+        go[#go + 1] = e
+      end
+    end
+    local to = index_name(m.s + half)
+    bv[from], bv[to], dirty[from], dirty[to] = table.concat(stay), table.concat(go), true, true
+    m.s = m.s + 1
+    if m.s == half then
+      m.l, m.s = m.l + 1, 0
+    end
+    splits = splits - 1
+  end
+  -- Merge: the last block goes back into its sibling, one a call, while
+  -- the index holds fewer than a quarter of INDEX_FILL entries a block.
+  if index_blocks(m) > 1 and 4 * m.n < INDEX_FILL * index_blocks(m) then
+    if m.s == 0 then
+      m.l, m.s = m.l - 1, 2 ^ (m.l - 1)
+    end
+    m.s = m.s - 1
+    local into, v = block(m.s)
+    local last, w = block(m.s + 2 ^ m.l)
+    bv[into], bv[last], dirty[into], dirty[last] = v .. w, '', true, true
+  end
+
+  local writes, nw, dels, nd = {'', index_format(m)}, 2, {}, 0
+  for name in pairs(dirty) do
+    if bv[name] == '' then
+      nd = nd + 1
+      dels[nd] = name
+    else
+      writes[nw + 1], writes[nw + 2], nw = name, bv[name], nw + 2
+    end
   end
   local ok = redis.pcall('HSET', ikey, unpack(writes, 1, nw))
   if type(ok) == 'table' and ok.err then
@@ -473,7 +520,7 @@ if nw > 0 then
     -- written, and no record was claimed compactly.
     local _, why = refused(ok)
     local again, k, j = {}, 0, 1
-    while j <= m do
+    while j <= o do
       local code, size = out[j], 2
       if code == 1 then
         size = 5
@@ -492,8 +539,11 @@ if nw > 0 then
       end
       j = j + size
     end
-    out, m, claimed = again, k, false
+    out, o, claimed = again, k, false
   else
+    if nd > 0 then
+      redis.call('HDEL', ikey, unpack(dels, 1, nd))
+    end
     -- Never shortened: a completion or a renewal may have kept it longer.
     if redis.call('PTTL', ikey) < tonumber(callkeep) then
       redis.call('PEXPIRE', ikey, callkeep)
@@ -503,11 +553,11 @@ end
 
 if claimed then
   redis.call('SET', cbase .. token_s,
-    'i1B' .. until_s .. ':0:' .. attempt .. ':' .. fpw .. ':' .. table.concat(states) .. table.concat(fps),
+    'i2B' .. until_s .. ':0:0:' .. attempt .. ':' .. fpw .. ':' .. table.concat(states) .. table.concat(fps),
     'PX', callkeep)
 else
   token = 0
 end
-out[m + 1] = token
-out[m + 2] = now
+out[o + 1] = token
+out[o + 2] = now
 return out

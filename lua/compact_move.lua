@@ -1,5 +1,6 @@
 -- compact_move.lua: renew the compact claims of one call (see
--- compact_claim.lua), or move some to records of their own.
+-- compact_claim.lua), or move some to records of their own. lib.lua goes
+-- before it.
 --
 -- KEYS         the record keys of the claims named, one per claim, in order
 -- ARGV[1]      the call record key
@@ -11,9 +12,8 @@
 --              least, in milliseconds; moving: the time to keep a pending
 --              record
 -- ARGV[6]      the index key of the claims' entries (see compact_claim.lua)
--- ARGV[4+3j]   the place in the call of the j-th claim
--- ARGV[5+3j]   its block in the index key
--- ARGV[6+3j]   the first 7 bytes of its entry, its digest
+-- ARGV[5+2j]   the place in the call of the j-th claim
+-- ARGV[6+2j]   the first 8 bytes of its digest, which its entry starts with
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 renewed or
 -- moved, 3 (renewing) moved to a record of its own already, which answers
@@ -66,30 +66,28 @@ if not v then
   end
   return out
 end
-local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-if not e then
+local u, done, runtil, att, w, e, places = call_header(v)
+if not u then
   return all('unknown format')
 end
-local at, w = e + 1, tonumber(fpw)
-local places = (#v - e) / (1 + w)
+local at = e + 1
 local st = {string.byte(v, at, at + places - 1)}
 
 if mode == 'E' then
   local any = false
   for j = 1, k do
-    local s = st[tonumber(ARGV[4 + 3 * j])]
+    local s = st[tonumber(ARGV[5 + 2 * j])]
     out[j] = s == 80 and 1 or s == 77 and 3 or 0 -- 'P', 'M'
     any = any or out[j] == 1
   end
   if any then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local now = index_now()
     local keep = redis.call('PTTL', ck)
     if keep < tonumber(ARGV[5]) then
       keep = ARGV[5]
     end
-    redis.call('SET', ck, 'i1B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
-      att .. ':' .. fpw .. ':' .. string.sub(v, at), 'PX', keep)
+    redis.call('SET', ck, 'i2B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
+      runtil .. ':' .. att .. ':' .. w .. ':' .. string.sub(v, at), 'PX', keep)
     if redis.call('PTTL', ikey) < tonumber(keep) then
       redis.call('PEXPIRE', ikey, keep)
     end
@@ -99,17 +97,12 @@ end
 
 local changed = false
 for j = 1, k do
-  local p = tonumber(ARGV[4 + 3 * j])
+  local p = tonumber(ARGV[5 + 2 * j])
   if st[p] == 80 then
-    local fp = ''
-    if w > 0 then
-      local from = at + places + (p - 1) * w
-      fp = string.gsub(string.sub(v, from, from + w - 1), '%.+$', '')
-    end
+    local fp = call_fp(v, e, places, w, p)
     redis.call('SET', KEYS[j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
     -- Its entry leaves the index.
-    local block, d7 = ARGV[5 + 3 * j], ARGV[6 + 3 * j]
-    index_remove(ikey, block, d7)
+    index_remove(ikey, ARGV[6 + 2 * j])
     st[p], changed = 77, true -- 'M'
     out[j] = 1
   elseif st[p] == 77 and moved(j) then

@@ -1,5 +1,6 @@
 -- compact_settle.lua: complete or release compact claims of one call (see
--- compact_claim.lua), in one write of its call record.
+-- compact_claim.lua), in one write of its call record. lib.lua goes before
+-- it.
 --
 -- KEYS[1]    a record key of the call's records (where a Cluster runs it;
 --            not read)
@@ -12,6 +13,10 @@
 -- ARGV[4]    the places in the call of the claims, two bytes each, big-endian
 -- ARGV[5]    the index key of the claims' entries: completing keeps it at
 --            least as long as the call record
+-- ARGV[6]    completing: when the retention of the results ends, in
+--            microseconds of Redis's clock, or 0 for ARGV[3] from now: the
+--            markers answer as empty results until then (the call record
+--            keeps the latest its completions asked for)
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 done, 2 done
 -- before by this call (completed or released already: a retried call), 3
@@ -41,12 +46,11 @@ end
 if not v then
   return all(0)
 end
-local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-if not e then
+local u, done, runtil, att, fpw, e, places = call_header(v)
+if not u then
   return all('unknown format')
 end
 local at = e + 1
-local places = (#v - e) / (1 + tonumber(fpw))
 
 local st = {string.byte(v, at, at + places - 1)}
 local want, changed = string.byte(target), false
@@ -67,14 +71,21 @@ end
 
 if changed then
   if target == 'C' then
-    local t = redis.call('TIME')
-    done = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+    local now = index_now()
+    local asked = tonumber(ARGV[6])
+    if asked <= 0 then
+      asked = now + tonumber(ARGV[3]) * 1000
+    end
+    done, runtil = string.format('%d', now), string.format('%d', math.max(asked, tonumber(runtil)))
   end
   local keep = redis.call('PTTL', ck)
-  if keep <= 0 or target == 'C' and keep < tonumber(ARGV[3]) then
-    keep = ARGV[3]
+  if target == 'C' and keep < tonumber(ARGV[3]) then
+    keep = tonumber(ARGV[3])
   end
-  redis.call('SET', ck, 'i1B' .. u .. ':' .. done .. ':' .. att .. ':' .. fpw .. ':' ..
+  -- A release in the call record's last millisecond keeps it for that
+  -- millisecond: PX takes no 0.
+  keep = math.max(keep, 1)
+  redis.call('SET', ck, 'i2B' .. u .. ':' .. done .. ':' .. runtil .. ':' .. att .. ':' .. fpw .. ':' ..
     string.char(unpack(st)) .. string.sub(v, at + places), 'PX', keep)
   -- The markers last as long as their call record: so must their entries.
   if target == 'C' and redis.call('PTTL', ARGV[5]) < tonumber(keep) then

@@ -7,9 +7,9 @@
 --          short form keeps it
 -- ARGV[3]  "force" to remove also a pending record whose lease is live, or a
 --          record that holds checkpoints; anything else refuses them
--- KEYS[2]  the index key of the record's entry, and ARGV[4] to ARGV[7] its
---          block, digest, the start of the call record keys and the index's
---          layout (see lib.lua): when the key holds no record, a
+-- KEYS[2]  the index key of the record's entry, and ARGV[4] and ARGV[5] its
+--          digest's first 8 bytes and the start of the call record keys
+--          (see lib.lua): when the key holds no record, a
 --          compact claim or marker of the token there is forgotten instead,
 --          its place in its call record marked F and its entry taken out of
 --          the index
@@ -36,7 +36,7 @@
 -- finds no record, or a record that a claim made since, and answers {0}
 -- without touching it; or it finds the same record and refuses again.
 local key, token, token36, force = KEYS[1], ARGV[1], ARGV[2], ARGV[3] == 'force'
-local ikey, ix = KEYS[2], {ARGV[4], ARGV[5], ARGV[6], ARGV[7]}
+local ikey, ix = KEYS[2], {ARGV[4], ARGV[5]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -44,7 +44,7 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local blk, pos, tok, place, other = index_entry(ikey, ix)
+  local blk, pos, tok, place, name, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
@@ -65,7 +65,7 @@ if not v then
     return reply
   end
   redis.call('SETRANGE', c.ck, c.at - 1, 'F')
-  index_drop(ikey, ix[1], blk, pos)
+  index_drop(ikey, name, blk, pos)
   return reply
 end
 local head, st, tok, until_us = string.match(v, '^(i1([PCR])(%d+):%d+:[01]:(%d+):[%w_%-]*:[%w_%-]*:)')

@@ -1,9 +1,9 @@
 -- inspect.lua: read a record without changing it.
 --
 -- KEYS[1]  the record key
--- KEYS[2]  the index key of its entry, and ARGV[1] to ARGV[4] its block,
---          digest, the start of the call record keys and the index's layout
---          (see lib.lua); without them the index is not read
+-- KEYS[2]  the index key of its entry, and ARGV[1] and ARGV[2] its digest's
+--          first 8 bytes and the start of the call record keys (see
+--          lib.lua); without them the index is not read
 --
 -- Returns one of
 --   {0, now_s, now_us}                            no record at the key, and no
@@ -38,7 +38,7 @@
 -- parsed strictly by the caller. Only the header, two bytes and the
 -- checkpoints' names travel back, however large the stored result or the
 -- checkpoints' values. Read-only: safe to run any number of times.
-local key, ikey, ix = KEYS[1], KEYS[2], {ARGV[1], ARGV[2], ARGV[3], ARGV[4]}
+local key, ikey, ix = KEYS[1], KEYS[2], {ARGV[1], ARGV[2]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
@@ -46,7 +46,7 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local _, _, tok, place, other = index_entry(ikey, ix)
+  local _, _, tok, place, _, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end

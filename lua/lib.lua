@@ -1,76 +1,188 @@
 -- lib.lua: functions the scripts that read records and the id index share
--- (inspect.lua, forget.lua, abandon.lua, checkpoint.lua, compact_move.lua):
--- finding a compact claim or a marker in the index (see compact_claim.lua),
--- reading its place in its call record, and describing a record. It is put
--- before each of them, so that they are one script each; it only defines
--- functions.
+-- (every script of compact claims and markers, claim.lua and the operator
+-- scripts): finding a compact claim or a marker in the index (see
+-- compact_claim.lua), growing and shrinking the index, reading a call
+-- record, and describing a record. It is put before each of them, so that
+-- they are one script each; it only defines functions and constants.
 --
 -- The operator scripts take the index from their arguments after their own:
--- KEYS[2] is the index key of the record's entry, IX[1] its block, IX[2] the
--- first 7 bytes of its entry (its digest), IX[3] the start of the call record
--- keys, IX[4] the index's layout. Without KEYS[2] (Scan reads the record keys
--- only) there is no index to look in.
+-- KEYS[2] is the index key of the record's entry, IX[1] the first 8 bytes of
+-- the record's digest, IX[2] the start of the call record keys. Without
+-- KEYS[2] (Scan reads the record keys only) there is no index to look in.
+--
+-- An index key of another layout (its field "" not "v2 ...") is refused by
+-- every script with the error "IDEMLAYOUT " and what the field holds, before
+-- anything is written.
 
--- index_find returns the position in the block blk of the entry whose first
--- 7 bytes are d7 (entries are 16 bytes, so it starts at 1 modulo 16), or
--- nil.
-local function index_find(blk, d7)
-  local pos = string.find(blk, d7, 1, true)
+-- The id index of compact claims and markers (see compact_claim.lua) is a
+-- hash that sizes itself by linear hashing. Its field "" holds its layout
+-- and state, "v2 L S N": L and S place a digest's block (of the 2^L + S
+-- blocks, block h mod 2^L, or h mod 2^(L+1) when that is below S, for h the
+-- digest's bytes 5 to 8), N is how many entries it holds. Every other field
+-- is a block of entries of 16 bytes: DIGEST8 PLACE2 TOKEN6, the record's
+-- digest, its place in the call that holds it and that call's token (Redis's
+-- clock in microseconds) modulo 2^48, all big-endian. Blocks are split one
+-- at a time as entries come (N above INDEX_FILL per block) and merged as they
+-- go (N below a quarter of that): no block holds many more than INDEX_FILL.
+local INDEX_FILL = 16
+
+-- index_state reads the index's state from its field "" (raw, or nil for a
+-- new index): a table {l, s, n}, or nil and raw when raw is another layout
+-- (an index written by another version), which nothing may touch.
+local function index_state(raw)
+  if not raw then
+    return {l = 0, s = 0, n = 0}
+  end
+  local l, s, n = string.match(raw, '^v2 (%d+) (%d+) (%d+)$')
+  if not l then
+    return nil, raw
+  end
+  return {l = tonumber(l), s = tonumber(s), n = tonumber(n)}
+end
+
+-- index_format is the field "" that holds state m.
+local function index_format(m)
+  return string.format('v2 %d %d %d', m.l, m.s, m.n)
+end
+
+-- index_blocks is how many blocks an index of state m has.
+local function index_blocks(m)
+  return 2 ^ m.l + m.s
+end
+
+-- index_name is the field of block b: 4 bytes, big-endian.
+local function index_name(b)
+  return string.char(math.floor(b / 16777216) % 256, math.floor(b / 65536) % 256, math.floor(b / 256) % 256, b % 256)
+end
+
+-- index_place is the block of the digest whose bytes 5 to 8 are at positions
+-- at+4 to at+7 of str, in an index of state m.
+local function index_place(m, str, at)
+  local a, b, c, d = string.byte(str, at + 4, at + 7)
+  local h = ((a * 256 + b) * 256 + c) * 256 + d
+  local half = 2 ^ m.l
+  local blk = h % half
+  if blk < m.s then
+    blk = h % (2 * half)
+  end
+  return blk
+end
+
+-- index_find returns the position in the block blk of the entry whose
+-- digest is d8 (entries are 16 bytes, so it starts at 1 modulo 16), or nil.
+local function index_find(blk, d8)
+  local pos = string.find(blk, d8, 1, true)
   while pos and pos % 16 ~= 1 do
-    pos = string.find(blk, d7, pos + 1, true)
+    pos = string.find(blk, d8, pos + 1, true)
   end
   return pos
 end
 
--- index_entry finds the entry of the record in the index: the block's value,
--- the entry's position in it, the token of the call that holds it (decimal)
--- and its place in the call; nil when there is no index to look in or no
--- entry; or, as a fifth value, the layout of an index key laid out otherwise.
+-- index_token reads the token (a number) and the place of the entry at pos
+-- of block blk; now is Redis's clock: a token is never later than a few
+-- microseconds past it, and never 2^48 microseconds (8.9 years) before it.
+local function index_token(blk, pos, now)
+  local p1, p2, a, b, c, d, e, f = string.byte(blk, pos + 8, pos + 15)
+  local t48 = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+  local ref = now + 4294967296
+  return ref - (ref - t48) % 281474976710656, p1 * 256 + p2
+end
+
+-- index_tok6 is token in the 6 bytes of an entry.
+local function index_tok6(token)
+  local b = {}
+  for j = 6, 1, -1 do
+    b[j] = token % 256
+    token = (token - b[j]) / 256
+  end
+  return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
+end
+
+-- index_now is Redis's clock in microseconds.
+local function index_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- index_entry finds the entry of the record whose digest is ix[1] in the
+-- index key ikey: the block's value, the entry's position in it, the token
+-- of the call that holds it (decimal), its place in the call and the
+-- block's field; nil when there is no index to look in or no entry; or, as
+-- a sixth value, the field "" of an index key laid out otherwise.
 local function index_entry(ikey, ix)
   if not ikey then
     return nil
   end
-  local got = redis.call('HMGET', ikey, ix[1], '')
-  if got[2] and got[2] ~= ix[4] then
-    return nil, nil, nil, nil, got[2]
+  local m, other = index_state(redis.call('HGET', ikey, ''))
+  if not m then
+    return nil, nil, nil, nil, nil, other
   end
-  local blk = got[1]
-  local pos = blk and index_find(blk, ix[2])
+  local name = index_name(index_place(m, ix[1], 1))
+  local blk = redis.call('HGET', ikey, name)
+  local pos = blk and index_find(blk, ix[1])
   if not pos then
     return nil
   end
-  local p1, p2, a, b, c, d, e, f, g = string.byte(blk, pos + 7, pos + 15)
-  local tok = ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g)
-  return blk, pos, string.format('%d', tok), p1 * 256 + p2
+  local tok, place = index_token(blk, pos, index_now())
+  return blk, pos, string.format('%d', tok), place, name
 end
 
 -- index_drop takes the entry at pos out of blk, the value of the field
--- block of the index key ikey.
-local function index_drop(ikey, block, blk, pos)
+-- name of the index key ikey, and counts it out of the index's state.
+local function index_drop(ikey, name, blk, pos)
   blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
+  local m = index_state(redis.call('HGET', ikey, ''))
+  if m then
+    m.n = math.max(0, m.n - 1)
+    redis.call('HSET', ikey, '', index_format(m))
+  end
   if blk == '' then
-    redis.call('HDEL', ikey, block)
+    redis.call('HDEL', ikey, name)
   else
-    redis.call('HSET', ikey, block, blk)
+    redis.call('HSET', ikey, name, blk)
   end
 end
 
--- index_remove takes the entry whose first 7 bytes are d7 out of the field
--- block of the index key ikey, if it is there.
-local function index_remove(ikey, block, d7)
-  local blk = redis.call('HGET', ikey, block)
-  local pos = blk and index_find(blk, d7)
+-- index_remove takes the entry whose digest is d8 out of the index key
+-- ikey, if it is there.
+local function index_remove(ikey, d8)
+  local blk, pos, _, _, name = index_entry(ikey, {d8})
   if pos then
-    index_drop(ikey, block, blk, pos)
+    index_drop(ikey, name, blk, pos)
   end
+end
+
+-- call_header reads the header of the call record v (see compact_claim.lua):
+-- its lease end, when it last completed a claim, when the retention of its
+-- markers' results ends (microseconds, decimal), its attempt id, its
+-- fingerprint width (a number), where its header ends and how many places
+-- it has; nil when v is not a call record.
+local function call_header(v)
+  local _, e, u, done, runtil, att, fpw = string.find(v, '^i2B(%d+):(%d+):(%d+):([%w_%-]*):(%d+):')
+  if not e then
+    return nil
+  end
+  fpw = tonumber(fpw)
+  return u, done, runtil, att, fpw, e, (#v - e) / (1 + fpw)
+end
+
+-- call_fp reads the fingerprint of place p of the call record v, whose
+-- header ends at e, with places places of fingerprints fpw bytes wide.
+local function call_fp(v, e, places, fpw, p)
+  if fpw == 0 then
+    return ''
+  end
+  local from = e + 1 + places + (p - 1) * fpw
+  return (string.gsub(string.sub(v, from, from + fpw - 1), '%.+$', ''))
 end
 
 -- call_place reads place p of the call record at key ck: a table with the
 -- place's state byte as a letter (st), the call's lease end (until_us),
--- when it last completed a claim (done_us), its attempt id (att), the
--- place's fingerprint (fp), where the place's state byte is in the record
--- (at) and the record's key (ck); nil when there is no call record or p is
--- not one of its places; or nil and a reason when it is not one of ours.
+-- when it last completed a claim (done_us), when its markers' retention
+-- ends (runtil_us), its attempt id (att), the place's fingerprint (fp),
+-- where the place's state byte is in the record (at) and the record's key
+-- (ck); nil when there is no call record or p is not one of its places; or
+-- nil and a reason when it is not one of ours.
 local function call_place(ck, p)
   local v = redis.pcall('GET', ck)
   if type(v) == 'table' then
@@ -79,26 +191,20 @@ local function call_place(ck, p)
   if not v then
     return nil
   end
-  local _, e, u, done, att, fpw = string.find(v, '^i1B(%d+):(%d+):([%w_%-]*):(%d+):')
-  if not e then
+  local u, done, runtil, att, fpw, e, places = call_header(v)
+  if not u then
     return nil, 'unknown format'
   end
-  local w = tonumber(fpw)
-  local places = (#v - e) / (1 + w)
   if p < 1 or p > places then
     return nil
   end
-  local fp = ''
-  if w > 0 then
-    local from = e + 1 + places + (p - 1) * w
-    fp = string.gsub(string.sub(v, from, from + w - 1), '%.+$', '')
-  end
-  return {st = string.sub(v, e + p, e + p), until_us = u, done_us = done, att = att, fp = fp, at = e + p, ck = ck}
+  return {st = string.sub(v, e + p, e + p), until_us = u, done_us = done, runtil_us = runtil, att = att,
+    fp = call_fp(v, e, places, fpw, p), at = e + p, ck = ck}
 end
 
 -- index_claim is call_place for place p of the call of token tok.
 local function index_claim(ix, tok, p)
-  return call_place(ix[3] .. tok, p)
+  return call_place(ix[2] .. tok, p)
 end
 
 -- index_reply describes the compact claim or marker c of token tok as

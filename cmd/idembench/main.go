@@ -294,10 +294,8 @@ type options struct {
 	fail       float64
 	seed       uint64
 	baselineDB int
-	// markerScale and markers are -marker-scale (0: -messages, or idem's
-	// default) and -markers.
-	markerScale int64
-	markers     bool
+	// markers is -markers.
+	markers bool
 	// run names the run (newRunTag), once it starts.
 	run string
 	// set holds the names of the flags given.
@@ -349,7 +347,6 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&o.messages, "messages", 0, "with -workload batch: end the run when each side has delivered this many new message ids (and what it did not acknowledge, again), in slices of a number of batches, instead of after -d")
 	fs.Float64Var(&o.fail, "fail", 0, "with -workload batch: share of handler calls, 0 to 0.5, that fail transiently (the same calls on both sides: a hash of -seed, the id and the attempt picks them); a message not acknowledged comes again in its caller's next batch")
 	fs.Uint64Var(&o.seed, "seed", 1, "with -workload batch: the seed of the stream's redeliveries and of -fail's choice")
-	fs.Int64Var(&o.markerScale, "marker-scale", 0, "with -workload batch: the message ids idem's index is sized for, those handled within the marker retention (idem.WithMarkerScale; default: -messages when it is given, else idem's default, 2097152)")
 	fs.BoolVar(&o.markers, "markers", true, "with -workload batch: keep each handled message as a compact marker (false: idem.WithoutMarkers, a record a message)")
 	fs.IntVar(&o.baselineDB, "baseline-db", -1, "with -workload batch, a baseline and -redis: the database of the baseline's keys, so that each side's used_memory can be told apart (default: idem's database plus one)")
 	fs.Usage = func() {
@@ -416,7 +413,7 @@ func (o *options) check(dup share) error {
 const workloadBatch = "batch"
 
 // batchFlags are the flags that go with -workload batch only.
-var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "marker-scale", "markers"}
+var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "markers"}
 
 // checkBatch checks -batch, and what goes with -workload batch, and fills in
 // its defaults.
@@ -450,10 +447,6 @@ func checkBatch(o *options) error {
 		return errors.New("-baseline-db: goes with -baseline and -redis (a Cluster has one database)")
 	case o.set["baseline-db"] && o.baselineDB < 0:
 		return fmt.Errorf("-baseline-db %d: want 0 or more", o.baselineDB)
-	case o.markerScale < 0 || o.set["marker-scale"] && o.markerScale == 0 || o.markerScale > idem.MaxMarkerScale:
-		return fmt.Errorf("-marker-scale %d: want 1 to %d", o.markerScale, int64(idem.MaxMarkerScale))
-	case o.set["marker-scale"] && !o.markers:
-		return errors.New("-marker-scale: sizes the markers that -markers=false turns off")
 	}
 	if o.set["baseline-db"] {
 		opt, err := redis.ParseURL(o.redisURL)
@@ -466,9 +459,6 @@ func checkBatch(o *options) error {
 	}
 	if o.batch == 0 {
 		o.batch = defaultBatch
-	}
-	if o.markerScale == 0 && o.messages > 0 && o.markers {
-		o.markerScale = min(o.messages, idem.MaxMarkerScale)
 	}
 	if o.messages > 0 && redelivered(o) >= o.batch {
 		return fmt.Errorf("-dup %v with -batch %d and -messages: no batch but the first would carry a new id", o.dup, o.batch)

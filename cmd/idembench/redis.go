@@ -132,15 +132,12 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 	k, err := func() (*idem.Keeper, error) {
 		var opts []idem.Option
 		if o.workload == workloadBatch {
-			// A prefix of the run's own: its index is laid out for its
-			// -marker-scale, whatever other runs on the server chose.
+			// A prefix of the run's own: its index and memory are the
+			// run's alone.
 			opts = append(opts, idem.WithPrefix("idembench-"+o.run+":"))
 		}
-		switch {
-		case !o.markers:
+		if !o.markers {
 			opts = append(opts, idem.WithoutMarkers())
-		case o.markerScale > 0:
-			opts = append(opts, idem.WithMarkerScale(o.markerScale))
 		}
 		store, err := idem.NewRedisStore(scripter, opts...)
 		if err != nil {

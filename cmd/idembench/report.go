@@ -64,10 +64,8 @@ type Result struct {
 	Messages int64   `json:"messages"`
 	Fail     float64 `json:"fail"`
 	Seed     uint64  `json:"seed"`
-	// Markers is -markers; MarkerScale the scale idem's index was sized
-	// for, 0 for idem's default.
-	Markers     bool  `json:"markers"`
-	MarkerScale int64 `json:"marker_scale"`
+	// Markers is -markers.
+	Markers bool `json:"markers"`
 	// IDs counts the new message ids idem's side delivered; LostIDs those
 	// whose handler never succeeded by the end of the run;
 	// HandlerFailures the handler calls that -fail made fail; Redelivered
@@ -172,7 +170,7 @@ func (h *harness) result() *Result {
 		res.BatchSize, res.Batches = o.batch, s.batches.Load()
 		res.RoundTripsPerBatch = perBatch(h.cnt, res.Batches)
 		res.Messages, res.Fail, res.Seed = o.messages, o.fail, o.seed
-		res.Markers, res.MarkerScale = o.markers, o.markerScale
+		res.Markers = o.markers
 		res.IDs, res.LostIDs, res.HandlerFailures = batchIDs(h.idem)
 		res.Redelivered = s.redelivered.Load()
 		res.UsedMemoryPerID, res.UsedMemoryBytes, res.KeysAdded = h.idemMemory.perID(), h.idemMemory.bytes, h.idemMemory.keys
@@ -276,11 +274,8 @@ func printHeader(w io.Writer, o *options, server string) {
 	workload := o.workload
 	if o.workload == workloadBatch {
 		markers := "markers off"
-		switch {
-		case o.markers && o.markerScale > 0:
-			markers = fmt.Sprintf("markers for %d ids", o.markerScale)
-		case o.markers:
-			markers = "markers of the default scale"
+		if o.markers {
+			markers = "markers on"
 		}
 		workload = fmt.Sprintf("batch of %d, fail %g, seed %d, %s", o.batch, o.fail, o.seed, markers)
 	}

@@ -40,25 +40,10 @@ func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 		}
 		client = redis.NewClient(opt)
 	}
-	opts := []idem.Option{idem.WithPrefix(prefix)}
-	if g.markerScale != 0 {
-		opts = append(opts, idem.WithMarkerScale(g.markerScale))
-	}
-	store, err := idem.NewRedisStore(client, opts...)
+	store, err := idem.NewRedisStore(client, idem.WithPrefix(prefix))
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if g.markerScale == 0 {
-		// The scale the prefix's index records, if it has one.
-		scale, found, err := store.RecordedMarkerScale(ctx)
-		if err == nil && found {
-			store, err = idem.NewRedisStore(client, append(opts, idem.WithMarkerScale(scale))...)
-		}
-		if err != nil {
-			client.Close()
-			return nil, err
-		}
 	}
 	keeper, err := idem.New(store)
 	if err != nil {

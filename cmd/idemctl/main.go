@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-marker-scale N] [-json] COMMAND ...
+//	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
 //
 //	idemctl inspect [-scope S] KEY        state, token, attempt, lease, expiry, result, checkpoints of a record
 //	idemctl inspect -record REDISKEY      the same, by the Redis key a listing shows
@@ -23,9 +23,8 @@
 // such a Redis key with -record. A message handled by idem.Consume has no
 // record of its own but a compact claim, then a marker, in the prefix's
 // index: inspect, abandon and forget of its scope and key find it there, and
-// pending lists them by the call that claimed them (the index keeps 56 bits
-// of each id's digest, not the id). The index's layout is read from Redis,
-// or given with -marker-scale (idem.WithMarkerScale).
+// pending lists them by the call that claimed them (the index keeps 64 bits
+// of each id's digest, not the id).
 //
 // inspect tells what Redis knows of a record: of a pending one, that a claim
 // holds the key until its lease ends (a time by Redis's clock) and by which
@@ -125,8 +124,6 @@ type globals struct {
 	cluster  string
 	prefix   string
 	json     bool
-	// markerScale is -marker-scale; 0: the one the index records.
-	markerScale int64
 }
 
 // run is the whole command; it returns the exit status.
@@ -138,7 +135,6 @@ func run(ctx context.Context, args []string, con console) int {
 	fs.StringVar(&g.cluster, "cluster", "", "Redis Cluster seed nodes, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&g.prefix, "prefix", idem.DefaultPrefix, "the prefix of the store's Redis keys (idem.WithPrefix)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of text")
-	fs.Int64Var(&g.markerScale, "marker-scale", 0, "the scale of the prefix's index of compact claims and markers (idem.WithMarkerScale); default: the one the index records")
 	fs.Usage = func() { usage(fs) }
 	if err := parseFlags(fs, args); err != nil {
 		return exitStatus(err, con)
@@ -201,7 +197,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 
 func usage(fs *flag.FlagSet) {
 	w := fs.Output()
-	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-marker-scale N] [-json] COMMAND ...
+	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
 
   inspect [-scope S] KEY | -record REDISKEY
         show a record: state, token, attempt, lease, expiry, result, checkpoints

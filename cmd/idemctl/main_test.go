@@ -240,9 +240,8 @@ func TestPendingCluster(t *testing.T) {
 	r = ctl("-cluster", cluster, "forget", "-scope", "s", "-force", "-yes", "order-a")
 	require.Equal(t, 0, r.code, r.stderr)
 
-	// Markers on a Cluster, of an index whose scale is read from the
-	// masters.
-	mk, err := idem.NewRedis(c.Client(t, nil), idem.WithMarkerScale(100000))
+	// Markers on a Cluster.
+	mk, err := idem.NewRedis(c.Client(t, nil))
 	require.NoError(t, err)
 	// Six messages whose records share a slot, so that the Cluster keeps
 	// them compactly (a slot's share of fewer than four is kept in

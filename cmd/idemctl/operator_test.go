@@ -304,12 +304,12 @@ func TestForgetRemovesOnlyTheRecordItShowed(t *testing.T) {
 
 // TestCompactClaimsAndMarkers: a message handled by Consume has no record
 // of its own: inspect finds its marker in the index, forget removes it,
-// and pending lists the markers and compact claims by call, with the
-// layout read from Redis.
+// and pending lists the markers and compact claims by call; an index of
+// another layout is refused.
 func TestCompactClaimsAndMarkers(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		k, err := idem.NewRedis(b.Client, idem.WithMarkerScale(5000), idem.WithLease(time.Hour))
+		k, err := idem.NewRedis(b.Client, idem.WithLease(time.Hour))
 		require.NoError(t, err)
 		_, err = idem.Consume(ctx, k, "t", []string{"m1", "m2"}, func(s string) string { return s },
 			func(context.Context, string) error { return nil })
@@ -347,8 +347,9 @@ func TestCompactClaimsAndMarkers(t *testing.T) {
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim, "forgotten: claimed again")
 
-		r = ctl("-redis", url(b), "-marker-scale", "77", "inspect", "-scope", "t", "m2")
-		assert.Equal(t, 1, r.code, "a scale the index does not have")
-		assert.Contains(t, r.stderr, "scale=5000")
+		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v1 scale=5000").Err())
+		r = ctl("-redis", url(b), "inspect", "-scope", "t", "m2")
+		assert.Equal(t, 1, r.code, "an index of another layout")
+		assert.Contains(t, r.stderr, "v1 scale=5000")
 	})
 }
