@@ -178,7 +178,7 @@ func claimAnswer(res any) (ClaimReply, error) {
 }
 
 // claimReply reads a table claim.lua answered, or one record of
-// batch_claim.lua's or compact_claim.lua's reply in the same shape ({2,
+// compact_claim.lua's reply, a batch's claim, in the same shape ({2,
 // record} and {3, lease_left_ms} are the batch scripts' only).
 func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {

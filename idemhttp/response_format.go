@@ -11,8 +11,8 @@ import (
 )
 
 // The stored response is the value the middleware gives Claim.Complete.
-// Format 2, written since format 1 (response_format1.go), is a byte layout
-// made to be small in Redis and to replay without reflection:
+// Format 2 is a byte layout made to be small in Redis and to replay without
+// reflection:
 //
 //	payload = 0x02 head count line* [ext] tail
 //	head    = uvarint(status<<3 | ext<<2 | fate)
@@ -39,8 +39,10 @@ import (
 // (a table entry stands for exactly its own bytes). The tables below are
 // part of the format: they never change, and a format that needs other
 // entries takes a new number.
+//
+// Format 1, a msgpack array, was written only by development builds before
+// 0.1.0 and is not read: its number is not used again.
 const (
-	responseFormat1 = 1 // a msgpack array; read, no longer written
 	responseFormat2 = 2
 	// responseFormat is the format the middleware writes.
 	responseFormat = responseFormat2
@@ -215,15 +217,17 @@ type encodedResponse struct {
 	literal bool   // whether lines spell out a name or a value
 }
 
-// decodeResponse reads a stored response of format 2, or of format 1 (then
-// written anew as format 2). Its errors wrap ErrCorrupt.
+// decodeResponse reads a stored response of format 2. Its errors wrap
+// ErrCorrupt.
 func decodeResponse(b []byte) (encodedResponse, error) {
 	var s encodedResponse
 	var err error
-	if len(b) == 0 || b[0] != responseFormat2 {
-		b, err = convertFormat1(b)
-	}
-	if err == nil {
+	switch {
+	case len(b) == 0:
+		err = errors.New("stored response is empty")
+	case b[0] != responseFormat2:
+		err = fmt.Errorf("stored response format %d unknown", b[0])
+	default:
 		err = s.parse(b)
 	}
 	if err != nil {

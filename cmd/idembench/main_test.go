@@ -160,7 +160,7 @@ func TestRealRedis(t *testing.T) {
 		code, res, stderr := runJSON(t, "-redis", url, "-d", "1s", "-c", "32", "-autopipeline", "-workload", "first", "-baseline", "setnx")
 		require.Equal(t, 0, code, stderr)
 		assert.NotContains(t, stderr, "miniredis")
-		assert.True(t, strings.HasPrefix(res["server"].(string), "redis "), res["server"])
+		assert.Regexp(t, `^\S+ \d+\.\d+\.\d+$`, res["server"], "named with its version, not a Cluster")
 		assertSound(t, res)
 		assertBaseline(t, res, "setnx")
 		assertRedisCPU(t, res)
@@ -352,12 +352,34 @@ func TestBitsetCountsDuplicates(t *testing.T) {
 	assert.EqualValues(t, 2, b.duplicates.Load())
 }
 
+// TestDescribeServer: a server is named by its own name and version, and
+// as a Cluster by what CLUSTER INFO said, whatever Redis version it
+// reports: Valkey 8.0.1 says redis_version 7.2.4 and has no redis_mode.
+func TestDescribeServer(t *testing.T) {
+	redis70 := "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\nredis_mode:standalone\r\nos:Linux\r\n"
+	valkey80 := "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\nserver_mode:cluster\r\n"
+	for _, c := range []struct {
+		info    string
+		cluster bool
+		want    string
+	}{
+		{redis70, false, "redis 7.0.15"},
+		{redis70, true, "redis cluster 7.0.15"},
+		{valkey80, false, "valkey 8.0.1"},
+		{valkey80, true, "valkey cluster 8.0.1"},
+		{"# Server\r\nredis_mode:cluster\r\n", false, "redis"},
+		{"", false, "redis"},
+	} {
+		assert.Equal(t, c.want, describeServer(c.info, c.cluster), "%q, cluster %v", c.info, c.cluster)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	t.Run("mixed against pair", func(t *testing.T) {
 		code, res, stderr := runJSON(t, "-cluster", strings.Join(c.Addrs(), ","), "-d", "1s", "-c", "32", "-autopipeline", "-workload", "mixed", "-keys", "100", "-baseline", "pair")
 		require.Equal(t, 0, code, stderr)
-		assert.True(t, strings.HasPrefix(res["server"].(string), "redis cluster "), res["server"])
+		assert.Regexp(t, `^\S+ cluster \d+\.\d+\.\d+$`, res["server"], "named a Cluster, with its version")
 		assertSound(t, res)
 		assertBaseline(t, res, "pair")
 		assert.Positive(t, res["replays"])

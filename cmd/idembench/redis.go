@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -80,21 +81,33 @@ func connect(o *options, stderr io.Writer) (idemClient, baseClient client, serve
 	return idemClient, baseClient, server, closeAll, nil
 }
 
-// serverName asks the server for its version.
+// serverName names the server for the report: "redis 7.0.15", "valkey
+// 8.0.1", with "cluster" after the name when CLUSTER INFO answers with a
+// cluster_state (a server without cluster support refuses the command).
 func serverName(ctx context.Context, c client) string {
 	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
 		return "unknown"
 	}
-	name, version := "redis", ""
+	state, err := c.ClusterInfo(ctx).Result()
+	return describeServer(info, err == nil && strings.Contains(state, "cluster_state:"))
+}
+
+// describeServer names a server from its INFO server section: its
+// server_name and that name's own version (Valkey says redis_version 7.2.4
+// for its clients' sake, and valkey_version for itself), else redis and
+// redis_version.
+func describeServer(info string, cluster bool) string {
+	fields := map[string]string{}
 	for _, line := range strings.Split(info, "\n") {
-		line = strings.TrimSpace(line)
-		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
-			version = v
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
 		}
-		if v, ok := strings.CutPrefix(line, "redis_mode:"); ok && v == "cluster" {
-			name = "redis cluster"
-		}
+	}
+	name := cmp.Or(fields["server_name"], "redis")
+	version := cmp.Or(fields[name+"_version"], fields["redis_version"])
+	if cluster {
+		name += " cluster"
 	}
 	if version == "" {
 		return name
