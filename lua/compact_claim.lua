@@ -475,14 +475,26 @@ if indexed and (added > 0 or dropped > 0) then
     local from, v = block(m.s)
     local v2, cut = sweep(v)
     m.n = m.n - cut
+    -- The entries go in runs of those that stay or go alike: a string a
+    -- run, not one an entry.
     local stay, go = {}, {}
-    for pos = 1, #v2, 16 do
-      local e = string.sub(v2, pos, pos + 15)
-      local a, b, c, d = string.byte(e, 5, 8)
-      if (((a * 256 + b) * 256 + c) * 256 + d) % (2 * half) == m.s then
-        stay[#stay + 1] = e
-      else
-        go[#go + 1] = e
+    local from_pos, staying = 1, nil
+    for pos = 1, #v2 + 16, 16 do
+      local here = nil
+      if pos <= #v2 then
+        local a, b, c, d = string.byte(v2, pos + 4, pos + 7)
+        here = (((a * 256 + b) * 256 + c) * 256 + d) % (2 * half) == m.s
+      end
+      if here ~= staying then
+        if staying ~= nil then
+          local run = string.sub(v2, from_pos, pos - 1)
+          if staying then
+            stay[#stay + 1] = run
+          else
+            go[#go + 1] = run
+          end
+        end
+        from_pos, staying = pos, here
       end
     end
     local to = index_name(m.s + half)
