@@ -192,19 +192,23 @@ func (b *consumption) rearm() {
 }
 
 // expire runs on the watch: it loses the messages whose lease ended, and
-// sets the watch for the next.
+// sets the watch for the next. A message's state is read and changed in one
+// critical section: a handler that returns meanwhile is either finished
+// before (its outcome is stored, if the store still takes it) or lost after
+// its context was cancelled, never lost once finished.
 func (b *consumption) expire() {
 	now := b.k.now()
+	var lost []*heldMessage
+	b.mu.Lock()
 	for _, h := range b.held {
-		if !now.Before(h.claim.localLeaseEnd()) {
-			b.mu.Lock()
-			st := h.state
-			b.mu.Unlock()
-			if st == heldWaiting || st == heldRunning {
-				h.claim.endHold(0, nil, errRanOut)
-				b.lose(h, errRanOut)
-			}
+		if (h.state == heldWaiting || h.state == heldRunning) && !now.Before(h.claim.localLeaseEnd()) {
+			b.loseLocked(h, errRanOut)
+			lost = append(lost, h)
 		}
+	}
+	b.mu.Unlock()
+	for _, h := range lost {
+		h.claim.endHold(0, nil, errRanOut)
 	}
 	b.rearm()
 }
@@ -303,6 +307,11 @@ func (b *consumption) finish(h *heldMessage, err error, panicked any) {
 func (b *consumption) lose(h *heldMessage, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.loseLocked(h, cause)
+}
+
+// loseLocked is lose with b.mu held.
+func (b *consumption) loseLocked(h *heldMessage, cause error) {
 	switch h.state {
 	case heldSettling, heldSettled, heldLost:
 		return
