@@ -24,6 +24,7 @@ const (
 	toCall
 	toBatch   // BeginBatch and Consume
 	toConsume // Consume only
+	toStream  // a StreamConsumer
 )
 
 // settings gathers what options set; each constructor or call reads its own
@@ -52,6 +53,13 @@ type settings struct {
 	fingerprints [][]byte
 	concurrency  int
 	compact      bool
+	// Consume's settle window, when settleSet (WithSettleWindow).
+	settleDelay time.Duration
+	settleCount int
+	settleSet   bool
+	// A StreamConsumer (stream.go).
+	batchSize  int
+	deadLetter string
 }
 
 func defaultSettings() settings {
@@ -88,9 +96,11 @@ func WithFingerprint(fp []byte) Option {
 // lease meanwhile, the waiting call claims the key and runs the operation
 // itself. Given to New or NewRedis it is the default of every call, which a
 // call's own WithWait replaces (WithWait(0): no waiting). Default: 0, no
-// waiting. It must not be negative. Applies to a Keeper and to a call.
+// waiting. It must not be negative. Applies to a Keeper and to a call; to
+// Consume, whose wait is its own (see Consume); and to a StreamConsumer
+// (default there: its lease).
 func WithWait(d time.Duration) Option {
-	return Option{name: "WithWait", to: toKeeper | toCall, set: func(s *settings) { s.wait = d }}
+	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, set: func(s *settings) { s.wait = d }}
 }
 
 // WithClock sets the clock the Keeper reads: when a claim's lease runs out by

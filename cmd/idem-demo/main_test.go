@@ -265,7 +265,10 @@ func TestConsumersTakeEachEffectOnce(t *testing.T) {
 			v := checkEffects(rep)
 			assert.True(t, v.ok(), "twice: %v, lost: %v", v.Twice, v.Lost)
 			assert.Equal(t, cfg.Events*len(steps), v.Effects)
-			assert.Equal(t, cfg.Events, rep.Handled, "each event handled once")
+			// A crashed batch stores the outcomes of its handlers that
+			// returned within the settle window before the crash: those are
+			// handled by the dead consumer, unreported, and replayed after.
+			assert.LessOrEqual(t, rep.Handled, cfg.Events, "each event handled once at most")
 			assert.Positive(t, rep.Crashes)
 			assert.Positive(t, rep.Recovered, "a dead consumer's events are taken over")
 			assert.Positive(t, rep.Rebalances)
