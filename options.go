@@ -48,6 +48,7 @@ type settings struct {
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
+	waitSet     bool
 	info        *CallInfo
 	// A batch call (batch.go, consume.go). compact is WithCompactClaims.
 	fingerprints [][]byte
@@ -100,7 +101,7 @@ func WithFingerprint(fp []byte) Option {
 // Consume, whose wait is its own (see Consume); and to a StreamConsumer
 // (default there: its lease).
 func WithWait(d time.Duration) Option {
-	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, set: func(s *settings) { s.wait = d }}
+	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, set: func(s *settings) { s.wait, s.waitSet = d, true }}
 }
 
 // WithClock sets the clock the Keeper reads: when a claim's lease runs out by
