@@ -83,6 +83,12 @@ func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (s
 	if s.concurrency < 0 {
 		return s, fmt.Errorf("%w: WithConcurrency: %d is negative", ErrInvalidConfig, s.concurrency)
 	}
+	if s.wait < 0 {
+		return s, fmt.Errorf("%w: WithWait: %s is negative", ErrInvalidConfig, s.wait)
+	}
+	if s.settleSet && (s.settleDelay < 0 || s.settleCount < 1) {
+		return s, fmt.Errorf("%w: WithSettleWindow: %s, %d: the delay must not be negative, the count at least 1", ErrInvalidConfig, s.settleDelay, s.settleCount)
+	}
 	if l := s.policy.lease; l != 0 && (l < time.Millisecond || l > MaxDuration) {
 		return s, fmt.Errorf("%w: WithLease: %s is not between 1ms and MaxDuration", ErrInvalidConfig, l)
 	}

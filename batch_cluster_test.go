@@ -103,7 +103,7 @@ func TestBatchCluster(t *testing.T) {
 		}
 		ran := map[string]int{}
 		before := nodes.snapshot()
-		res, err = Consume(ctx, k, "m", batch, id, func(_ context.Context, m string) error { ran[m]++; return nil })
+		res, err = Consume(ctx, k, "m", batch, id, func(_ context.Context, m string) error { ran[m]++; return nil }, WithSettleWindow(time.Hour, len(batch)))
 		require.NoError(t, err)
 		perNode := nodes.since(before)
 		require.Len(t, perNode, 3, "every master holds part of the batch")

@@ -32,7 +32,8 @@ func redeliveryBatch(n int, dup float64, seed uint64) (batch, done []string) {
 
 // TestBatchRoundTrips: a batch of 500 messages, a fifth of them
 // redeliveries, costs one round trip to claim, one to renew and one to
-// complete; Consume, whose handlers end within a third of the lease, two.
+// complete; Consume, whose handlers end within a third of the lease and
+// within its settle window, two.
 func TestBatchRoundTrips(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var cnt redistest.Counter
@@ -52,9 +53,9 @@ func TestBatchRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		var res []MessageResult
 		assert.EqualValues(t, 2, cnt.Count(func() {
-			res, err = Consume(ctx, k, "s", batch, func(s string) string { return s }, func(context.Context, string) error { return nil })
+			res, err = Consume(ctx, k, "s", batch, func(s string) string { return s }, func(context.Context, string) error { return nil }, WithSettleWindow(time.Hour, len(batch)))
 			require.NoError(t, err)
-		}), "Consume: the claim and the completion")
+		}), "Consume: the claim and the completion, the handlers returning within the settle window")
 		for _, r := range res {
 			assert.True(t, r.Ack)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Consume handles a batch of messages at most once each per key, for a
@@ -37,15 +38,34 @@ import (
 //     dead-letter queue (MessageRejected).
 //
 // The handlers run one after another in the order of msgs, or, with
-// WithConcurrency(n), up to n at once, started in that order. Every third of
-// the lease, one ExtendBatch renews the leases of the messages not yet
-// settled, and the outcomes of the handlers that have returned by then are
-// stored; the rest are stored when the last handler returns, the successes
-// completed and the failures released in one pipeline. A batch of any size
-// whose handlers take less than a third of the lease thus costs two round
-// trips per Redis node: the claim and the completion. A process that dies
-// mid-batch leaves the keys of the batch pending; their redelivery after the
-// lease takes them over (Recovered) with the checkpoints recorded.
+// WithConcurrency(n), up to n at once, started in that order. The outcomes
+// of the handlers are stored as they return, within the settle window
+// (WithSettleWindow: 10 ms after the first unstored one returned, or as
+// soon as 128 have, whichever comes first), each time in one call to the
+// store (one pipeline per Redis node) while the other handlers go on: the
+// successes completed, the failures released. Every third of the lease,
+// one ExtendBatch renews the leases of the messages not yet settled. What
+// is left is stored when the last handler returns. A batch whose handlers
+// all return within the window thus costs two round trips per Redis node:
+// the claim and the completion, when they are fewer than the window's
+// count.
+//
+// A process that dies mid-batch leaves the keys it had not settled
+// pending; their redelivery, once the lease has run out, takes them over
+// (Claim.Recovered, with the checkpoints recorded) and runs their handlers
+// again. Those are the handlers that were running, the ones not yet
+// started, and the ones that returned within the settle window before the
+// death (at most the window's count, plus those of one store call under
+// way): every message handled longer ago than that is answered
+// MessageReplayed. A handler with side effects outside Redis checks, on
+// Recovered, whether its effect is already there (see docs/consumers.md).
+//
+// With WithWait(d), a message whose key another consumer holds (its lease
+// alive) is claimed again, with backoff, once the other messages are
+// settled, until d has passed since then: when the holder completes, it is
+// MessageReplayed; when the holder releases the key or its lease runs out,
+// its handler runs here. The Keeper's own WithWait does not apply: a batch
+// waits only when its call says so, since its answers wait with it.
 //
 // On a RedisStore the claims are compact (see WithCompactClaims): a claim
 // of a key that has no record is an entry of 16 bytes in an index, and a
@@ -71,11 +91,16 @@ import (
 // are renewed, and the outcomes stored, whatever happens to ctx, until the
 // handlers have returned.
 //
-// Options that apply: WithConcurrency (1), WithFingerprints (none) and
-// WithLease (the Keeper's lease), the lease of this call's claims. The
-// error is non-nil only when nothing was done: nil key or handle, an option
-// that does not apply or does not fit (ErrInvalidConfig), or ctx already
-// done.
+// Options that apply: WithConcurrency (1), WithFingerprints (none),
+// WithLease (the Keeper's lease), the lease of this call's claims,
+// WithSettleWindow (10 ms, 128) and WithWait (0: no waiting). The error is
+// nil when something was done. It is non-nil, with nil results, for a nil
+// key or handle, an option that does not apply or does not fit
+// (ErrInvalidConfig), or ctx already done. When no message's claim reached
+// the store (every key sent to it was answered ErrUnavailable), every
+// result is still returned, each such message MessageRetry, and the error
+// wraps ErrUnavailable and the first cause: a loop that reads it backs off
+// instead of spinning.
 func Consume[M any](ctx context.Context, k *Keeper, scope string, msgs []M, key func(M) string, handle func(ctx context.Context, msg M) error, opts ...Option) ([]MessageResult, error) {
 	if key == nil || handle == nil {
 		return nil, fmt.Errorf("%w: Consume needs a key function and a handler", ErrInvalidConfig)
@@ -84,28 +109,145 @@ func Consume[M any](ctx context.Context, k *Keeper, scope string, msgs []M, key 
 	if err != nil {
 		return nil, err
 	}
-	lease := k.policy.lease
-	if s.policy.lease != 0 {
-		lease = s.policy.lease
-	}
 	keys := make([]string, len(msgs))
 	for i := range msgs {
 		keys[i] = key(msgs[i])
+	}
+	return k.consume(ctx, ctx, scope, keys, &s, func(ctx context.Context, i int) error { return handle(ctx, msgs[i]) })
+}
+
+// consume is Consume once the keys and options are read: the handlers run
+// with ctx, and once stop is done no further handler starts (Consume gives
+// ctx for both; a StreamConsumer lets the handlers under way finish).
+func (k *Keeper) consume(ctx, stop context.Context, scope string, keys []string, s *settings, handle func(ctx context.Context, i int) error) ([]MessageResult, error) {
+	lease := k.policy.lease
+	if s.policy.lease != 0 {
+		lease = s.policy.lease
 	}
 	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers, lease)
 	if err != nil {
 		return nil, err
 	}
-	b := newConsumption(k, claims, lease)
-	b.run(ctx, max(s.concurrency, 1), func(ctx context.Context, i int) error { return handle(ctx, msgs[i]) })
-	return b.results, nil
+	unreachable := unreachableStore(claims)
+	b := newConsumption(k, claims, lease, s)
+	b.run(ctx, stop, max(s.concurrency, 1), handle)
+	results := b.results
+	if s.wait > 0 {
+		k.awaitHolders(ctx, stop, scope, keys, results, s, lease, handle)
+	}
+	return results, unreachable
 }
+
+// unreachableStore returns an error wrapping ErrUnavailable when no claim
+// of a batch reached the store: every key sent to it was answered
+// ErrUnavailable. Nil when one was answered otherwise, or when none was
+// sent (every key invalid).
+func unreachableStore(claims []BatchResult) error {
+	var first error
+	for i, r := range claims {
+		switch {
+		case r.First != i, errors.Is(r.Err, ErrInvalidKey):
+			continue // not sent
+		case r.Err == nil || !errors.Is(r.Err, ErrUnavailable), errors.Is(r.Err, ErrNotReplicated):
+			return nil // the store answered (a claim not yet replicated was still made)
+		case first == nil:
+			first = r.Err
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return fmt.Errorf("idem: Consume: no claim reached the store: %w", first)
+}
+
+// awaitHolders claims again, with backoff, the messages of results that
+// another consumer held (MessageRetry with an *InProgressError), until
+// s.wait has passed or stop is done, and runs the handlers of those it
+// claims; it updates results in place.
+func (k *Keeper) awaitHolders(ctx, stop context.Context, scope string, keys []string, results []MessageResult, s *settings, lease time.Duration, handle func(ctx context.Context, i int) error) {
+	deadline := k.now().Add(s.wait)
+	backoff := 5 * time.Millisecond
+	for {
+		var places []int
+		hint := s.wait
+		for i, r := range results {
+			var ip *InProgressError
+			if r.Status == MessageRetry && r.First == i && errors.As(r.Err, &ip) {
+				places = append(places, i)
+				if ip.RetryAfter > 0 {
+					hint = min(hint, ip.RetryAfter)
+				}
+			}
+		}
+		left := deadline.Sub(k.now())
+		if len(places) == 0 || left <= 0 {
+			break
+		}
+		t := time.NewTimer(min(backoff, hint, left))
+		backoff = min(2*backoff, 250*time.Millisecond)
+		select {
+		case <-stop.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		sub := make([]string, len(places))
+		var fps [][]byte
+		if s.fingerprints != nil {
+			fps = make([][]byte, len(places))
+		}
+		for j, i := range places {
+			sub[j] = keys[i]
+			if fps != nil {
+				fps[j] = s.fingerprints[i]
+			}
+		}
+		claims, err := k.beginBatch(ctx, scope, sub, fps, k.markers, lease)
+		if err != nil {
+			break
+		}
+		b := newConsumption(k, claims, lease, s)
+		b.run(ctx, stop, max(s.concurrency, 1), func(ctx context.Context, j int) error { return handle(ctx, places[j]) })
+		for j, r := range b.results {
+			r.First = places[j]
+			results[places[j]] = r
+		}
+	}
+	for i := range results {
+		if r := &results[i]; r.Status == MessageDuplicate {
+			r.Ack = results[r.First].Ack
+		}
+	}
+}
+
+// WithSettleWindow sets how soon Consume stores the outcomes of the
+// handlers that returned while the others go on: at most d after the
+// first of them returned, or as soon as n have, in one call to the store
+// (one pipeline per Redis node) each time. It bounds what a process that
+// dies mid-batch runs again: the handlers that returned within the window
+// before its death (see Consume). A shorter window costs more round trips
+// per batch. Default: 10 ms and 128. d must not be negative (0: as soon as the store
+// call under way, if any, has returned), n must be at least 1. Applies to
+// Consume and to a StreamConsumer.
+func WithSettleWindow(d time.Duration, n int) Option {
+	return Option{name: "WithSettleWindow", to: toConsume | toStream, set: func(s *settings) { s.settleDelay, s.settleCount, s.settleSet = d, n, true }}
+}
+
+// The defaults of WithSettleWindow: ten milliseconds is a few round trips
+// on a local network, so storing as handlers return costs a batch of quick
+// handlers a few store calls more, and a crash re-runs at most what
+// returned in that time, or the last 128.
+const (
+	defaultSettleDelay = 10 * time.Millisecond
+	defaultSettleCount = 128
+)
 
 // WithConcurrency makes Consume run up to n handlers at once, started in the
 // order of the batch. Default: 1, one after another in order, for consumers
-// whose messages must take effect in order. Applies to Consume.
+// whose messages must take effect in order. Applies to Consume and to a
+// StreamConsumer.
 func WithConcurrency(n int) Option {
-	return Option{name: "WithConcurrency", to: toConsume, set: func(s *settings) { s.concurrency = n }}
+	return Option{name: "WithConcurrency", to: toConsume | toStream, set: func(s *settings) { s.concurrency = n }}
 }
 
 // MessageResult says what Consume did with one message.

@@ -1005,7 +1005,7 @@ func (e *cfEnv) consume(k *Keeper, batch []msg, n int) {
 		return err
 	}
 	res, err := Consume(context.Background(), k, cfScope, batch, msgID, handle, WithConcurrency(n))
-	if err != nil {
+	if err != nil && !unreachableAnswer(res, err) {
 		e.led.violation("Consume: %v", err)
 		return
 	}

@@ -20,6 +20,14 @@ type consumption struct {
 	results []MessageResult
 	// held are the claimed messages, in the order of the batch.
 	held []*heldMessage
+	// stop ends the starting of handlers (Consume's ctx, or a
+	// StreamConsumer's own).
+	stop context.Context
+	// settleDelay and settleCount are the settle window (WithSettleWindow);
+	// returned tells the settler that a handler returned.
+	settleDelay time.Duration
+	settleCount int
+	returned    chan struct{}
 
 	mu sync.Mutex
 	// stopped is set when no further handler may start: a handler
@@ -31,6 +39,9 @@ type consumption struct {
 	// watchOff is set once the handlers have returned.
 	watch    *time.Timer
 	watchOff bool
+	// unsettled counts the handlers that returned since the settler last
+	// took the finished messages.
+	unsettled int
 }
 
 // heldMessage is a claimed message. Every field after claim is guarded by
@@ -66,8 +77,14 @@ const (
 	heldLost
 )
 
-func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration) *consumption {
-	b := &consumption{k: k, lease: lease, every: max(lease/3, time.Millisecond), results: make([]MessageResult, len(claims))}
+func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration, s *settings) *consumption {
+	b := &consumption{
+		k: k, lease: lease, every: max(lease/3, time.Millisecond), results: make([]MessageResult, len(claims)),
+		settleDelay: defaultSettleDelay, settleCount: defaultSettleCount, returned: make(chan struct{}, 1),
+	}
+	if s.settleSet {
+		b.settleDelay, b.settleCount = s.settleDelay, s.settleCount
+	}
 	held := make([]heldMessage, 0, len(claims)) // one allocation for all
 	for i, r := range claims {
 		if r.Err == nil && r.Outcome.Claim != nil {
@@ -80,17 +97,21 @@ func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration) *consu
 	return b
 }
 
-// run runs handle for every held message, n at a time, with renewals, then
-// settles them and sets every result. A handler's panic is raised again
-// once the batch is settled.
-func (b *consumption) run(ctx context.Context, n int, handle func(ctx context.Context, i int) error) {
+// run runs handle for every held message, n at a time, with renewals,
+// storing outcomes as handlers return, then settles the rest and sets
+// every result. Once stop is done no further handler starts. A handler's
+// panic is raised again once the batch is settled.
+func (b *consumption) run(ctx, stop context.Context, n int, handle func(ctx context.Context, i int) error) {
+	b.stop = stop
 	if len(b.held) > 0 {
 		rctx := context.WithoutCancel(ctx)
 		b.renewLate(rctx)
 		b.rearm()
-		stop := b.renew(rctx)
+		stopRenew := b.renew(rctx)
+		stopSettle := b.settler(rctx)
 		b.handleAll(ctx, n, handle)
-		stop()
+		stopSettle()
+		stopRenew()
 		b.mu.Lock()
 		b.watchOff = true
 		if b.watch != nil {
@@ -192,19 +213,23 @@ func (b *consumption) rearm() {
 }
 
 // expire runs on the watch: it loses the messages whose lease ended, and
-// sets the watch for the next.
+// sets the watch for the next. A message's state is read and changed in one
+// critical section: a handler that returns meanwhile is either finished
+// before (its outcome is stored, if the store still takes it) or lost after
+// its context was cancelled, never lost once finished.
 func (b *consumption) expire() {
 	now := b.k.now()
+	var lost []*heldMessage
+	b.mu.Lock()
 	for _, h := range b.held {
-		if !now.Before(h.claim.localLeaseEnd()) {
-			b.mu.Lock()
-			st := h.state
-			b.mu.Unlock()
-			if st == heldWaiting || st == heldRunning {
-				h.claim.endHold(0, nil, errRanOut)
-				b.lose(h, errRanOut)
-			}
+		if (h.state == heldWaiting || h.state == heldRunning) && !now.Before(h.claim.localLeaseEnd()) {
+			b.loseLocked(h, errRanOut)
+			lost = append(lost, h)
 		}
+	}
+	b.mu.Unlock()
+	for _, h := range lost {
+		h.claim.endHold(0, nil, errRanOut)
 	}
 	b.rearm()
 }
@@ -257,8 +282,8 @@ func (b *consumption) start(ctx context.Context, h *heldMessage) (context.Contex
 	case b.stopped:
 		h.state, h.err = heldSkipped, errors.New("idem: not run: a handler of the batch panicked")
 		return nil, false
-	case ctx.Err() != nil:
-		h.state, h.err = heldSkipped, canceled(ctx, "consume")
+	case b.stop.Err() != nil:
+		h.state, h.err = heldSkipped, canceled(b.stop, "consume")
 		return nil, false
 	}
 	opCtx, cancel := context.WithCancelCause(ctx)
@@ -295,7 +320,73 @@ func (b *consumption) finish(h *heldMessage, err error, panicked any) {
 	}
 	if h.state == heldRunning {
 		h.state = heldFinished
+		b.unsettled++
+		if b.unsettled == 1 || b.unsettled >= b.settleCount {
+			select {
+			case b.returned <- struct{}{}:
+			default:
+			}
+		}
 	}
+}
+
+// settler stores the outcomes of the handlers that returned, within the
+// settle window: settleDelay after the first of them returned, or as soon
+// as settleCount have, one store call at a time, until the returned stop is
+// called; stop waits for a store call under way.
+func (b *consumption) settler(ctx context.Context) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		var t *time.Timer
+		for {
+			select {
+			case <-done:
+				return
+			case <-b.returned:
+			}
+			if !b.windowFull() && b.settleDelay > 0 {
+				if t == nil {
+					t = time.NewTimer(b.settleDelay)
+					defer t.Stop()
+				} else {
+					t.Reset(b.settleDelay)
+				}
+			wait:
+				for {
+					select {
+					case <-done:
+						return
+					case <-t.C:
+						break wait
+					case <-b.returned:
+						if b.windowFull() {
+							t.Stop()
+							break wait
+						}
+					}
+				}
+			}
+			b.mu.Lock()
+			b.unsettled = 0
+			b.mu.Unlock()
+			sctx, cancel := context.WithTimeout(ctx, b.every)
+			b.settle(sctx, false)
+			cancel()
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
+
+// windowFull reports whether settleCount handlers returned since the
+// settler last took the finished messages.
+func (b *consumption) windowFull() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.unsettled >= b.settleCount
 }
 
 // lose marks h's lease lost, with cause: a handler running is cancelled,
@@ -303,6 +394,11 @@ func (b *consumption) finish(h *heldMessage, err error, panicked any) {
 func (b *consumption) lose(h *heldMessage, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.loseLocked(h, cause)
+}
+
+// loseLocked is lose with b.mu held.
+func (b *consumption) loseLocked(h *heldMessage, cause error) {
 	switch h.state {
 	case heldSettling, heldSettled, heldLost:
 		return

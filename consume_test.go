@@ -354,8 +354,12 @@ func TestConsumeRefusesMisuse(t *testing.T) {
 			return err
 		},
 		"negative concurrency": func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithConcurrency(-1)); return err },
-		"WithWait":             func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithWait(time.Second)); return err },
-		"WithFingerprint":      func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithFingerprint(nil)); return err },
+		"negative WithWait":    func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithWait(-time.Second)); return err },
+		"WithSettleWindow of 0": func() error {
+			_, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithSettleWindow(time.Millisecond, 0))
+			return err
+		},
+		"WithFingerprint": func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithFingerprint(nil)); return err },
 		"WithConcurrency to BeginBatch": func() error {
 			_, err := k.BeginBatch(ctx, "s", []string{"a"}, WithConcurrency(2))
 			return err

@@ -73,13 +73,18 @@ const (
 	// StepAbandon: Keeper.Abandon ended the lease of a claim known dead
 	// (ResultDone, also when there was nothing of its token to abandon).
 	StepAbandon
+	// StepStream: a StreamConsumer could not read or acknowledge entries
+	// (ResultUnavailable, with the error; it pauses and tries again), or
+	// moved a rejected entry to its dead-letter stream (the Result of the
+	// rejection: ResultInvalid, ResultMismatch, ResultCorrupt).
+	StepStream
 )
 
 var stepNames = [...]string{
 	StepClaim: "claim", StepComplete: "complete", StepRelease: "release",
 	StepExtend: "extend", StepLease: "lease", StepCheckpoint: "checkpoint",
 	StepInspect: "inspect", StepForget: "forget", StepRequest: "request",
-	StepAbandon: "abandon",
+	StepAbandon: "abandon", StepStream: "stream",
 }
 
 // String returns the step's name, such as "claim".

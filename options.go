@@ -24,6 +24,7 @@ const (
 	toCall
 	toBatch   // BeginBatch and Consume
 	toConsume // Consume only
+	toStream  // a StreamConsumer
 )
 
 // settings gathers what options set; each constructor or call reads its own
@@ -45,11 +46,19 @@ type settings struct {
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
+	waitSet     bool
 	info        *CallInfo
 	// A batch call (batch.go, consume.go). compact is WithCompactClaims.
 	fingerprints [][]byte
 	concurrency  int
 	compact      bool
+	// Consume's settle window, when settleSet (WithSettleWindow).
+	settleDelay time.Duration
+	settleCount int
+	settleSet   bool
+	// A StreamConsumer (stream.go).
+	batchSize  int
+	deadLetter string
 }
 
 func defaultSettings() settings {
@@ -86,9 +95,11 @@ func WithFingerprint(fp []byte) Option {
 // lease meanwhile, the waiting call claims the key and runs the operation
 // itself. Given to New or NewRedis it is the default of every call, which a
 // call's own WithWait replaces (WithWait(0): no waiting). Default: 0, no
-// waiting. It must not be negative. Applies to a Keeper and to a call.
+// waiting. It must not be negative. Applies to a Keeper and to a call; to
+// Consume, whose wait is its own (see Consume); and to a StreamConsumer
+// (default there: its lease).
 func WithWait(d time.Duration) Option {
-	return Option{name: "WithWait", to: toKeeper | toCall, set: func(s *settings) { s.wait = d }}
+	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, set: func(s *settings) { s.wait, s.waitSet = d, true }}
 }
 
 // WithClock sets the clock the Keeper reads: when a claim's lease runs out by

@@ -52,9 +52,9 @@ func defaultPolicy() policy {
 // one millisecond, no longer than the retention, and at most MaxDuration.
 // Applies to a Keeper, and to one call of Consume, whose claims then have
 // this lease instead of the Keeper's (a batch whose handlers take longer,
-// say, on a Keeper shared with quick requests).
+// say, on a Keeper shared with quick requests), and to a StreamConsumer.
 func WithLease(d time.Duration) Option {
-	return Option{name: "WithLease", to: toKeeper | toConsume, set: func(s *settings) { s.policy.lease = d }}
+	return Option{name: "WithLease", to: toKeeper | toConsume | toStream, set: func(s *settings) { s.policy.lease = d }}
 }
 
 // WithRetention sets how long a completed result is kept and replayed.

@@ -39,7 +39,7 @@ func printConsumerTable(w io.Writer, cfg consumerConfig, rep *consumerReport, v 
 		if rep.Batches > 0 {
 			perBatch = float64(rep.BatchRoundTrips) / float64(rep.Batches)
 		}
-		row("round trips per batch", fmt.Sprintf("%.2f", perBatch), fmt.Sprintf("(claim, renewals, completion; the %d checkpoints apart, one each)", rep.Checkpoints))
+		row("round trips per batch", fmt.Sprintf("%.2f", perBatch), fmt.Sprintf("(claim, renewals, completions within the settle window; the %d checkpoints apart, one each)", rep.Checkpoints))
 	}
 	row("wall time", round(rep.Took), "")
 	fmt.Fprintln(w)
