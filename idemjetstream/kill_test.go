@@ -274,7 +274,7 @@ func publishKill(ctx context.Context, js jetstream.JetStream) error {
 			ids, dup = append(ids, killID(i)), append(dup, true)
 		}
 	}
-	if err := publishChunks(ctx, js, ids, dup); err != nil {
+	if err := publishChunks(ctx, js, "kill.order", ids, dup); err != nil {
 		return err
 	}
 	time.Sleep(1100 * time.Millisecond) // past the Duplicates window of the last id
@@ -282,18 +282,19 @@ func publishKill(ctx context.Context, js jetstream.JetStream) error {
 	for _, i := range rand.New(rand.NewPCG(1, 2)).Perm(killIDs)[:killLate] {
 		ids, dup = append(ids, killID(i)), append(dup, false)
 	}
-	return publishChunks(ctx, js, ids, dup)
+	return publishChunks(ctx, js, "kill.order", ids, dup)
 }
 
-// publishChunks publishes a message for each of ids, and checks that
-// JetStream took the i-th as a duplicate when dup[i] says so, and only then.
-func publishChunks(ctx context.Context, js jetstream.JetStream, ids []string, dup []bool) error {
+// publishChunks publishes a message on subject for each of ids, and checks
+// that JetStream took the i-th as a duplicate when dup[i] says so, and only
+// then.
+func publishChunks(ctx context.Context, js jetstream.JetStream, subject string, ids []string, dup []bool) error {
 	const chunk = 2000
 	for len(ids) > 0 {
 		n := min(chunk, len(ids))
 		fs := make([]jetstream.PubAckFuture, n)
 		for i, id := range ids[:n] {
-			f, err := js.PublishAsync("kill.order", []byte(id), jetstream.WithMsgID(id))
+			f, err := js.PublishAsync(subject, []byte(id), jetstream.WithMsgID(id))
 			if err != nil {
 				return err
 			}
