@@ -106,12 +106,15 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 // are settled as above; those not started do not start, their keys are
 // released and their messages are Nak'ed without delay, for another
 // consumer to take at once. Run then returns ctx's error. A handler that
-// never returns keeps Run from returning.
+// never returns keeps Run from returning. A pull request that was waiting
+// for a message when ctx ended stays on the server until it expires (within
+// 5s): a message JetStream gives it then comes again after the AckWait.
 //
 // Run returns another error when fetching cannot go on: the connection is
-// closed, the consumer deleted (a Fetch's other errors are given to the
-// error handler, WithErrorHandler, and Run fetches again after the retry
-// delay). A handler's panic is raised again in Run's caller once Consume
+// closed, the consumer deleted (noticed at once by a waiting pull request,
+// otherwise after one wait of 5s that brought nothing). A Fetch's other
+// errors are given to the error handler (WithErrorHandler), and Run
+// fetches again after the retry delay. A handler's panic is raised again in Run's caller once Consume
 // has settled the batch in Redis; its messages, not acknowledged, come
 // again after the AckWait.
 //

@@ -350,30 +350,42 @@ func TestRunReportsToTheObserver(t *testing.T) {
 func TestRunReturnsWhenTheConsumerIsDeleted(t *testing.T) {
 	_, js := connect(t, startNATS(t))
 	keeper, _ := miniKeeper(t)
-	cons := stream(t, js, "GONE", jetstream.StreamConfig{}, jetstream.ConsumerConfig{})
-	var errs []error
-	var mu sync.Mutex
-	r, err := idemjetstream.New(keeper, "gone", cons, func(ctx context.Context, m jetstream.Msg) error { return nil },
-		idemjetstream.WithRetryDelay(50*time.Millisecond),
-		idemjetstream.WithErrorHandler(func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	time.Sleep(100 * time.Millisecond)
-	if err := js.DeleteConsumer(context.Background(), "GONE", "worker"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, jetstream.ErrConsumerDeleted) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			t.Errorf("Run returned %v, want the consumer deleted or not found", err)
+	for _, busy := range []bool{false, true} {
+		// Deleted while Run waits for a message, or while it handles one
+		// (its next pull request then gets no answer at all).
+		name := fmt.Sprint("GONE", busy)
+		cons := stream(t, js, name, jetstream.StreamConfig{}, jetstream.ConsumerConfig{})
+		started, release := make(chan struct{}), make(chan struct{})
+		if busy {
+			publish(t, js, name+".x", "one")
 		}
-	case <-time.After(15 * time.Second):
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("Run still runs 15s after its consumer was deleted; errors reported: %v", errs)
+		r, err := idemjetstream.New(keeper, "gone", cons, func(ctx context.Context, m jetstream.Msg) error {
+			close(started)
+			<-release
+			return nil
+		}, idemjetstream.WithRetryDelay(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		if busy {
+			<-started
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := js.DeleteConsumer(context.Background(), name, "worker"); err != nil {
+			t.Fatal(err)
+		}
+		close(release)
+		select {
+		case err := <-done:
+			if !errors.Is(err, jetstream.ErrConsumerDeleted) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				t.Errorf("busy %v: Run returned %v, want the consumer deleted or not found", busy, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("busy %v: Run still runs 20s after its consumer was deleted", busy)
+		}
 	}
 }
 
@@ -436,5 +448,45 @@ func TestMsgIDWithoutTheHeader(t *testing.T) {
 	}
 	if len(keys) != 2 || keys[0] != "with-id" || !strings.HasPrefix(keys[1], "nats-seq:NOID:2:") {
 		t.Fatalf("keys %q, want the Nats-Msg-Id and then nats-seq:NOID:2:<time stored>", keys)
+	}
+}
+
+func TestRunRaisesAHandlersPanic(t *testing.T) {
+	_, js := connect(t, startNATS(t))
+	keeper, _ := miniKeeper(t)
+	cons := stream(t, js, "PANIC", jetstream.StreamConfig{}, jetstream.ConsumerConfig{AckWait: 500 * time.Millisecond})
+	publish(t, js, "PANIC.x", "boom")
+	var c counter
+	handle := func(ctx context.Context, m jetstream.Msg) error {
+		c.add("boom")
+		if c.get("boom") == 1 {
+			panic("the first run panics")
+		}
+		return nil
+	}
+	r, err := idemjetstream.New(keeper, "panic", cons, handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recovered := make(chan any, 1)
+	go func() {
+		defer func() { recovered <- recover() }()
+		_ = r.Run(context.Background())
+	}()
+	select {
+	case p := <-recovered:
+		if p != "the first run panics" {
+			t.Fatalf("Run's caller recovered %v, want the handler's panic", p)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler's panic did not reach Run's caller")
+	}
+	// The key was released and the message not acknowledged: it comes
+	// again after the AckWait, and runs again.
+	stop := run(t, r)
+	waitSettled(t, cons, 20*time.Second)
+	_ = stop()
+	if n := c.get("boom"); n != 2 {
+		t.Errorf("boom ran %d times, want 2 (the panic, then the redelivery)", n)
 	}
 }

@@ -27,16 +27,7 @@ func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		return nil
 	}
-	stop := r.keepInProgress(msgs)
-	results, err := idem.Consume(context.WithoutCancel(ctx), r.keeper, r.scope, msgs, r.s.key,
-		func(hctx context.Context, m jetstream.Msg) error {
-			if ctx.Err() != nil {
-				return errStopped
-			}
-			return r.handle(hctx, m)
-		},
-		idem.WithConcurrency(r.s.concurrency), idem.WithLease(r.lease))
-	stop()
+	results, err := r.consumeInProgress(ctx, msgs)
 	if err != nil {
 		for _, m := range msgs {
 			r.sent(m.NakWithDelay(r.s.retryDelay))
@@ -47,6 +38,20 @@ func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) error {
 		r.sent(settle(m, results[i], results, r.s.retryDelay))
 	}
 	return nil
+}
+
+// consumeInProgress is idem.Consume of msgs, with InProgress sent for them
+// while it runs (also when a handler's panic goes through it).
+func (r *Runner) consumeInProgress(ctx context.Context, msgs []jetstream.Msg) ([]idem.MessageResult, error) {
+	defer r.keepInProgress(msgs)()
+	return idem.Consume(context.WithoutCancel(ctx), r.keeper, r.scope, msgs, r.s.key,
+		func(hctx context.Context, m jetstream.Msg) error {
+			if ctx.Err() != nil {
+				return errStopped
+			}
+			return r.handle(hctx, m)
+		},
+		idem.WithConcurrency(r.s.concurrency), idem.WithLease(r.lease))
 }
 
 // settle acknowledges, redelivers or terminates m as res, its result in
