@@ -1,0 +1,31 @@
+// Package idemjetstream runs a NATS JetStream pull consumer through
+// idem.Consume, so that each message is handled at most once per key however
+// often JetStream delivers it or the producer sends it.
+//
+//	js, _ := jetstream.New(nc)
+//	cons, _ := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+//		Durable: "fulfil", AckWait: 30 * time.Second, MaxAckPending: 2000,
+//	})
+//	runner, err := idemjetstream.New(keeper, "orders", cons,
+//		func(ctx context.Context, m jetstream.Msg) error { return fulfil(ctx, m.Data()) },
+//		idemjetstream.WithConcurrency(8),
+//	)
+//	if err != nil { ... } // misuse: idem.ErrInvalidConfig
+//	err = runner.Run(ctx) // until ctx is done: then the batch in hand is finished and settled
+//
+// A message's key is its Nats-Msg-Id header (jetstream.WithMsgID when
+// publishing), or what WithKey returns. JetStream drops a duplicate
+// published within the stream's Duplicates window; idem answers one
+// published later, and every redelivery, as handled before, within the
+// Keeper's marker retention (7 days by default).
+//
+// Each batch (Fetch, 500 messages by default) is claimed in one round trip
+// to Redis and settled in one more when its handlers are quick; then each
+// message is acknowledged (Ack), redelivered later (NakWithDelay) or
+// terminated (Term), as Run's doc says. A runner that dies mid-batch leaves
+// its claims pending and its messages unacknowledged: JetStream redelivers
+// them after the consumer's AckWait, and another runner handles them once
+// the lease has run out too, its handlers told Recovered. Set the AckWait
+// close to the lease (both 30s by default): the longer of the two bounds
+// how long a crash delays a message.
+package idemjetstream

@@ -1,0 +1,173 @@
+package idemjetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// defaultAckWait is JetStream's AckWait when a consumer's config leaves it
+// zero.
+const defaultAckWait = 30 * time.Second
+
+// Runner consumes a JetStream pull consumer with idem.Consume: it fetches
+// batches, handles each message at most once per key, and acknowledges,
+// redelivers or terminates each message as Consume's result says. Make one
+// with New; a Runner is safe for concurrent use, and its zero value is not
+// usable.
+type Runner struct {
+	keeper   *idem.Keeper
+	scope    string
+	consumer jetstream.Consumer
+	handle   func(ctx context.Context, msg jetstream.Msg) error
+	s        settings
+	lease    time.Duration // the claims' lease: s.lease or the Keeper's
+	ackWait  time.Duration // the consumer's AckWait when New read it
+}
+
+// New returns a Runner that handles the messages of consumer with handle,
+// keyed by MsgID (or WithKey) under scope, on keeper.
+//
+// consumer must be a pull consumer that acknowledges each message
+// (AckPolicy AckExplicitPolicy, JetStream's default for pull consumers),
+// such as one returned by jetstream.Stream's CreateOrUpdateConsumer or
+// Consumer; an ordered consumer, which acknowledges nothing, is refused.
+// New reads the consumer's AckWait from its cached info: the runner sends
+// InProgress for the messages of a batch every third of it, so that a batch
+// whose handlers take longer than the AckWait is not redelivered while it
+// runs.
+//
+// handle must not acknowledge the message itself: the runner does, once
+// the outcome is stored. Its context carries the idem.Claim
+// (idem.ClaimFromContext); check Claim.Recovered to reconcile the side
+// effects of an attempt that died.
+//
+// The error wraps idem.ErrInvalidConfig when keeper, consumer or handle is
+// nil, the consumer does not acknowledge, or an option refuses its setting.
+func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle func(ctx context.Context, msg jetstream.Msg) error, opts ...Option) (*Runner, error) {
+	if keeper == nil || consumer == nil || handle == nil {
+		return nil, fmt.Errorf("%w: idemjetstream.New needs a Keeper, a consumer and a handler", idem.ErrInvalidConfig)
+	}
+	info := consumer.CachedInfo()
+	if info == nil || info.Config.AckPolicy != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("%w: idemjetstream.New needs a pull consumer with AckPolicy AckExplicitPolicy (an ordered consumer acknowledges nothing)", idem.ErrInvalidConfig)
+	}
+	r := &Runner{keeper: keeper, scope: scope, consumer: consumer, handle: handle, s: defaultSettings()}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&r.s); err != nil {
+			return nil, err
+		}
+	}
+	r.lease = r.s.lease
+	if r.lease == 0 {
+		r.lease = keeper.Lease()
+	}
+	r.ackWait = info.Config.AckWait
+	if r.ackWait <= 0 {
+		r.ackWait = defaultAckWait
+	}
+	return r, nil
+}
+
+// Run fetches and handles batches until ctx is done or the consumer is
+// gone.
+//
+// Each round takes the messages waiting, up to the batch size (WithBatch),
+// or, when none is waiting, waits for one and then takes it with those
+// that came with it; hands them to idem.Consume (so that the Keeper's
+// Observer is told of every claim, completion, release and renewal, as
+// for any Consume call); then settles each message as its
+// idem.MessageResult says:
+//
+//   - Ack true (handled, handled before, a repeat of one that was): Ack.
+//   - MessageRetry because another consumer holds the key
+//     (idem.ErrInProgress): NakWithDelay by the time left on that lease
+//     (at least MinInProgressDelay), after which the holder has finished
+//     (the message is then acknowledged as handled before) or its lease has
+//     run out (the message is then handled, Recovered).
+//   - MessageRetry for any other reason (the handler's error, Redis
+//     unreachable, the lease lost): NakWithDelay by the retry delay
+//     (WithRetryDelay, 1s).
+//   - MessageRejected (an invalid key, a corrupt record): Term. A repeat in
+//     the batch of a message not acknowledged is settled as that message.
+//
+// Every Nak counts as a delivery towards the consumer's MaxDeliver.
+//
+// When ctx is done Run stops fetching; the handlers of the batch in hand
+// that have started run to the end, their contexts not cancelled, and
+// are settled as above; those not started do not start, their keys are
+// released and their messages are Nak'ed without delay, for another
+// consumer to take at once. Run then returns ctx's error. A handler that
+// never returns keeps Run from returning. A pull request that was waiting
+// for a message when ctx ended stays on the server until it expires (within
+// 5s): a message JetStream gives it then comes again after the AckWait.
+//
+// Run returns another error when fetching cannot go on: the connection is
+// closed, the consumer deleted (noticed at once by a waiting pull request,
+// otherwise after one wait of 5s that brought nothing). A Fetch's other
+// errors are given to the error handler (WithErrorHandler), and Run
+// fetches again after the retry delay. A handler's panic is raised again in Run's caller once Consume
+// has settled the batch in Redis; its messages, not acknowledged, come
+// again after the AckWait.
+//
+// Run may be called from several goroutines at once: each fetches and
+// handles its own batches.
+func (r *Runner) Run(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		msgs, err := r.fetch(ctx)
+		if len(msgs) > 0 {
+			if cerr := r.consume(ctx, msgs); cerr != nil {
+				return cerr
+			}
+		}
+		if err != nil {
+			if fatal(err) {
+				return err
+			}
+			r.report(fmt.Errorf("idemjetstream: fetch: %w", err))
+			if !sleep(ctx, r.s.retryDelay) {
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// fatal tells a Fetch error after which fetching cannot go on.
+func fatal(err error) bool {
+	return errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConnectionClosed) ||
+		errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound)
+}
+
+// report gives err to the error handler, if there is one.
+func (r *Runner) report(err error) {
+	if r.s.onError != nil {
+		r.s.onError(err)
+	}
+}
+
+// sleep waits d, or until ctx is done; it tells whether ctx is still
+// alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,130 @@
+package idemjetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// errStopped is the error of a message whose handler did not start because
+// Run's context ended: its key is released and the message Nak'ed at once.
+var errStopped = errors.New("idemjetstream: stopped before the handler started")
+
+// consume hands msgs to idem.Consume and settles each message as its result
+// says. Consume is given a context that is not cancelled with ctx, so that
+// the handlers that have started run to the end; a handler not started
+// when ctx ends does not start. The error is Consume's, when it refused
+// the call (nothing was claimed).
+func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) error {
+	if ctx.Err() != nil {
+		for _, m := range msgs {
+			r.sent(m.Nak())
+		}
+		return nil
+	}
+	results, err := r.consumeInProgress(ctx, msgs)
+	if err != nil {
+		for _, m := range msgs {
+			r.sent(m.NakWithDelay(r.s.retryDelay))
+		}
+		return fmt.Errorf("idemjetstream: consume: %w", err)
+	}
+	for i, m := range msgs {
+		r.sent(settle(m, results[i], results, r.s.retryDelay))
+	}
+	return nil
+}
+
+// consumeInProgress is idem.Consume of msgs, with InProgress sent for them
+// while it runs (also when a handler's panic goes through it).
+func (r *Runner) consumeInProgress(ctx context.Context, msgs []jetstream.Msg) ([]idem.MessageResult, error) {
+	defer r.keepInProgress(msgs)()
+	return idem.Consume(context.WithoutCancel(ctx), r.keeper, r.scope, msgs, r.s.key,
+		func(hctx context.Context, m jetstream.Msg) error {
+			if ctx.Err() != nil {
+				return errStopped
+			}
+			return r.handle(hctx, m)
+		},
+		idem.WithConcurrency(r.s.concurrency), idem.WithLease(r.lease))
+}
+
+// settle acknowledges, redelivers or terminates m as res, its result in
+// results, says; retry is the delay of a redelivery for any reason but
+// another holder's lease.
+func settle(m jetstream.Msg, res idem.MessageResult, results []idem.MessageResult, retry time.Duration) error {
+	if res.Ack {
+		return m.Ack()
+	}
+	if res.Status == idem.MessageDuplicate && res.First >= 0 && res.First < len(results) {
+		res = results[res.First] // comes again, or is rejected, as the first
+	}
+	if res.Status == idem.MessageRejected {
+		return m.Term()
+	}
+	return nak(m, retryDelay(res.Err, retry))
+}
+
+// retryDelay is the delay before a message whose result carries err comes
+// again: none when Run stopped before its handler started; the time left on
+// another holder's lease; the retry delay otherwise.
+func retryDelay(err error, retry time.Duration) time.Duration {
+	if errors.Is(err, errStopped) {
+		return 0
+	}
+	if ip, ok := errors.AsType[*idem.InProgressError](err); ok {
+		return max(ip.RetryAfter, MinInProgressDelay)
+	}
+	return retry
+}
+
+// nak redelivers m after d, at once when d is zero.
+func nak(m jetstream.Msg, d time.Duration) error {
+	if d <= 0 {
+		return m.Nak()
+	}
+	return m.NakWithDelay(d)
+}
+
+// sent reports an acknowledgement that could not be sent.
+func (r *Runner) sent(err error) {
+	if err != nil {
+		r.report(fmt.Errorf("idemjetstream: settle: %w", err))
+	}
+}
+
+// keepInProgress tells JetStream every third of the consumer's AckWait
+// that the messages of a batch are being worked on, until stop is called,
+// so that none is redelivered while the batch runs.
+func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(max(r.ackWait/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					r.sent(m.InProgress())
+				}
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
