@@ -118,17 +118,19 @@ func TestStoreInterfaceIsTheOnlyWayIn(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		direct, err := NewRedisStore(b.Client, WithPrefix("direct:"))
 		require.NoError(t, err)
-		kd, err := New(direct, WithLease(time.Minute))
+		opts := []Option{WithLease(time.Minute), WithReplayCache(100, 1<<20, time.Hour)}
+		kd, err := New(direct, opts...)
 		require.NoError(t, err)
 
 		behind, err := NewRedisStore(b.Client, WithPrefix("forward:"))
 		require.NoError(t, err)
 		fwd := newForwardStore(behind)
-		kf, err := New(fwd, WithLease(time.Minute))
+		kf, err := New(fwd, opts...)
 		require.NoError(t, err)
 
 		want := storeTranscript(t, kd)
 		for _, line := range []string{
+			`do: "result" err=<nil> runs=1 cache hits=1`,
 			`consume [m1 m2 m1 bad]: [handled ack=true handled ack=true duplicate ack=true retry ack=false]`,
 			`handle bad: attempt=2 recovered=false checkpoints=1`,
 			`consume [m1 m2 bad]: [replayed ack=true replayed ack=true handled ack=true]`,
@@ -168,12 +170,13 @@ func storeTranscript(t *testing.T, k *Keeper) []string {
 			what, r.State, r.Attempt, r.Recovered, r.Compact, r.Stored, r.Size, names, err)
 	}
 
-	// Do: a first run, then a replay.
+	// Do: a first run, then a replay, from the replay cache, which the
+	// store's Complete filled (it said it stored the result).
 	runs := 0
 	do := func(context.Context) (string, error) { runs++; return "result", nil }
 	for range 2 {
 		v, err := Do(ctx, k, "s", "do", do)
-		note("do: %q err=%v runs=%d", v, err, runs)
+		note("do: %q err=%v runs=%d cache hits=%d", v, err, runs, k.ReplayCacheStats().Hits)
 	}
 
 	// Consume: compact claims; one handler checkpoints then fails, so its
