@@ -300,10 +300,6 @@ func cutFields(s string, f []string) (rest string, ok bool) {
 	return s, true
 }
 
-// maxToken is the largest fencing token: Lua numbers are doubles, which hold
-// integers exactly up to 2^53.
-const maxToken = 1<<53 - 1
-
 // parseToken36 reads a token in base 36, lower case, as a completed record's
 // short form keeps it: 1 to maxToken.
 func parseToken36(s string) (int64, error) {

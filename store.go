@@ -200,6 +200,11 @@ type BatchClaimReply struct {
 	Err error
 }
 
+// maxToken is the largest fencing token a Store hands out: tokens are 1 to
+// 2^53-1, which a double (a Lua number, as RedisStore's scripts hold them)
+// holds exactly.
+const maxToken = 1<<53 - 1
+
 // Fence names a claim: a record and the fencing token of its holder.
 type Fence struct {
 	// ID is the record's id.
