@@ -3,8 +3,6 @@ package idem
 import (
 	"context"
 	_ "embed"
-	"errors"
-	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -16,21 +14,6 @@ var (
 	abandonLua    = scriptLib + abandonBody
 	abandonScript = redis.NewScript(abandonLua)
 )
-
-// Abandoner is implemented by a Store that can end the lease of a claim and
-// keep its record; RedisStore does. Keeper.Abandon needs it.
-type Abandoner interface {
-	// Abandon ends, in one atomic step, the lease of the pending claim of
-	// token on the record id, keeping everything else of the record, and
-	// returns the record as it is after the call. A record that is not a
-	// pending claim of token (completed, released, of another token) is left
-	// as it is and returned, and no record gives a Record in StateAbsent; no
-	// error in either case. A value that is not a record is never changed
-	// (ErrCorrupt).
-	Abandon(ctx context.Context, id string, token int64) (Record, error)
-}
-
-var _ Abandoner = (*RedisStore)(nil)
 
 // Abandon ends the lease of the claim of (scope, key) whose fencing token is
 // token (Record.Token, as Inspect or idemctl showed it), and keeps its
@@ -68,8 +51,7 @@ var _ Abandoner = (*RedisStore)(nil)
 // token no claim gets (less than 1, or more than 2^53-1; the store is not
 // touched), ErrCorrupt (the value at the key is not a record this version
 // can read; it is not changed), ErrUnavailable, the caller's own
-// cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
-// Store does not implement Abandoner.
+// cancellation (as for Begin).
 func (k *Keeper) Abandon(ctx context.Context, scope, key string, token int64) (Record, error) {
 	started := k.startStep()
 	r, err := k.abandon(ctx, scope, key, token)
@@ -84,15 +66,11 @@ func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (R
 	if err := checkToken("abandon", token); err != nil {
 		return Record{}, err
 	}
-	a, ok := k.store.(Abandoner)
-	if !ok {
-		return Record{}, fmt.Errorf("idem: abandon: store %T does not implement Abandoner: %w", k.store, errors.ErrUnsupported)
-	}
-	r, err := a.Abandon(ctx, recordID(scope, key), token)
+	r, err := k.store.Abandon(ctx, recordID(scope, key), token)
 	return r, storeError(ctx, "abandon", err)
 }
 
-// Abandon implements Abandoner with one script, one round trip. id is a
+// Abandon implements Store with one script, one round trip. id is a
 // record id (Record.ID, or what the Keeper makes of a scope and key). Its
 // contract is Keeper.Abandon's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.

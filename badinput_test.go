@@ -176,7 +176,7 @@ func TestBadStoredValues(t *testing.T) {
 				assert.False(t, ran, "%s: Do ran the operation; want ErrCorrupt without running", row.name)
 				id := recordID("bad", key)
 				for step, err := range map[string]error{
-					"Complete": s.Complete(ctx, id, 1, []byte("x"), time.Hour),
+					"Complete": errOf(s.Complete(ctx, id, 1, []byte("x"), time.Hour)),
 					"Release":  s.Release(ctx, id, 1, time.Hour),
 					"Extend":   s.Extend(ctx, id, 1, time.Second, time.Hour),
 				} {

@@ -106,7 +106,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 	req, places := k.batchRequest(scope, keys, fps, results)
 	req.Compact, req.Lease, req.Keep = compact, lease, lease+k.policy.retention
 	started := k.now()
-	replies := k.claimBatch(ctx, req)
+	replies := k.store.ClaimBatch(ctx, req)
 	var claims []Claim // the batch's claims, in one allocation
 	for j, r := range replies {
 		i, id := places[j], req.IDs[j]
@@ -218,23 +218,6 @@ func putFirstPlaces(m map[string]int) {
 	firstMaps.Put(m)
 }
 
-// claimBatch asks the store for req: in one call if it is a BatchStore, else
-// one record at a time.
-func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
-	if bs, ok := k.store.(BatchStore); ok {
-		return bs.ClaimBatch(ctx, req)
-	}
-	out := make([]BatchClaimReply, len(req.IDs))
-	for j, id := range req.IDs {
-		cr := ClaimRequest{Attempt: req.Attempt, Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention}
-		if req.Fingerprints != nil {
-			cr.Fingerprint = req.Fingerprints[j]
-		}
-		out[j].Reply, out[j].Err = k.store.Claim(ctx, id, cr)
-	}
-	return out
-}
-
 // Completion is one result for CompleteBatch.
 type Completion struct {
 	// Claim is the claim to complete; it must come from this Keeper.
@@ -277,8 +260,8 @@ func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error 
 }
 
 // settleBatch stores each settlement of items, as Claim.complete would, and
-// releases each of gives, as Claim.Release would: in one round trip per
-// node when the store can (RedisStore), else in one store call each.
+// releases each of gives, as Claim.Release would, in one store call
+// (SettleBatch): one round trip per node with a RedisStore.
 func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*Claim) (doneErrs, giveErrs []error) {
 	doneErrs = make([]error, len(items))
 	send := make([]BatchCompletion, 0, len(items))
@@ -304,10 +287,8 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 	fences, given := k.fences(gives, giveErrs)
 	started := k.startStep()
 	var cerrs, rerrs []error
-	if rs, ok := k.store.(*RedisStore); ok && len(send) > 0 && len(fences) > 0 {
-		cerrs, rerrs = rs.settleBatch(ctx, send, fences, k.policy.tombstoneTTL())
-	} else {
-		cerrs, rerrs = k.storeCompleteBatch(ctx, send), k.storeReleaseBatch(ctx, fences)
+	if len(send) > 0 || len(fences) > 0 {
+		cerrs, rerrs = k.store.SettleBatch(ctx, send, fences, k.policy.tombstoneTTL())
 	}
 	for j, err := range cerrs {
 		i, c := sent[j], items[sent[j]].claim
@@ -350,42 +331,12 @@ func sealBatch(kind byte, body []byte) []byte {
 	return seal(kind, body)
 }
 
-func (k *Keeper) storeCompleteBatch(ctx context.Context, items []BatchCompletion) []error {
-	if len(items) == 0 {
-		return nil
-	}
-	if bs, ok := k.store.(BatchStore); ok {
-		return bs.CompleteBatch(ctx, items)
-	}
-	errs := make([]error, len(items))
-	for j, it := range items {
-		errs[j] = k.store.Complete(ctx, it.ID, it.Token, it.Value, it.Keep)
-	}
-	return errs
-}
-
 // ReleaseBatch gives up each claim, as Claim.Release would, and answers each
 // in the order given: nil, ErrLeaseLost, ErrCorrupt, ErrUnavailable, or
 // ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). With
 // a RedisStore it costs one round trip per Redis node.
 func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
 	_, errs := k.settleBatch(ctx, nil, claims)
-	return errs
-}
-
-// storeReleaseBatch asks the store to give up the claims of fences: in one
-// call if it is a BatchStore, else one claim at a time.
-func (k *Keeper) storeReleaseBatch(ctx context.Context, fences []Fence) []error {
-	if len(fences) == 0 {
-		return nil
-	}
-	if bs, ok := k.store.(BatchStore); ok {
-		return bs.ReleaseBatch(ctx, fences, k.policy.tombstoneTTL())
-	}
-	errs := make([]error, len(fences))
-	for j, f := range fences {
-		errs[j] = k.store.Release(ctx, f.ID, f.Token, k.policy.tombstoneTTL())
-	}
 	return errs
 }
 
@@ -407,15 +358,7 @@ func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 			fs[n] = fences[j]
 		}
 		keep := lease + k.policy.retention
-		var errs []error
-		if bs, ok := k.store.(BatchStore); ok {
-			errs = bs.ExtendBatch(ctx, fs, lease, keep)
-		} else {
-			errs = make([]error, len(fs))
-			for n, f := range fs {
-				errs[n] = k.store.Extend(ctx, f.ID, f.Token, lease, keep)
-			}
-		}
+		errs := k.store.ExtendBatch(ctx, fs, lease, keep)
 		for n, j := range js {
 			serrs[j] = errs[n]
 		}

@@ -566,7 +566,7 @@ func FuzzBatchMatchesSingleKey(f *testing.F) {
 		}
 		fence := []Fence{{ID: ids[1], Token: token}}
 		reset()
-		same("complete", s.Complete(ctx, ids[0], token, []byte("x"), time.Minute),
+		same("complete", errOf(s.Complete(ctx, ids[0], token, []byte("x"), time.Minute)),
 			s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0])
 		reset()
 		same("release", s.Release(ctx, ids[0], token, time.Minute), s.ReleaseBatch(ctx, fence, time.Minute)[0])
@@ -578,7 +578,7 @@ func FuzzBatchMatchesSingleKey(f *testing.F) {
 		require.Equal(t, r1, rb.Reply, "claim on %q", value)
 		same("claim", err1, rb.Err)
 
-		err = s.Checkpoint(ctx, ids[2], token, "step", []byte("v"))
+		err = s.Checkpoint(ctx, Fence{ID: ids[2], Token: token}, "step", []byte("v"), 0)
 		got, _ := c.Get(ctx, s.key(ids[2])).Bytes()
 		switch {
 		case err == nil:

@@ -61,10 +61,9 @@ type Checkpoint struct {
 //
 // The name must be 1 to MaxCheckpointName bytes, the value at most
 // MaxCheckpointValue bytes, and a record holds at most MaxCheckpoints names;
-// anything else is refused with ErrInvalidCheckpoint, nothing written. The
-// store must keep checkpoints (CheckpointStore, as RedisStore does): with
-// another, ErrInvalidConfig. Other errors are those of Extend. Record the
-// checkpoints of one claim one after another, not concurrently.
+// anything else is refused with ErrInvalidCheckpoint, nothing written.
+// Other errors are those of Extend. Record the checkpoints of one claim one
+// after another, not concurrently.
 func (c *Claim) Checkpoint(ctx context.Context, name string, value []byte) error {
 	if c == nil {
 		return errNoClaim("checkpoint")
@@ -77,27 +76,20 @@ func (c *Claim) Checkpoint(ctx context.Context, name string, value []byte) error
 
 // checkpoint records one checkpoint; see Checkpoint.
 func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error {
-	cs, ok := c.k.store.(CheckpointStore)
-	if !ok {
-		return fmt.Errorf("%w: the store %T keeps no checkpoints (it is not a CheckpointStore)", ErrInvalidConfig, c.k.store)
-	}
 	if err := c.checkCheckpoint(name, value); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
 		return canceled(ctx, "checkpoint")
 	}
-	var err error
-	if cc, f := c.compactCheckpointer(); cc != nil {
-		// A compact claim's first checkpoint moves it to a record of its
-		// own, in the same round trip.
-		if err = storeError(ctx, "checkpoint", cc.checkpointCompact(ctx, f, name, value, c.lease+c.k.policy.retention)); err == nil {
-			c.mu.Lock()
-			c.ref = 0
-			c.mu.Unlock()
-		}
-	} else {
-		err = storeError(ctx, "checkpoint", cs.Checkpoint(ctx, c.id, c.token, name, value))
+	// A compact claim's first checkpoint moves it to a record of its own,
+	// kept as Extend keeps one, in the same round trip.
+	f := c.fence()
+	err := storeError(ctx, "checkpoint", c.k.store.Checkpoint(ctx, f, name, value, c.lease+c.k.policy.retention))
+	if err == nil && f.Ref > 0 {
+		c.mu.Lock()
+		c.ref = 0
+		c.mu.Unlock()
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -110,22 +102,6 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	defer c.mu.Unlock()
 	c.checkpoints = append(withoutCheckpoint(c.checkpoints, name), Checkpoint{Name: name, Value: slices.Clone(value)})
 	return nil
-}
-
-// compactCheckpointer is a store that records the checkpoint of a compact
-// claim, moving it to a record of its own: RedisStore.
-type compactCheckpointer interface {
-	checkpointCompact(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error
-}
-
-// compactCheckpointer returns the store as a compactCheckpointer, and the
-// claim's fence, if the claim is compact.
-func (c *Claim) compactCheckpointer() (compactCheckpointer, Fence) {
-	f := c.fence()
-	if cc, ok := c.k.store.(compactCheckpointer); ok && f.Ref > 0 {
-		return cc, f
-	}
-	return nil, f
 }
 
 // checkCheckpoint refuses a checkpoint over the limits.
@@ -196,12 +172,13 @@ var checkpointLua = scriptLib + checkpointBody
 
 var checkpointScript = redis.NewScript(checkpointLua)
 
-var _ CheckpointStore = (*RedisStore)(nil)
-
-// Checkpoint implements CheckpointStore: one script, one round trip. With
+// Checkpoint implements Store: one script, one round trip. With
 // WithReplicas it waits for the replicas as a completion does.
-func (s *RedisStore) Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error {
-	return s.checkpoint(ctx, []string{s.key(id)}, []any{token, name, value, MaxCheckpoints})
+func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+	if claim.Ref > 0 {
+		return s.checkpointCompact(ctx, claim, name, value, keep)
+	}
+	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})
 }
 
 // checkpointCompact records a checkpoint of the compact claim f, moving it to

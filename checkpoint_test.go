@@ -177,7 +177,7 @@ func TestCheckpointLimits(t *testing.T) {
 
 		// The store refuses too many by itself.
 		s := k.store.(*RedisStore)
-		assert.ErrorIs(t, s.Checkpoint(ctx, c.id, c.Token(), "one too many", nil), ErrInvalidCheckpoint)
+		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: c.id, Token: c.Token()}, "one too many", nil, 0), ErrInvalidCheckpoint)
 		assert.Len(t, c.Checkpoints(), MaxCheckpoints)
 
 		canceled, cancel := context.WithCancel(ctx)
@@ -197,10 +197,10 @@ func TestCheckpointRetriedCallIsIdempotent(t *testing.T) {
 		ctx := context.Background()
 		r, err := s.Claim(ctx, "rec", ClaimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, err)
-		require.NoError(t, s.Checkpoint(ctx, "rec", r.Token, "step", []byte("v")))
+		require.NoError(t, s.Checkpoint(ctx, Fence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
 		once, err := b.Client.Get(ctx, s.key("rec")).Result()
 		require.NoError(t, err)
-		require.NoError(t, s.Checkpoint(ctx, "rec", r.Token, "step", []byte("v")))
+		require.NoError(t, s.Checkpoint(ctx, Fence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
 		twice, err := b.Client.Get(ctx, s.key("rec")).Result()
 		require.NoError(t, err)
 		assert.Equal(t, once, twice)
@@ -228,23 +228,9 @@ func TestCorruptCheckpoints(t *testing.T) {
 
 		require.NoError(t, b.Client.Set(ctx, rk, "i1P1700000000000000:1:0:4102444800000000:AAAAAAAAAAA::", time.Hour).Err())
 		require.NoError(t, b.Client.Append(ctx, rk, "x:").Err())
-		assert.ErrorIs(t, s.Checkpoint(ctx, recordID("s", "k"), 1700000000000000, "n", nil), ErrCorrupt)
+		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: recordID("s", "k"), Token: 1700000000000000}, "n", nil, 0), ErrCorrupt)
 		v, err := b.Client.Get(ctx, rk).Result()
 		require.NoError(t, err)
 		assert.True(t, strings.HasSuffix(v, "::x:"), "nothing overwritten: %q", v)
 	})
-}
-
-// noCheckpoints is a Store that keeps no checkpoints.
-type noCheckpoints struct{ Store }
-
-func TestCheckpointNeedsACheckpointStore(t *testing.T) {
-	b := redistest.Miniredis(t)
-	s, err := NewRedisStore(b.Client)
-	require.NoError(t, err)
-	k, err := New(noCheckpoints{s})
-	require.NoError(t, err)
-	out, err := k.Begin(context.Background(), "s", "k")
-	require.NoError(t, err)
-	assert.ErrorIs(t, out.Claim.Checkpoint(context.Background(), "n", nil), ErrInvalidConfig)
 }

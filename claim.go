@@ -199,51 +199,34 @@ func (c *Claim) leaseRenewed(started time.Time) {
 
 // storeComplete stores env, kept for keep, as the claim's result: in its
 // record, or, for a compact claim, in the record of the call that made it.
-// It reports whether the store says this call stored env. Only a
-// *RedisStore tells, of a claim's own record, a result it stored from one
-// the record held already (a second Complete, or one whose first reply was
-// lost); a compact claim's completion, and any other Store (a wrapper of a
-// RedisStore included, whose Complete may do more), report false, so that
-// nothing the store may not hold is cached.
+// It reports whether the store says this call stored env (Store.Complete);
+// a compact claim's completion reports false, so that nothing the store may
+// not hold is cached.
 func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) (stored bool, err error) {
-	bs, f := c.compactFence()
+	f := c.fence()
 	env, keep = c.k.asMarker(f, c, env, keep)
 	if f.Ref > 0 {
-		return false, bs.CompleteBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}})[0]
+		done, _ := c.k.store.SettleBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}}, nil, 0)
+		return false, done[0]
 	}
-	if rs, ok := c.k.store.(*RedisStore); ok {
-		return rs.completeOnce(ctx, c.id, c.token, env, keep)
-	}
-	return false, c.k.store.Complete(ctx, c.id, c.token, env, keep)
+	return c.k.store.Complete(ctx, c.id, c.token, env, keep)
 }
 
 // storeRelease gives the claim up in the store.
 func (c *Claim) storeRelease(ctx context.Context) error {
-	if bs, f := c.compactFence(); f.Ref > 0 {
-		return bs.ReleaseBatch(ctx, []Fence{f}, c.k.policy.tombstoneTTL())[0]
+	if f := c.fence(); f.Ref > 0 {
+		_, given := c.k.store.SettleBatch(ctx, nil, []Fence{f}, c.k.policy.tombstoneTTL())
+		return given[0]
 	}
 	return c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL())
 }
 
 // storeExtend renews the claim's lease in the store.
 func (c *Claim) storeExtend(ctx context.Context) error {
-	if bs, f := c.compactFence(); f.Ref > 0 {
-		return bs.ExtendBatch(ctx, []Fence{f}, c.lease, c.lease+c.k.policy.retention)[0]
+	if f := c.fence(); f.Ref > 0 {
+		return c.k.store.ExtendBatch(ctx, []Fence{f}, c.lease, c.lease+c.k.policy.retention)[0]
 	}
 	return c.k.store.Extend(ctx, c.id, c.token, c.lease, c.lease+c.k.policy.retention)
-}
-
-// compactFence returns the claim's fence, and the BatchStore that keeps it
-// compactly if it is a compact claim (Ref > 0).
-func (c *Claim) compactFence() (BatchStore, Fence) {
-	f := c.fence()
-	if f.Ref > 0 {
-		if bs, ok := c.k.store.(BatchStore); ok {
-			return bs, f
-		}
-		f.Ref = 0
-	}
-	return nil, f
 }
 
 // endHold tells the coalescing layer, if it made the claim, that the claim

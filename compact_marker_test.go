@@ -60,7 +60,7 @@ func TestCompactCompletionKeepsItsRetention(t *testing.T) {
 
 // TestMarkerNeverAnswersForANonCanonicalTwin: ids are told apart by every
 // character, the padding bits of the last one included. A RedisStore takes any id (Store.Claim,
-// BatchStore.ClaimBatch; Inspect and Forget take any 22 base64url
+// Store.ClaimBatch; Inspect and Forget take any 22 base64url
 // characters), and indexDigest decodes a 22-character base64url id without
 // checking that it is the canonical encoding: the last character carries 2
 // bits of padding that the decoder drops. Two distinct ids that differ only

@@ -48,16 +48,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// cfStore is what a Keeper uses of a RedisStore: the batch steps, the
-// checkpoints, and the checkpoint of a compact claim. The wrappers below
-// embed one and change some of its steps.
-type cfStore interface {
-	BatchStore
-	CheckpointStore
-	compactCheckpointer
-}
-
-var _ cfStore = (*RedisStore)(nil)
+// cfStore is what a Keeper uses of a RedisStore: its Store. The wrappers
+// below embed one and change some of its steps.
+type cfStore = Store
 
 // overrunBound bounds how long a handler whose key another holder took over
 // may go on with its context live: its lease had run out by its process's
@@ -412,23 +405,23 @@ func (s *fencedBatches) ClaimBatch(ctx context.Context, req BatchClaimRequest) [
 	return out
 }
 
-func (s *fencedBatches) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (s *fencedBatches) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	before := s.book.top(id)
-	err := s.cfStore.Complete(ctx, id, token, value, keep)
+	stored, err := s.cfStore.Complete(ctx, id, token, value, keep)
 	s.book.completed(id, token, before, value, err)
-	return err
+	return stored, err
 }
 
-func (s *fencedBatches) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+func (s *fencedBatches) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
 	before := make([]int64, len(items))
 	for j, it := range items {
 		before[j] = s.book.top(it.ID)
 	}
-	errs := s.cfStore.CompleteBatch(ctx, items)
+	done, given = s.cfStore.SettleBatch(ctx, items, release, keep)
 	for j, it := range items {
-		s.book.completed(it.ID, it.Token, before[j], it.Value, errs[j])
+		s.book.completed(it.ID, it.Token, before[j], it.Value, done[j])
 	}
-	return errs
+	return done, given
 }
 
 // lateBatches is a store whose claim answers, while on, sometimes come back
@@ -489,7 +482,7 @@ func (s *switchStore) Claim(ctx context.Context, id string, req ClaimRequest) (C
 	return s.cur().Claim(ctx, id, req)
 }
 
-func (s *switchStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (s *switchStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	return s.cur().Complete(ctx, id, token, value, keep)
 }
 
@@ -505,24 +498,28 @@ func (s *switchStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []B
 	return s.cur().ClaimBatch(ctx, req)
 }
 
-func (s *switchStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
-	return s.cur().CompleteBatch(ctx, items)
-}
-
-func (s *switchStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
-	return s.cur().ReleaseBatch(ctx, claims, keep)
+func (s *switchStore) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+	return s.cur().SettleBatch(ctx, items, release, keep)
 }
 
 func (s *switchStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
 	return s.cur().ExtendBatch(ctx, claims, lease, keep)
 }
 
-func (s *switchStore) Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error {
-	return s.cur().Checkpoint(ctx, id, token, name, value)
+func (s *switchStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+	return s.cur().Checkpoint(ctx, claim, name, value, keep)
 }
 
-func (s *switchStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
-	return s.cur().checkpointCompact(ctx, f, name, value, keep)
+func (s *switchStore) Inspect(ctx context.Context, id string) (Record, error) {
+	return s.cur().Inspect(ctx, id)
+}
+
+func (s *switchStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
+	return s.cur().Forget(ctx, id, token, force)
+}
+
+func (s *switchStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
+	return s.cur().Abandon(ctx, id, token)
 }
 
 // errLostReply is what scriptFaults answers for a script whose reply it

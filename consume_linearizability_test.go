@@ -64,11 +64,11 @@ func (r *batchLinRecorder) Claim(ctx context.Context, id string, req ClaimReques
 	return rep, err
 }
 
-func (r *batchLinRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (r *batchLinRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	call := r.since()
-	err := r.cfStore.Complete(ctx, id, token, value, keep)
+	stored, err := r.cfStore.Complete(ctx, id, token, value, keep)
 	r.add(ctx, id, linInput{kind: linComplete, token: token, value: linValue(value)}, call, linOutput{}, err)
-	return err
+	return stored, err
 }
 
 func (r *batchLinRecorder) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
@@ -98,22 +98,16 @@ func (r *batchLinRecorder) ClaimBatch(ctx context.Context, req BatchClaimRequest
 	return out
 }
 
-func (r *batchLinRecorder) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+func (r *batchLinRecorder) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
 	call := r.since()
-	errs := r.cfStore.CompleteBatch(ctx, items)
+	done, given = r.cfStore.SettleBatch(ctx, items, release, keep)
 	for j, it := range items {
-		r.add(ctx, it.ID, linInput{kind: linComplete, token: it.Token, value: linValue(it.Value)}, call, linOutput{}, errs[j])
+		r.add(ctx, it.ID, linInput{kind: linComplete, token: it.Token, value: linValue(it.Value)}, call, linOutput{}, done[j])
 	}
-	return errs
-}
-
-func (r *batchLinRecorder) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
-	call := r.since()
-	errs := r.cfStore.ReleaseBatch(ctx, claims, keep)
-	for j, f := range claims {
-		r.add(ctx, f.ID, linInput{kind: linRelease, token: f.Token}, call, linOutput{}, errs[j])
+	for j, f := range release {
+		r.add(ctx, f.ID, linInput{kind: linRelease, token: f.Token}, call, linOutput{}, given[j])
 	}
-	return errs
+	return done, given
 }
 
 func (r *batchLinRecorder) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {

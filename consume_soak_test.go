@@ -675,23 +675,23 @@ func (s *soakFenced) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	return out
 }
 
-func (s *soakFenced) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+func (s *soakFenced) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
 	s.f.mu.Lock()
 	before := make([]int64, len(items))
 	for j, it := range items {
 		before[j] = s.f.highest[it.ID]
 	}
 	s.f.mu.Unlock()
-	errs := s.RedisStore.CompleteBatch(ctx, items)
+	done, given = s.RedisStore.SettleBatch(ctx, items, release, keep)
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	for j, it := range items {
 		switch {
-		case errs[j] == nil && before[j] > it.Token:
+		case done[j] == nil && before[j] > it.Token:
 			s.f.stale++
-		case errors.Is(errs[j], ErrLeaseLost):
+		case errors.Is(done[j], ErrLeaseLost):
 			s.f.refused++
 		}
 	}
-	return errs
+	return done, given
 }

@@ -156,7 +156,7 @@ func TestConsumeWithConcurrency(t *testing.T) {
 	assert.EqualValues(t, 3, most.Load())
 }
 
-// batchCounter counts a BatchStore's steps.
+// batchCounter counts a Store's batch steps.
 type batchCounter struct {
 	*RedisStore
 	mu      sync.Mutex
@@ -571,41 +571,6 @@ func consumeOnce(t *testing.T, b *redistest.Backend, batch []msg, seed uint64, c
 	}
 	assert.NoError(t, err)
 	return res
-}
-
-// plainStore hides RedisStore's batch methods: the Keeper takes each step one
-// record at a time.
-type plainStore struct{ Store }
-
-// TestConsumeOnAStoreWithoutBatches: with a Store that is not a BatchStore,
-// the batch API answers the same, one record at a time.
-func TestConsumeOnAStoreWithoutBatches(t *testing.T) {
-	b := redistest.Miniredis(t)
-	rs, err := NewRedisStore(b.Client)
-	require.NoError(t, err)
-	k, err := New(plainStore{rs}, WithLease(time.Minute))
-	require.NoError(t, err)
-	ctx := context.Background()
-	handle := func(ctx context.Context, m msg) error {
-		if m.ID == "bad" {
-			return errors.New("failed")
-		}
-		return nil
-	}
-	res, err := Consume(ctx, k, "s", msgs("a", "b", "a", "bad"), msgID, handle)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"handled ack=true", "handled ack=true", "duplicate ack=true", "retry ack=false"}, statuses(res))
-	res, err = Consume(ctx, k, "s", msgs("a", "bad"), msgID, handle)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"replayed ack=true", "retry ack=false"}, statuses(res))
-	assert.True(t, res[1].Ran, "released, so run again")
-
-	got, err := k.BeginBatch(ctx, "s", []string{"c", "d"})
-	require.NoError(t, err)
-	claims := []*Claim{got[0].Outcome.Claim, got[1].Outcome.Claim}
-	assert.Equal(t, []error{nil, nil}, k.ExtendBatch(ctx, claims))
-	assert.Equal(t, []error{nil}, k.ReleaseBatch(ctx, claims[1:]))
-	assert.Equal(t, []error{nil}, k.CompleteBatch(ctx, []Completion{{Claim: claims[0]}}))
 }
 
 func TestConsumeEmptyBatch(t *testing.T) {

@@ -439,9 +439,9 @@ func (s *fenceStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	return r, err
 }
 
-func (s *fenceStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (s *fenceStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	before := s.f.highest(id)
-	err := s.Store.Complete(ctx, id, token, value, keep)
+	stored, err = s.Store.Complete(ctx, id, token, value, keep)
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	switch {
@@ -455,7 +455,7 @@ func (s *fenceStore) Complete(ctx context.Context, id string, token int64, value
 	case errors.Is(err, ErrLeaseLost):
 		s.f.staleRefused++
 	}
-	return err
+	return stored, err
 }
 
 // splitStore sends renewals (Extend) to renew and every other call to the
@@ -562,8 +562,13 @@ func (s goneStore) Claim(ctx context.Context, id string, req ClaimRequest) (r Cl
 	return r, err
 }
 
-func (s goneStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
-	return aroundGone(ctx, goneOnComplete, func() error { return s.Store.Complete(ctx, id, token, value, keep) })
+func (s goneStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
+	err = aroundGone(ctx, goneOnComplete, func() error {
+		var err error
+		stored, err = s.Store.Complete(ctx, id, token, value, keep)
+		return err
+	})
+	return stored, err
 }
 
 func (s goneStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {

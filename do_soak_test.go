@@ -624,7 +624,7 @@ func (s *renewWatch) forget(token int64) {
 	s.mu.Unlock()
 }
 
-func (s *renewWatch) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (s *renewWatch) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	s.forget(token)
 	return s.Store.Complete(ctx, id, token, value, keep)
 }

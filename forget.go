@@ -20,22 +20,6 @@ var (
 	forgetScript = redis.NewScript(forgetLua)
 )
 
-// Forgetter is implemented by a Store that can remove a record; RedisStore
-// does. Keeper.Forget and Keeper.ForgetToken need it.
-type Forgetter interface {
-	// Forget removes the record id in one atomic step if it is the record
-	// of token (compare and delete), and returns it as it was. When there is
-	// no record of token (none, or one of another token: a newer claim, or
-	// the key completed by another attempt), it removes nothing and returns
-	// a Record in StateAbsent and no error. Without force, a record whose
-	// lease is live or that holds checkpoints is refused with a
-	// *ForgetRefusedError, and the Record says what was found. A value that
-	// is not a record is never removed (ErrCorrupt).
-	Forget(ctx context.Context, id string, token int64, force bool) (Record, error)
-}
-
-var _ Forgetter = (*RedisStore)(nil)
-
 // ForgetRefusedError is the error of a Forget without force whose record
 // holds what removing it would lose; nothing was removed. errors.Is(err,
 // ErrInProgress) reports true for it, and errors.As finds an
@@ -128,8 +112,7 @@ func (e *ForgetRefusedError) Unwrap() error {
 // Errors: ErrInvalidKey (the store is not touched), a *ForgetRefusedError,
 // ErrCorrupt (the value at the key is not a record this version can read; it
 // is not removed, even with force), ErrUnavailable, the caller's own
-// cancellation (as for Begin), and errors.ErrUnsupported when the Keeper's
-// Store does not implement both Inspector and Forgetter.
+// cancellation (as for Begin).
 func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Record, error) {
 	started := k.startStep()
 	r, err := k.forget(ctx, scope, key, 0, force)
@@ -175,23 +158,15 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
-	f, ok := k.store.(Forgetter)
-	if !ok {
-		return Record{}, fmt.Errorf("idem: forget: store %T does not implement Forgetter: %w", k.store, errors.ErrUnsupported)
-	}
 	id := recordID(scope, key)
 	if token == 0 {
-		in, ok := k.store.(Inspector)
-		if !ok {
-			return Record{}, fmt.Errorf("idem: forget: store %T does not implement Inspector: %w", k.store, errors.ErrUnsupported)
-		}
-		r, err := in.Inspect(ctx, id)
+		r, err := k.store.Inspect(ctx, id)
 		if err != nil || r.State == StateAbsent {
 			return r, storeError(ctx, "forget", err)
 		}
 		token = r.Token
 	}
-	r, err := f.Forget(ctx, id, token, force)
+	r, err := k.store.Forget(ctx, id, token, force)
 	if k.cache != nil {
 		k.cache.drop(id)
 	}
@@ -202,7 +177,7 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 	return r, err
 }
 
-// Forget implements Forgetter with one script, one round trip. id is a record
+// Forget implements Store with one script, one round trip. id is a record
 // id (Record.ID, or what the Keeper makes of a scope and key). Its contract
 // is Keeper.ForgetToken's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.

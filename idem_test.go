@@ -240,15 +240,15 @@ func TestRetriedCommandsAreIdempotent(t *testing.T) {
 
 		require.NoError(t, s.Extend(ctx, "rec", first.Token, time.Minute, time.Hour))
 		require.NoError(t, s.Extend(ctx, "rec", first.Token, time.Minute, time.Hour))
-		require.NoError(t, s.Complete(ctx, "rec", first.Token, seal(kindBytes, []byte("v")), time.Hour))
-		require.NoError(t, s.Complete(ctx, "rec", first.Token, seal(kindBytes, []byte("v")), time.Hour))
-		require.ErrorIs(t, s.Complete(ctx, "rec", first.Token-1, seal(kindBytes, []byte("w")), time.Hour), ErrLeaseLost)
+		require.NoError(t, errOf(s.Complete(ctx, "rec", first.Token, seal(kindBytes, []byte("v")), time.Hour)))
+		require.NoError(t, errOf(s.Complete(ctx, "rec", first.Token, seal(kindBytes, []byte("v")), time.Hour)))
+		require.ErrorIs(t, errOf(s.Complete(ctx, "rec", first.Token-1, seal(kindBytes, []byte("w")), time.Hour)), ErrLeaseLost)
 
 		c2, err := s.Claim(ctx, "rec2", req)
 		require.NoError(t, err)
 		require.NoError(t, s.Release(ctx, "rec2", c2.Token, time.Minute))
 		require.NoError(t, s.Release(ctx, "rec2", c2.Token, time.Minute))
-		require.ErrorIs(t, s.Complete(ctx, "rec2", c2.Token, seal(kindBytes, nil), time.Hour), ErrLeaseLost)
+		require.ErrorIs(t, errOf(s.Complete(ctx, "rec2", c2.Token, seal(kindBytes, nil), time.Hour)), ErrLeaseLost)
 		require.ErrorIs(t, s.Extend(ctx, "rec2", c2.Token, time.Minute, time.Hour), ErrLeaseLost)
 	})
 }

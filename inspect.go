@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -181,17 +180,6 @@ type CheckpointInfo struct {
 	Size int
 }
 
-// Inspector is implemented by a Store that can read a record without
-// changing it; RedisStore does. Keeper.Inspect needs it.
-type Inspector interface {
-	// Inspect reads the record id, in one step. A record that cannot be
-	// read is reported with an error wrapping ErrCorrupt, and the Record
-	// then holds at least ID and Key.
-	Inspect(ctx context.Context, id string) (Record, error)
-}
-
-var _ Inspector = (*RedisStore)(nil)
-
 // Inspect reads the record of (scope, key) without changing it: its state,
 // token, attempt count, whether it was recovered, the lease left, when it
 // expires, whether it has a fingerprint, the kind and size of its stored
@@ -208,9 +196,8 @@ var _ Inspector = (*RedisStore)(nil)
 //
 // Errors: ErrInvalidKey (the store is not touched), ErrCorrupt (the value at
 // the key is not a record that this version can read; the Record holds ID
-// and Key), ErrUnavailable, the caller's own cancellation (as for Begin), and
-// errors.ErrUnsupported when the Keeper's Store does not implement
-// Inspector.
+// and Key), ErrUnavailable, and the caller's own cancellation (as for
+// Begin).
 func (k *Keeper) Inspect(ctx context.Context, scope, key string) (Record, error) {
 	started := k.startStep()
 	r, err := k.inspect(ctx, scope, key)
@@ -223,15 +210,11 @@ func (k *Keeper) inspect(ctx context.Context, scope, key string) (Record, error)
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
-	in, ok := k.store.(Inspector)
-	if !ok {
-		return Record{}, fmt.Errorf("idem: inspect: store %T does not implement Inspector: %w", k.store, errors.ErrUnsupported)
-	}
-	r, err := in.Inspect(ctx, recordID(scope, key))
+	r, err := k.store.Inspect(ctx, recordID(scope, key))
 	return r, storeError(ctx, "inspect", err)
 }
 
-// Inspect implements Inspector with one read-only script, one round trip.
+// Inspect implements Store with one read-only script, one round trip.
 // id is a record id (Record.ID, or what the Keeper makes of a scope and key).
 // Errors: ErrInvalidKey for an id that is not one, ErrCorrupt,
 // ErrUnavailable, and the caller's own cancellation.

@@ -239,17 +239,7 @@ func TestInspectRefusesBeforeTheStore(t *testing.T) {
 		_, err = k.store.(*RedisStore).Inspect(ctx, "not an id")
 		assert.ErrorIs(t, err, ErrInvalidKey)
 	}))
-
-	plain, err := New(storeOnly{k.store})
-	require.NoError(t, err)
-	_, err = plain.Inspect(ctx, "s", "k")
-	assert.ErrorIs(t, err, errors.ErrUnsupported)
-	_, err = plain.Forget(ctx, "s", "k", false)
-	assert.ErrorIs(t, err, errors.ErrUnsupported)
 }
-
-// storeOnly hides every method of a Store but the interface's.
-type storeOnly struct{ Store }
 
 func TestInspectUnavailableAndCanceled(t *testing.T) {
 	b := redistest.Miniredis(t)

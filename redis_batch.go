@@ -28,7 +28,7 @@ var (
 	batchExtendScript   = redis.NewScript(batchExtendLua)
 )
 
-var _ BatchStore = (*RedisStore)(nil)
+var _ Store = (*RedisStore)(nil)
 
 // BatchChunk is the most records one batch script call holds. A script holds
 // Redis while it runs, a few microseconds per record, so a larger batch is
@@ -37,7 +37,7 @@ var _ BatchStore = (*RedisStore)(nil)
 // current server), and the batch still costs one round trip.
 const BatchChunk = 200
 
-// ClaimBatch implements BatchStore.
+// ClaimBatch implements Store.
 //
 // On a *redis.Client or *redis.Conn, the records go in chunks of BatchChunk,
 // every chunk in one pipeline: one round trip. On a *redis.ClusterClient each
@@ -91,10 +91,11 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	return out
 }
 
-// CompleteBatch implements BatchStore; its calls go as ClaimBatch's do. A
-// compact claim (Fence.Ref) completed with an empty result leaves a marker:
-// one call per call record completes all of its claims. One completed with
-// a value is first moved to a record of its own, in the same pipeline.
+// CompleteBatch is SettleBatch without releases; its calls go as
+// ClaimBatch's do. A compact claim (Fence.Ref) completed with an empty
+// result leaves a marker: one call per call record completes all of its
+// claims. One completed with a value is first moved to a record of its own,
+// in the same pipeline.
 func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
 	errs := make([]error, len(items))
 	calls, after := s.completeCalls(items, errs)
@@ -191,8 +192,8 @@ func (s *RedisStore) completeStep(items []BatchCompletion, errs []error) *batchS
 	return st
 }
 
-// ReleaseBatch implements BatchStore; its calls go as ClaimBatch's do. The
-// compact claims of one call are released in one call.
+// ReleaseBatch is SettleBatch without completions; its calls go as
+// ClaimBatch's do. The compact claims of one call are released in one call.
 func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
 	errs := make([]error, len(claims))
 	s.runCalls(ctx, s.releaseCalls(claims, keep, errs))
@@ -225,8 +226,20 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	return calls
 }
 
-// settleBatch completes items and releases claims in one pipeline: one round
-// trip per node for a batch whose handlers returned, the failed ones too.
+// SettleBatch implements Store: CompleteBatch and ReleaseBatch in one
+// pipeline, one round trip per node for a batch whose handlers returned,
+// the failed ones too.
+func (s *RedisStore) SettleBatch(ctx context.Context, items []BatchCompletion, claims []Fence, keep time.Duration) (done, given []error) {
+	switch {
+	case len(claims) == 0:
+		return s.CompleteBatch(ctx, items), []error{}
+	case len(items) == 0:
+		return []error{}, s.ReleaseBatch(ctx, claims, keep)
+	}
+	return s.settleBatch(ctx, items, claims, keep)
+}
+
+// settleBatch completes items and releases claims in one pipeline.
 func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, claims []Fence, keep time.Duration) (done, given []error) {
 	done, given = make([]error, len(items)), make([]error, len(claims))
 	calls, after := s.completeCalls(items, done)
@@ -238,7 +251,7 @@ func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, c
 	return done, given
 }
 
-// ExtendBatch implements BatchStore; its calls go as ClaimBatch's do. The
+// ExtendBatch implements Store; its calls go as ClaimBatch's do. The
 // compact claims of one call share one lease, renewed in one call.
 func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
 	errs := make([]error, len(claims))

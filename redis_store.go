@@ -300,10 +300,6 @@ func cutFields(s string, f []string) (rest string, ok bool) {
 	return s, true
 }
 
-// maxToken is the largest fencing token: Lua numbers are doubles, which hold
-// integers exactly up to 2^53.
-const maxToken = 1<<53 - 1
-
 // parseToken36 reads a token in base 36, lower case, as a completed record's
 // short form keeps it: 1 to maxToken.
 func parseToken36(s string) (int64, error) {
@@ -340,10 +336,9 @@ func isDigits(s string) bool {
 // Complete implements Store. A Complete that finds the record completed by
 // the same token already (a retried call, or a second Complete of one claim)
 // succeeds and writes nothing: the record keeps the first result and its
-// retention.
-func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
-	_, err := s.completeOnce(ctx, id, token, value, keep)
-	return err
+// retention, and stored is false.
+func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
+	return s.completeOnce(ctx, id, token, value, keep)
 }
 
 // completeOnce is Complete, and reports whether this call stored value:

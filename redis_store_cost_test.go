@@ -85,7 +85,7 @@ func costScripts(t *testing.T, m *costMeter, s *RedisStore) {
 		}
 	}
 	complete := func(ids []string) func(i int) error {
-		return func(i int) error { return s.Complete(ctx, ids[i], toks[i], payload, costKeep) }
+		return func(i int) error { return errOf(s.Complete(ctx, ids[i], toks[i], payload, costKeep)) }
 	}
 
 	a := m.ids("a")
@@ -102,7 +102,9 @@ func costScripts(t *testing.T, m *costMeter, s *RedisStore) {
 	m.prepare(claim(p, fp, "first", StatusClaimed))
 	m.measure("in progress (claim of a live lease)", scriptStats, claim(p, fp, "other", StatusInProgress))
 	m.measure("extend", scriptStats, func(i int) error { return s.Extend(ctx, p[i], toks[i], costLease, costKeep) })
-	m.measure("checkpoint", scriptStats, func(i int) error { return s.Checkpoint(ctx, p[i], toks[i], "charged", []byte("ch_1")) })
+	m.measure("checkpoint", scriptStats, func(i int) error {
+		return s.Checkpoint(ctx, Fence{ID: p[i], Token: toks[i]}, "charged", []byte("ch_1"), 0)
+	})
 	m.measure("release, with a checkpoint", scriptStats, func(i int) error { return s.Release(ctx, p[i], toks[i], costKeep) })
 	m.measure("claim after release, checkpoint carried", scriptStats, claim(p, fp, "second", StatusClaimed))
 

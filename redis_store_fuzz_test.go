@@ -132,7 +132,7 @@ func FuzzStoredValue(f *testing.F) {
 				require.True(t, bytes.Equal(got, value), "%s on %q overwrote it with %q", step, value, got)
 			}
 		}
-		typed("Complete", s.Complete(ctx, id, token, []byte("x"), time.Minute))
+		typed("Complete", errOf(s.Complete(ctx, id, token, []byte("x"), time.Minute)))
 		typed("Release", s.Release(ctx, id, token, time.Minute))
 		typed("Extend", s.Extend(ctx, id, token, time.Minute, time.Minute))
 		before, _ := c.Get(ctx, key).Bytes()

@@ -249,7 +249,7 @@ func linRun(ctx context.Context, s Store, id string, seed uint64, clients, calls
 						token = rep.Token
 					}
 				case linComplete:
-					err = s.Complete(ctx, id, in.token, []byte(in.value), time.Minute)
+					err = errOf(s.Complete(ctx, id, in.token, []byte(in.value), time.Minute))
 				case linRelease:
 					err = s.Release(ctx, id, in.token, time.Minute)
 				case linExtend:
@@ -390,11 +390,11 @@ func (r *linRecorder) Claim(ctx context.Context, id string, req ClaimRequest) (C
 	return rep, err
 }
 
-func (r *linRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (r *linRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	call := r.since()
-	err := r.Store.Complete(ctx, id, token, value, keep)
+	stored, err := r.Store.Complete(ctx, id, token, value, keep)
 	r.add(ctx, linInput{kind: linComplete, token: token, value: string(value)}, call, linOutput{}, err)
-	return err
+	return stored, err
 }
 
 func (r *linRecorder) Release(ctx context.Context, id string, token int64, keep time.Duration) error {

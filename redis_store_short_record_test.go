@@ -76,11 +76,11 @@ func TestShortCompletedRecordSteps(t *testing.T) {
 		id, tok := recordID("s", "done"), out.Claim.Token()
 		before := b.Client.Get(ctx, s.RecordKey("s", "done")).Val()
 
-		assert.NoError(t, s.Complete(ctx, id, tok, []byte("ok"), time.Hour), "the same completion again")
-		assert.ErrorIs(t, s.Complete(ctx, id, tok+1, []byte("other"), time.Hour), ErrLeaseLost)
+		assert.NoError(t, errOf(s.Complete(ctx, id, tok, []byte("ok"), time.Hour)), "the same completion again")
+		assert.ErrorIs(t, errOf(s.Complete(ctx, id, tok+1, []byte("other"), time.Hour)), ErrLeaseLost)
 		assert.ErrorIs(t, s.Release(ctx, id, tok, time.Hour), ErrLeaseLost)
 		assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute, time.Hour), ErrLeaseLost)
-		assert.ErrorIs(t, s.Checkpoint(ctx, id, tok, "step", nil), ErrLeaseLost)
+		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: id, Token: tok}, "step", nil, 0), ErrLeaseLost)
 		fence := []Fence{{ID: id, Token: tok}}
 		assert.NoError(t, s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("ok"), Keep: time.Hour}})[0])
 		assert.ErrorIs(t, s.CompleteBatch(ctx, []BatchCompletion{{Fence: Fence{ID: id, Token: tok + 1}, Value: []byte("x"), Keep: time.Hour}})[0], ErrLeaseLost)
@@ -138,7 +138,7 @@ func TestShortCompletedRecordDamaged(t *testing.T) {
 			_, err = k.Inspect(ctx, "s", key)
 			assert.ErrorIs(t, err, ErrCorrupt, "%s: Inspect", row.name)
 			for step, err := range map[string]error{
-				"Complete": s.Complete(ctx, recordID("s", key), 1, []byte("x"), time.Hour),
+				"Complete": errOf(s.Complete(ctx, recordID("s", key), 1, []byte("x"), time.Hour)),
 				"Release":  s.Release(ctx, recordID("s", key), 1, time.Hour),
 				"Extend":   s.Extend(ctx, recordID("s", key), 1, time.Second, time.Hour),
 			} {
@@ -201,7 +201,7 @@ func FuzzShortCompletedRecord(f *testing.F) {
 		unchanged("claim")
 		fence := []Fence{{ID: ids[1], Token: token}}
 		for step, errs := range map[string][2]error{
-			"complete": {s.Complete(ctx, ids[0], token, []byte("x"), time.Minute), s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0]},
+			"complete": {errOf(s.Complete(ctx, ids[0], token, []byte("x"), time.Minute)), s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0]},
 			"release":  {s.Release(ctx, ids[0], token, time.Minute), s.ReleaseBatch(ctx, fence, time.Minute)[0]},
 			"extend":   {s.Extend(ctx, ids[0], token, time.Minute, time.Minute), s.ExtendBatch(ctx, fence, time.Minute, time.Minute)[0]},
 		} {

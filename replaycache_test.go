@@ -405,7 +405,7 @@ func TestCompleteAgainIsItsOwnAnswer(t *testing.T) {
 		stored, err = s.completeOnce(ctx, id, tok, seal(kindBytes, []byte("second")), time.Hour)
 		require.NoError(t, err)
 		assert.False(t, stored, "already completed by this token")
-		require.NoError(t, s.Complete(ctx, id, tok, seal(kindBytes, []byte("third")), time.Hour), "the Store contract: a retried Complete succeeds")
+		require.NoError(t, errOf(s.Complete(ctx, id, tok, seal(kindBytes, []byte("third")), time.Hour)), "the Store contract: a retried Complete succeeds")
 		_, err = s.completeOnce(ctx, id, tok+1, seal(kindBytes, []byte("other")), time.Hour)
 		assert.ErrorIs(t, err, ErrLeaseLost)
 

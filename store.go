@@ -5,8 +5,10 @@ import (
 	"time"
 )
 
-// Store keeps idempotency records. Every method is one atomic step; the Redis
-// implementation (RedisStore) makes each one Lua script and one round trip.
+// Store keeps idempotency records: every step the Keeper takes on a record
+// goes through it, and nothing else. Every method is one atomic step per
+// record; RedisStore, made by NewRedisStore, makes each one Lua script and
+// one round trip (per Redis node, for the batch methods).
 //
 // id is the record's fixed-length id, a digest of (scope, key) made by the
 // Keeper; a Store never sees raw client keys. Tokens are the fencing tokens
@@ -15,12 +17,23 @@ import (
 // Errors: ErrLeaseLost when the token is not the current holder's,
 // ErrCorrupt when the value at the key is not a record, and anything else is
 // read as the store being unavailable (ErrUnavailable).
+//
+// The batch methods answer every record on their own, in the order given: a
+// record whose step failed (ErrLeaseLost, ErrCorrupt, its Redis node
+// unreachable) does not fail the others, and each answer is exactly that of
+// the single-record method. A claim a Store keeps compactly
+// (BatchClaimRequest.Compact) is named by its Fence, Ref included, in every
+// later step: SettleBatch, ExtendBatch and Checkpoint.
 type Store interface {
 	// Claim claims the record for one attempt, or reports its state.
 	Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error)
 	// Complete stores value as the record's result, kept for keep, if token
-	// is the current holder's. A retried Complete with the same token succeeds.
-	Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error
+	// is the current holder's. A retried Complete with the same token
+	// succeeds and writes nothing: the record keeps the first result and
+	// its retention. stored reports whether this call wrote value; a Store
+	// that cannot tell reports false (the Keeper then caches nothing of it,
+	// see WithReplayCache).
+	Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error)
 	// Release gives the claim up, if token is the current holder's, so the
 	// next claim runs the operation again; the token and attempt count are
 	// remembered for keep. A retried Release with the same token succeeds.
@@ -28,6 +41,53 @@ type Store interface {
 	// Extend renews the lease of token to lease from now, and keeps the
 	// pending record for keep.
 	Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error
+
+	// ClaimBatch claims every record of req, with req's attempt id, lease and
+	// keep, and answers each as Claim would.
+	ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply
+	// SettleBatch stores each item's value, as Complete would, and gives up
+	// each claim of release, as Release would, the released marker kept for
+	// keep; either may be empty. It answers each item in done and each claim
+	// in given.
+	SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error)
+	// ExtendBatch renews the lease of each claim, as Extend would.
+	ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error
+
+	// Checkpoint records (name, value) in the pending record of claim if
+	// its token is the current holder's: ErrLeaseLost otherwise, and an
+	// error wrapping ErrInvalidCheckpoint when the record holds
+	// MaxCheckpoints other checkpoints; nothing is written then. A
+	// checkpoint recorded again under its name replaces the earlier one and
+	// becomes the last. A retried Checkpoint with the same arguments
+	// succeeds. A compact claim (claim.Ref > 0) is first moved to a record
+	// of its own, kept for keep, in the same step.
+	//
+	// A record's checkpoints are kept while it is pending, handed over to
+	// the next claim (ClaimReply.Checkpoints) when the lease ran out or the
+	// claim was released, and dropped when it completes.
+	Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error
+
+	// Inspect reads the record id, in one step, without changing it. A
+	// record that cannot be read is reported with an error wrapping
+	// ErrCorrupt, and the Record then holds at least ID and Key.
+	Inspect(ctx context.Context, id string) (Record, error)
+	// Forget removes the record id in one atomic step if it is the record
+	// of token (compare and delete), and returns it as it was. When there is
+	// no record of token (none, or one of another token: a newer claim, or
+	// the key completed by another attempt), it removes nothing and returns
+	// a Record in StateAbsent and no error. Without force, a record whose
+	// lease is live or that holds checkpoints is refused with a
+	// *ForgetRefusedError, and the Record says what was found. A value that
+	// is not a record is never removed (ErrCorrupt).
+	Forget(ctx context.Context, id string, token int64, force bool) (Record, error)
+	// Abandon ends, in one atomic step, the lease of the pending claim of
+	// token on the record id, keeping everything else of the record, and
+	// returns the record as it is after the call. A record that is not a
+	// pending claim of token (completed, released, of another token) is left
+	// as it is and returned, and no record gives a Record in StateAbsent; no
+	// error in either case. A value that is not a record is never changed
+	// (ErrCorrupt).
+	Abandon(ctx context.Context, id string, token int64) (Record, error)
 }
 
 // ClaimRequest is what a Store needs to claim a record.
@@ -88,10 +148,9 @@ type ClaimReply struct {
 	// Value is the stored result (StatusCompleted); nil otherwise.
 	Value []byte
 	// Checkpoints are the recovery points an earlier attempt recorded in the
-	// record (StatusClaimed), oldest first; nil when there are none or the
-	// Store keeps none (see CheckpointStore).
+	// record (StatusClaimed), oldest first; nil when there are none.
 	Checkpoints []Checkpoint
-	// Ref is, for a claim a BatchStore made compactly (BatchClaimRequest.
+	// Ref is, for a claim a Store made compactly (BatchClaimRequest.
 	// Compact), the store's own reference to it, greater than zero, which
 	// the Keeper hands back in Fence.Ref; zero for a claim kept in a record
 	// of its own.
@@ -102,32 +161,7 @@ type ClaimReply struct {
 	Marker bool
 }
 
-// BatchStore is a Store that also takes each step for many records at once.
-// The Keeper uses it for BeginBatch, CompleteBatch, ReleaseBatch,
-// ExtendBatch and Consume when its Store implements it; with any other Store
-// it takes the step one record at a time, with the same answers.
-//
-// Each method answers every record on its own, in the order given: a record
-// whose step failed (ErrLeaseLost, ErrCorrupt, its Redis node unreachable)
-// does not fail the others. The answers are exactly those of the single-record
-// method. RedisStore sends one script call per chunk of up to BatchChunk
-// records, all of a node's share in one pipeline: one round trip per Redis
-// node and step.
-type BatchStore interface {
-	Store
-	// ClaimBatch claims every record of req, with req's attempt id, lease and
-	// keep, and answers each as Claim would.
-	ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply
-	// CompleteBatch stores each item's value, as Complete would.
-	CompleteBatch(ctx context.Context, items []BatchCompletion) []error
-	// ReleaseBatch gives up each claim, as Release would, the released
-	// marker kept for keep.
-	ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error
-	// ExtendBatch renews the lease of each claim, as Extend would.
-	ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error
-}
-
-// BatchClaimRequest is what a BatchStore needs to claim many records.
+// BatchClaimRequest is what a Store needs to claim many records.
 type BatchClaimRequest struct {
 	// IDs are the records to claim; an id given twice is answered for its
 	// first place only, the later places with ErrInvalidConfig.
@@ -156,7 +190,7 @@ type BatchClaimRequest struct {
 	distinct bool
 }
 
-// BatchClaimReply answers one record of a BatchStore's ClaimBatch: Reply as
+// BatchClaimReply answers one record of a Store's ClaimBatch: Reply as
 // Claim returns it, or Err, an error Claim would have returned.
 type BatchClaimReply struct {
 	// Reply is the record's answer when Err is nil.
@@ -165,6 +199,11 @@ type BatchClaimReply struct {
 	// anything else, the store's failure to answer for it.
 	Err error
 }
+
+// maxToken is the largest fencing token a Store hands out: tokens are 1 to
+// 2^53-1, which a double (a Lua number, as RedisStore's scripts hold them)
+// holds exactly.
+const maxToken = 1<<53 - 1
 
 // Fence names a claim: a record and the fencing token of its holder.
 type Fence struct {
@@ -177,7 +216,7 @@ type Fence struct {
 	Ref int
 }
 
-// BatchCompletion is one record of a BatchStore's CompleteBatch.
+// BatchCompletion is one record of a Store's SettleBatch.
 type BatchCompletion struct {
 	// Fence names the claim that completes the record.
 	Fence
@@ -186,21 +225,4 @@ type BatchCompletion struct {
 	Value []byte
 	// Keep is how long the result is kept.
 	Keep time.Duration
-}
-
-// CheckpointStore is a Store that keeps recovery points in pending records.
-// Claim.Checkpoint needs it; RedisStore implements it.
-//
-// A record's checkpoints are written under its claim's fence, kept while it is
-// pending, handed over to the next claim (ClaimReply.Checkpoints) when the
-// lease ran out or the claim was released, and dropped when it completes.
-type CheckpointStore interface {
-	Store
-	// Checkpoint records (name, value) in the pending record id if token is
-	// the current holder's: ErrLeaseLost otherwise, and an error wrapping
-	// ErrInvalidCheckpoint when the record holds MaxCheckpoints other
-	// checkpoints; nothing is written then. A checkpoint recorded again under
-	// its name replaces the earlier one and becomes the last. A retried
-	// Checkpoint with the same arguments succeeds.
-	Checkpoint(ctx context.Context, id string, token int64, name string, value []byte) error
 }

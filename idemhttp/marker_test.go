@@ -14,8 +14,13 @@ import (
 
 // markerStore answers every claim as a Store does for a key whose operation
 // completed and left only a marker: within the retention (a replay of an
-// empty result) or past it (StatusResultExpired).
-type markerStore struct{ expired bool }
+// empty result) or past it (StatusResultExpired). The steps the middleware
+// never takes (batches, checkpoints, the operator's) are left to the nil
+// Store it embeds: taking one panics.
+type markerStore struct {
+	idem.Store
+	expired bool
+}
 
 func (s markerStore) Claim(context.Context, string, idem.ClaimRequest) (idem.ClaimReply, error) {
 	if s.expired {
@@ -24,8 +29,8 @@ func (s markerStore) Claim(context.Context, string, idem.ClaimRequest) (idem.Cla
 	return idem.ClaimReply{Status: idem.StatusCompleted, Token: 7, Attempt: 1, Marker: true, Value: []byte{1, 'b'}}, nil
 }
 
-func (markerStore) Complete(context.Context, string, int64, []byte, time.Duration) error {
-	return idem.ErrLeaseLost
+func (markerStore) Complete(context.Context, string, int64, []byte, time.Duration) (bool, error) {
+	return false, idem.ErrLeaseLost
 }
 
 func (markerStore) Release(context.Context, string, int64, time.Duration) error {

@@ -48,6 +48,6 @@ func (s *freshKeys) Claim(ctx context.Context, id string, req idem.ClaimRequest)
 	return s.Store.Claim(ctx, id+strconv.FormatInt(s.n.Add(1), 10), req)
 }
 
-func (s *freshKeys) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) error {
+func (s *freshKeys) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	return s.Store.Complete(ctx, id+strconv.FormatInt(s.n.Load(), 10), token, value, keep)
 }

@@ -1040,8 +1040,10 @@ func (d *discard) WriteHeader(int)             {}
 
 // memStore is an in-memory Store for benchmarks of the middleware's own
 // cost: every Claim is granted until a value is kept, then every Claim
-// replays it.
+// replays it. The steps the middleware never takes (batches, checkpoints,
+// the operator's) are left to the nil Store it embeds: taking one panics.
 type memStore struct {
+	idem.Store
 	keep  bool
 	value []byte
 }
@@ -1053,11 +1055,11 @@ func (s *memStore) Claim(context.Context, string, idem.ClaimRequest) (idem.Claim
 	return idem.ClaimReply{Status: idem.StatusClaimed, Token: 1, Attempt: 1}, nil
 }
 
-func (s *memStore) Complete(_ context.Context, _ string, _ int64, value []byte, _ time.Duration) error {
+func (s *memStore) Complete(_ context.Context, _ string, _ int64, value []byte, _ time.Duration) (bool, error) {
 	if s.keep {
 		s.value = value
 	}
-	return nil
+	return s.keep, nil
 }
 
 func (s *memStore) Release(context.Context, string, int64, time.Duration) error { return nil }
