@@ -103,6 +103,9 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	if !o.json {
 		printHeader(stdout, o, h.server)
 	}
+	if err := h.prefill(ctx, stderr); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -140,6 +143,7 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 		h.idem.op = h.w.consumeOp
 		h.idem.ran = h.w.ran
 		h.idem.streams = newStreams(o, h.idem.ran)
+		h.idem.prefill = h.w.prefillConsume
 	}
 	if o.mode == modeHTTP {
 		hb, err := startHTTP(o, k, c, h.w.scope, h.w.ran, newBitset())

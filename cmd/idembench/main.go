@@ -296,6 +296,10 @@ type options struct {
 	baselineDB int
 	// markers is -markers.
 	markers bool
+	// prefill is -prefill; markerRetention -marker-retention, 0 without
+	// it.
+	prefill         int64
+	markerRetention time.Duration
 	// run names the run (newRunTag), once it starts.
 	run string
 	// set holds the names of the flags given.
@@ -348,6 +352,8 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&o.fail, "fail", 0, "with -workload batch: share of handler calls, 0 to 0.5, that fail transiently (the same calls on both sides: a hash of -seed, the id and the attempt picks them); a message not acknowledged comes again in its caller's next batch")
 	fs.Uint64Var(&o.seed, "seed", 1, "with -workload batch: the seed of the stream's redeliveries and of -fail's choice")
 	fs.BoolVar(&o.markers, "markers", true, "with -workload batch: keep each handled message as a compact marker (false: idem.WithoutMarkers, a record a message)")
+	fs.Int64Var(&o.prefill, "prefill", 0, fmt.Sprintf("with -workload batch: before the clock starts, handle this many distinct ids (not measured) on each side, by the path of the measured run (idem.Consume; the baseline's pipelines), in batches of -batch or %d if larger, from -c callers or twice the cores if more, with progress on stderr; the measured stream then finds them remembered, as a consumer that has run for long does. Its ids are counted among the ids remembered in the memory per id, and in no other figure", prefillMinBatch))
+	fs.DurationVar(&o.markerRetention, "marker-retention", 0, "with -workload batch: the steady state of memory. idem's markers are kept this long (idem.WithMarkerRetention; at least the lease, 30s), and so are its records and the baseline's keys (-retention is set to it); run for -d of several times as long, so that as many markers expire as arrive. The memory per id is then per live id: used_memory after the run minus before, less the connections, over the ids the side delivered in the last marker retention before its last slice ended (the markers, or baseline keys, still live; those that expired and were not yet swept or evicted count in the bytes, not in the ids). The report says when the run lasted less than twice the marker retention, which is not yet steady")
 	fs.IntVar(&o.baselineDB, "baseline-db", -1, "with -workload batch, a baseline and -redis: the database of the baseline's keys, so that each side's used_memory can be told apart (default: idem's database plus one)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: idembench [flags]\n\nPuts idem under load and reports ops/s, latency, Redis commands and Redis CPU per operation and duplicate executions.\nWithout -redis or -cluster it uses an embedded miniredis: a real server is the honest choice.\n\n")
@@ -413,7 +419,7 @@ func (o *options) check(dup share) error {
 const workloadBatch = "batch"
 
 // batchFlags are the flags that go with -workload batch only.
-var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "markers"}
+var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "markers", "prefill", "marker-retention"}
 
 // checkBatch checks -batch, and what goes with -workload batch, and fills in
 // its defaults.
@@ -447,6 +453,11 @@ func checkBatch(o *options) error {
 		return errors.New("-baseline-db: goes with -baseline and -redis (a Cluster has one database)")
 	case o.set["baseline-db"] && o.baselineDB < 0:
 		return fmt.Errorf("-baseline-db %d: want 0 or more", o.baselineDB)
+	case o.prefill < 0 || o.prefill >= 1<<40:
+		return fmt.Errorf("-prefill %d: want 0 to 2^40", o.prefill)
+	}
+	if err := checkMarkerRetention(o); err != nil {
+		return err
 	}
 	if o.set["baseline-db"] {
 		opt, err := redis.ParseURL(o.redisURL)
@@ -463,6 +474,26 @@ func checkBatch(o *options) error {
 	if o.messages > 0 && redelivered(o) >= o.batch {
 		return fmt.Errorf("-dup %v with -batch %d and -messages: no batch but the first would carry a new id", o.dup, o.batch)
 	}
+	return nil
+}
+
+// checkMarkerRetention checks -marker-retention, and sets -retention to
+// it.
+func checkMarkerRetention(o *options) error {
+	if !o.set["marker-retention"] {
+		return nil
+	}
+	switch {
+	case o.markerRetention < idem.DefaultLease || o.markerRetention > idem.MaxDuration:
+		return fmt.Errorf("-marker-retention %s: want from the lease, %s, to %s", o.markerRetention, idem.DefaultLease, idem.MaxDuration)
+	case !o.markers:
+		return errors.New("-marker-retention: goes with markers on (-markers)")
+	case o.set["retention"] && o.retention != o.markerRetention:
+		return errors.New("-retention and -marker-retention: in the steady state both sides keep what they handle for the marker retention; leave -retention out")
+	case o.prefill > 0:
+		return errors.New("-prefill and -marker-retention: choose one (the prefill's ids would expire during the run)")
+	}
+	o.retention = o.markerRetention
 	return nil
 }
 

@@ -33,6 +33,16 @@ type side struct {
 	streams []*stream
 	ran     *bitset
 	prefix  string
+	// prefill handles a batch of -prefill's messages as the side's
+	// measured run would; prefilled counts the ids it handled, and
+	// prefillTime how long that took.
+	prefill     func(context.Context, []message) error
+	prefilled   int64
+	prefillTime time.Duration
+	// marks are the new ids the side had delivered at the start and the
+	// end of each of its slices, from which liveIDs counts the ids
+	// delivered since a moment.
+	marks []idMark
 }
 
 func newSide(op func(context.Context, *worker), commands []string) *side {
@@ -145,7 +155,9 @@ func (h *harness) phase(ctx context.Context, s *side, sl span, progress *progres
 	if s.cnt != nil {
 		s.cnt.on.Store(true)
 	}
+	s.mark()
 	runSlice(ctx, h.w, sl, s, progress)
+	s.mark()
 	if s.cnt != nil {
 		s.cnt.on.Store(false)
 	}
