@@ -44,6 +44,8 @@ type memoryProbe struct {
 	// when the clock started.
 	live    time.Duration
 	started time.Time
+	// prefill is -prefill.
+	prefill int64
 }
 
 // memInfo is what INFO memory and CLIENT LIST say.
@@ -74,7 +76,7 @@ func (m memory) perID() float64 {
 // newMemoryProbe counts the keys of the sides' databases before the run
 // writes any, on one server, or says why it will not measure.
 func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memoryProbe {
-	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != "", live: o.markerRetention}
+	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != "", live: o.markerRetention, prefill: o.prefill}
 	p.cluster = o.cluster != ""
 	if c, ok := idemC.(*redis.Client); ok {
 		p.idemDB = c.Options().DB
@@ -239,7 +241,7 @@ func (p *memoryProbe) method() string {
 		if ran := time.Since(p.started); ran < 2*p.live {
 			fmt.Fprintf(&b, " NOT reached: the run lasted %s, less than twice the marker retention", ran.Round(time.Second))
 		}
-	} else {
+	} else if p.prefill > 0 {
 		b.WriteString(" (the -prefill's ids included)")
 	}
 	if p.cluster {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -119,4 +121,31 @@ func TestMarkerRetentionSetsRetention(t *testing.T) {
 	o, err := parseFlags([]string{"-workload", "batch", "-marker-retention", "45s"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, 45*time.Second, o.retention)
+}
+
+// TestSide checks that -side runs one side alone, and that -on-measure's
+// program is called once before the measured run and once after it.
+func TestSide(t *testing.T) {
+	for _, c := range []struct {
+		side             string
+		idemOps, baseOps float64
+	}{
+		{sideIdem, runMessages, 0},
+		{sideBaseline, 0, runMessages},
+	} {
+		t.Run(c.side, func(t *testing.T) {
+			dir := t.TempDir()
+			hook := filepath.Join(dir, "hook")
+			require.NoError(t, os.WriteFile(hook, []byte("#!/bin/sh\necho \"$1\" >> \""+dir+"/calls\"\n"), 0o755))
+			code, res, stderr := runJSON(t, append(batchRun, "-baseline", "setnx2", "-prefill", "600", "-side", c.side, "-on-measure", hook)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Equal(t, c.side, res["side"])
+			assert.EqualValues(t, c.idemOps, res["ops"])
+			assert.EqualValues(t, c.baseOps, res["baseline_ops"])
+			assert.Zero(t, res["duplicates"])
+			calls, err := os.ReadFile(filepath.Join(dir, "calls"))
+			require.NoError(t, err)
+			assert.Equal(t, "start\nstop\n", string(calls))
+		})
+	}
 }

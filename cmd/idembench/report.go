@@ -98,6 +98,8 @@ type Result struct {
 	PrefillSec         float64 `json:"prefill_s"`
 	BaselinePrefillSec float64 `json:"baseline_prefill_s"`
 	MarkerRetentionSec float64 `json:"marker_retention_s"`
+	// Side is -side: empty when both sides ran.
+	Side string `json:"side,omitempty"`
 
 	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
 	// the operations its cache answered without Redis; CacheHitRate is
@@ -195,6 +197,7 @@ func (h *harness) result() *Result {
 			res.PrefillBatch, _ = prefillShape(o)
 		}
 		res.MarkerRetentionSec = o.markerRetention.Seconds()
+		res.Side = o.side
 	}
 	res.errorSamples = s.samples()
 	res.CacheEntries = o.cache
@@ -305,6 +308,9 @@ func printHeader(w io.Writer, o *options, server string) {
 		}
 		if o.markerRetention > 0 {
 			workload += fmt.Sprintf(", marker retention %s (steady state)", o.markerRetention)
+		}
+		if o.side != "" {
+			workload += ", only the " + o.side + " side runs"
 		}
 	}
 	fmt.Fprintf(w, "idembench: %s, mode %s, workload %s, %d callers, %s, %d-byte results, dup %.2f, %s, coalescing %v\n",

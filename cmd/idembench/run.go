@@ -83,11 +83,14 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 	}
 	for done := time.Duration(0); done < o.duration && ctx.Err() == nil; {
 		d := min(slice, o.duration-done)
-		h.phase(ctx, h.idem, span{d: d}, progress)
-		s := h.idem.stats
-		progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
-		if h.base != nil {
-			h.phase(ctx, h.base, span{d: d}, nil)
+		for _, sd := range h.sides() {
+			if sd != h.idem {
+				h.phase(ctx, sd, span{d: d}, nil)
+				continue
+			}
+			h.phase(ctx, sd, span{d: d}, progress)
+			s := sd.stats
+			progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
 		}
 		done += d
 	}
@@ -133,10 +136,14 @@ func (h *harness) measureCount(ctx context.Context) {
 	}
 }
 
-// sides returns idem's side, and the baseline's if there is one.
+// sides returns the sides that run: idem's, and the baseline's if there
+// is one; with -side, the one it names.
 func (h *harness) sides() []*side {
-	if h.base == nil {
+	switch {
+	case h.base == nil || h.o.side == sideIdem:
 		return []*side{h.idem}
+	case h.o.side == sideBaseline:
+		return []*side{h.base}
 	}
 	return []*side{h.idem, h.base}
 }
