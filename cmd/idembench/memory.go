@@ -280,8 +280,8 @@ func deliveredIDs(s *side) int64 {
 }
 
 // deleteKeys deletes the keys of every id the baseline s prefilled, and
-// that its streams delivered: 1,000 keys a DEL, 16 DELs a round trip; on a Cluster, whose
-// DEL takes the keys of one slot, one key a DEL.
+// that its streams delivered: 1,000 keys a DEL, 16 DELs a round trip; on a
+// Cluster, whose DEL takes the keys of one slot, one key a DEL.
 func deleteKeys(ctx context.Context, c client, s *side) error {
 	perDel, perPipeline := 1000, 16
 	if _, ok := c.(*redis.ClusterClient); ok {
