@@ -126,7 +126,7 @@ EOF
 	# The window's dump, the one callgrind_control -d wrote
 	# (callgrind.out.1); callgrind.out, written at exit, is not the
 	# window's.
-	ir=$(grep -h '^summary:' $dumps | awk '{s += $2} END {print s}')
+	ir=$(grep -h '^summary:' $dumps | awk '{s += $2} END {printf "%.0f", s}')
 	ops=$(sed -n "s/^  \"$field\": \([0-9]*\),$/\1/p" "$dir/result.json")
 	echo "$ir $ops" >"$dir/counts"
 }
