@@ -27,8 +27,9 @@
 # when the measured window ends, before idembench reads and cleans up. It
 # prints the instructions (Ir) of the window over its messages (redeliveries
 # included; the same stream on both sides), and the ratio. The window also
-# holds the meter's INFO reads, about 40 per side: a few instructions a
-# message at these sizes. It stops every process it started, and removes its
+# holds what idembench does around its slices (INFO reads, about 40): some
+# 6M instructions a side, about 230 a message at the default sizes, less
+# with a larger -m. It stops every process it started, and removes its
 # directory, whatever happens. Redis under valgrind runs some 50 times
 # slower: keep the sizes small. Needs valgrind, redis-server, redis-cli, go
 # and python3 (to find a free port).
