@@ -239,6 +239,13 @@ func TestBatchFlags(t *testing.T) {
 		{"-workload", "batch", "-baseline", "setnx", "-baseline-db", "2", "-cluster", "127.0.0.1:1"},
 		{"-markers=false"},
 		{"-workload", "batch", "-marker-scale", "1000"},
+		{"-prefill", "10"},
+		{"-marker-retention", "1m"},
+		{"-workload", "batch", "-prefill", "-1"},
+		{"-workload", "batch", "-marker-retention", "10s"},
+		{"-workload", "batch", "-marker-retention", "1m", "-markers=false"},
+		{"-workload", "batch", "-marker-retention", "1m", "-retention", "2m"},
+		{"-workload", "batch", "-marker-retention", "1m", "-prefill", "10"},
 	} {
 		var stdout, stderr bytes.Buffer
 		assert.Equal(t, 2, run(context.Background(), args, &stdout, &stderr), "%q", args)

@@ -51,6 +51,7 @@ func newConsumerBaseline(o *options, scope string, lease time.Duration, c baseCl
 	s.ran = newBitset()
 	s.streams = newStreams(o, s.ran)
 	s.prefix = b.prefix
+	s.prefill = b.prefillBatch
 	return s, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"slices"
 
 	"github.com/idemkit/idem"
@@ -16,7 +18,13 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) (*Result, 
 		return nil, err
 	}
 	defer h.close()
+	if err := h.onMeasure(ctx, "start"); err != nil {
+		return nil, err
+	}
 	if err := h.measure(ctx, stdout); err != nil {
+		return nil, err
+	}
+	if err := h.onMeasure(ctx, "stop"); err != nil {
 		return nil, err
 	}
 	if h.memory != nil {
@@ -103,6 +111,9 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	if !o.json {
 		printHeader(stdout, o, h.server)
 	}
+	if err := h.prefill(ctx, stderr); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -140,6 +151,7 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 		h.idem.op = h.w.consumeOp
 		h.idem.ran = h.w.ran
 		h.idem.streams = newStreams(o, h.idem.ran)
+		h.idem.prefill = h.w.prefillConsume
 	}
 	if o.mode == modeHTTP {
 		hb, err := startHTTP(o, k, c, h.w.scope, h.w.ran, newBitset())
@@ -166,5 +178,20 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 	}
 	h.closers = append(h.closers, closeBase)
 	h.base, base.cnt = base, h.baseCnt
+	return nil
+}
+
+// onMeasure runs -on-measure's program, if any, with the argument what
+// ("start" before the first measured slice, "stop" after the last, before
+// the memory is read), and waits for it.
+func (h *harness) onMeasure(ctx context.Context, what string) error {
+	if h.o.onMeasure == "" {
+		return nil
+	}
+	cmd := exec.CommandContext(context.WithoutCancel(ctx), h.o.onMeasure, what)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("-on-measure %s %s: %w", h.o.onMeasure, what, err)
+	}
 	return nil
 }

@@ -39,6 +39,13 @@ type memoryProbe struct {
 	idemOthers, baseOthers int64
 	idemKeys0, baseKeys0   int64
 	before                 memInfo
+	// live is -marker-retention, 0 without it: the ids a side remembers
+	// are then those it delivered in the last live of its run. started is
+	// when the clock started.
+	live    time.Duration
+	started time.Time
+	// prefill is -prefill.
+	prefill int64
 }
 
 // memInfo is what INFO memory and CLIENT LIST say.
@@ -69,7 +76,7 @@ func (m memory) perID() float64 {
 // newMemoryProbe counts the keys of the sides' databases before the run
 // writes any, on one server, or says why it will not measure.
 func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memoryProbe {
-	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != ""}
+	p := &memoryProbe{idemC: idemC, baseC: baseC, withBaseline: o.baseline != "", live: o.markerRetention, prefill: o.prefill}
 	p.cluster = o.cluster != ""
 	if c, ok := idemC.(*redis.Client); ok {
 		p.idemDB = c.Options().DB
@@ -86,6 +93,7 @@ func newMemoryProbe(ctx context.Context, o *options, idemC, baseC client) *memor
 
 // start reads the server's memory when the clock starts.
 func (p *memoryProbe) start(ctx context.Context) {
+	p.started = time.Now()
 	if p.why != "" {
 		return
 	}
@@ -190,7 +198,7 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 	if err != nil {
 		return fail(err)
 	}
-	idem = memory{ids: deliveredIDs(idemSide), keys: idemKeys - p.idemKeys0}
+	idem = memory{ids: p.remembered(idemSide), keys: idemKeys - p.idemKeys0}
 	alone := after
 	if base != nil {
 		if err := deleteKeys(ctx, p.baseC, base); err != nil {
@@ -199,7 +207,7 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 		if alone, err = settledMemory(ctx, p.idemC); err != nil {
 			return fail(err)
 		}
-		baseline = memory{bytes: after.data() - alone.data(), ids: deliveredIDs(base), keys: baseKeys - p.baseKeys0}
+		baseline = memory{bytes: after.data() - alone.data(), ids: p.remembered(base), keys: baseKeys - p.baseKeys0}
 		if p.cluster {
 			// One database for both: what the deletion took away was the
 			// baseline's.
@@ -214,10 +222,28 @@ func (p *memoryProbe) finish(ctx context.Context, idemSide, base *side) (idem, b
 	return idem, baseline, p.method()
 }
 
+// remembered returns the ids s remembers: those it prefilled and those it
+// delivered; with -marker-retention, those it delivered in the last marker
+// retention of its run.
+func (p *memoryProbe) remembered(s *side) int64 {
+	if p.live > 0 && len(s.marks) > 0 {
+		return s.liveIDs(s.marks[len(s.marks)-1].at.Add(-p.live))
+	}
+	return s.prefilled + deliveredIDs(s)
+}
+
 // method says how memory was measured.
 func (p *memoryProbe) method() string {
 	var b strings.Builder
 	b.WriteString("used_memory after the run minus before, less the connections' memory (CLIENT LIST tot-mem), over the ids delivered")
+	if p.live > 0 {
+		fmt.Fprintf(&b, " in the last marker retention (%s) of the side's run, the live ones: a steady state", p.live)
+		if ran := time.Since(p.started); ran < 2*p.live {
+			fmt.Fprintf(&b, " NOT reached: the run lasted %s, less than twice the marker retention", ran.Round(time.Second))
+		}
+	} else if p.prefill > 0 {
+		b.WriteString(" (the -prefill's ids included)")
+	}
 	if p.cluster {
 		b.WriteString(", summed over the Cluster's masters")
 		if p.withBaseline {
@@ -253,9 +279,9 @@ func deliveredIDs(s *side) int64 {
 	return n
 }
 
-// deleteKeys deletes the keys of every id the streams of the baseline s
-// delivered: 1,000 keys a DEL, 16 DELs a round trip; on a Cluster, whose
-// DEL takes the keys of one slot, one key a DEL.
+// deleteKeys deletes the keys of every id the baseline s prefilled, and
+// that its streams delivered: 1,000 keys a DEL, 16 DELs a round trip; on a
+// Cluster, whose DEL takes the keys of one slot, one key a DEL.
 func deleteKeys(ctx context.Context, c client, s *side) error {
 	perDel, perPipeline := 1000, 16
 	if _, ok := c.(*redis.ClusterClient); ok {
@@ -274,6 +300,15 @@ func deleteKeys(ctx context.Context, c client, s *side) error {
 			}
 		}
 		return nil
+	}
+	for id := range uint64(s.prefilled) {
+		if len(args) == 0 {
+			args = append(args, "del")
+		}
+		args = append(args, s.prefix+prefillKey(id))
+		if err := flush(false); err != nil {
+			return err
+		}
 	}
 	for _, st := range s.streams {
 		for j := range st.sent {

@@ -163,6 +163,9 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if !o.markers {
 			opts = append(opts, idem.WithoutMarkers())
 		}
+		if o.markerRetention > 0 {
+			opts = append(opts, idem.WithMarkerRetention(o.markerRetention))
+		}
 		if o.cache > 0 {
 			opts = append(opts, idem.WithReplayCache(o.cache, int64(o.cache)*int64(o.body+512), o.retention))
 		}

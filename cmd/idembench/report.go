@@ -80,10 +80,26 @@ type Result struct {
 	// delivered, UsedMemoryBytes all of it, and KeysAdded the keys its
 	// database gained. MemoryMethod says how they were measured, or why
 	// they were not (then they are 0).
+	// MemoryIDs is the ids UsedMemoryPerID divides by: the ids delivered
+	// and prefilled or, with -marker-retention, the live ones (see
+	// MemoryMethod).
 	UsedMemoryPerID float64 `json:"used_memory_per_id"`
 	UsedMemoryBytes int64   `json:"used_memory_bytes"`
 	KeysAdded       int64   `json:"keys_added"`
+	MemoryIDs       int64   `json:"memory_ids"`
 	MemoryMethod    string  `json:"memory_method"`
+	// Prefill is -prefill: the ids each side handled before the clock
+	// started, in batches of PrefillBatch, in PrefillSec seconds (idem's)
+	// and BaselinePrefillSec (the baseline's). They are in no figure but
+	// the memory per id. MarkerRetentionSec is -marker-retention, 0
+	// without it.
+	Prefill            int64   `json:"prefill"`
+	PrefillBatch       int     `json:"prefill_batch,omitempty"`
+	PrefillSec         float64 `json:"prefill_s"`
+	BaselinePrefillSec float64 `json:"baseline_prefill_s"`
+	MarkerRetentionSec float64 `json:"marker_retention_s"`
+	// Side is -side: empty when both sides ran.
+	Side string `json:"side,omitempty"`
 
 	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
 	// the operations its cache answered without Redis; CacheHitRate is
@@ -123,6 +139,7 @@ type Result struct {
 	BaselineUsedMemoryPerID    float64 `json:"baseline_used_memory_per_id"`
 	BaselineUsedMemoryBytes    int64   `json:"baseline_used_memory_bytes"`
 	BaselineKeysAdded          int64   `json:"baseline_keys_added"`
+	BaselineMemoryIDs          int64   `json:"baseline_memory_ids"`
 	// Ratio is idem's ops/s over the baseline's.
 	Ratio float64 `json:"ratio"`
 	// Ratios holds idem's figure over the baseline's, by the name of the
@@ -174,7 +191,13 @@ func (h *harness) result() *Result {
 		res.IDs, res.LostIDs, res.HandlerFailures = batchIDs(h.idem)
 		res.Redelivered = s.redelivered.Load()
 		res.UsedMemoryPerID, res.UsedMemoryBytes, res.KeysAdded = h.idemMemory.perID(), h.idemMemory.bytes, h.idemMemory.keys
-		res.MemoryMethod = h.memoryMethod
+		res.MemoryIDs, res.MemoryMethod = h.idemMemory.ids, h.memoryMethod
+		res.Prefill, res.PrefillSec = o.prefill, h.idem.prefillTime.Seconds()
+		if o.prefill > 0 {
+			res.PrefillBatch, _ = prefillShape(o)
+		}
+		res.MarkerRetentionSec = o.markerRetention.Seconds()
+		res.Side = o.side
 	}
 	res.errorSamples = s.samples()
 	res.CacheEntries = o.cache
@@ -210,6 +233,7 @@ func (h *harness) baselineResult(res *Result) {
 		res.BaselineBatches = b.stats.batches.Load()
 		res.BaselineRoundTripsPerBatch = perBatch(h.baseCnt, res.BaselineBatches)
 		res.BaselineUsedMemoryPerID, res.BaselineUsedMemoryBytes, res.BaselineKeysAdded = h.baseMemory.perID(), h.baseMemory.bytes, h.baseMemory.keys
+		res.BaselineMemoryIDs, res.BaselinePrefillSec = h.baseMemory.ids, b.prefillTime.Seconds()
 	}
 	if res.BaselineOpsPerSec > 0 {
 		res.Ratio = res.OpsPerSec / res.BaselineOpsPerSec
@@ -278,6 +302,16 @@ func printHeader(w io.Writer, o *options, server string) {
 			markers = "markers on"
 		}
 		workload = fmt.Sprintf("batch of %d, fail %g, seed %d, %s", o.batch, o.fail, o.seed, markers)
+		if o.prefill > 0 {
+			batch, callers := prefillShape(o)
+			workload += fmt.Sprintf(", prefill of %d ids a side (batches of %d, %d callers; not measured)", o.prefill, batch, callers)
+		}
+		if o.markerRetention > 0 {
+			workload += fmt.Sprintf(", marker retention %s (steady state)", o.markerRetention)
+		}
+		if o.side != "" {
+			workload += ", only the " + o.side + " side runs"
+		}
 	}
 	fmt.Fprintf(w, "idembench: %s, mode %s, workload %s, %d callers, %s, %d-byte results, dup %.2f, %s, coalescing %v\n",
 		server, o.mode, workload, o.concurrency, length, o.body, o.dup, client, o.coalesce)
@@ -316,8 +350,9 @@ func printBatchText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.ClientCPUUsecPerOp, r.AllocsPerOp))
 	fmt.Fprintf(w, "          batches of %d messages: %d batches, %.2f round trips/batch\n", r.BatchSize, r.Batches, r.RoundTripsPerBatch)
 	if r.Baseline == "" {
+		printPrefill(w, r)
 		if r.MemoryMethod != "" {
-			fmt.Fprintf(w, "memory    idem %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.IDs, r.KeysAdded), r.MemoryMethod)
+			fmt.Fprintf(w, "memory    idem %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.MemoryIDs, r.KeysAdded), r.MemoryMethod)
 		}
 		return
 	}
@@ -327,9 +362,10 @@ func printBatchText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "          ids: %d delivered, %d lost; duplicates executed: %d\n", r.BaselineIDs, r.BaselineLostIDs, r.BaselineDuplicates)
 	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.BaselineRedisUsecPerOp, r.BaselineRedisCPUUsecPerOp, r.BaselineClientCPUUsecPerOp, r.BaselineAllocsPerOp))
 	fmt.Fprintf(w, "          %d batches, %.2f round trips/batch; the same stream, by the same callers, in alternating slices\n", r.BaselineBatches, r.BaselineRoundTripsPerBatch)
+	printPrefill(w, r)
 	if r.UsedMemoryPerID > 0 {
-		fmt.Fprintf(w, "memory    idem %s, %s %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.IDs, r.KeysAdded),
-			r.Baseline, memoryFigure(r.BaselineUsedMemoryPerID, r.BaselineIDs, r.BaselineKeysAdded), r.MemoryMethod)
+		fmt.Fprintf(w, "memory    idem %s, %s %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.MemoryIDs, r.KeysAdded),
+			r.Baseline, memoryFigure(r.BaselineUsedMemoryPerID, r.BaselineMemoryIDs, r.BaselineKeysAdded), r.MemoryMethod)
 	} else if r.MemoryMethod != "" {
 		fmt.Fprintf(w, "memory    %s\n", r.MemoryMethod)
 	}
@@ -344,6 +380,18 @@ func printBatchText(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "; used_memory/id %.2fx", v)
 	}
 	fmt.Fprintln(w)
+}
+
+// printPrefill says what -prefill did, if anything.
+func printPrefill(w io.Writer, r *Result) {
+	if r.Prefill == 0 {
+		return
+	}
+	fmt.Fprintf(w, "prefill   %d ids a side handled before the clock started, in batches of %d: idem in %.1fs", r.Prefill, r.PrefillBatch, r.PrefillSec)
+	if r.Baseline != "" {
+		fmt.Fprintf(w, ", %s in %.1fs", r.Baseline, r.BaselinePrefillSec)
+	}
+	fmt.Fprintln(w, "; counted in the memory per id, in no other figure")
 }
 
 // messagesLine says what became of a side's messages; seconds 0 is left

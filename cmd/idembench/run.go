@@ -33,6 +33,16 @@ type side struct {
 	streams []*stream
 	ran     *bitset
 	prefix  string
+	// prefill handles a batch of -prefill's messages as the side's
+	// measured run would; prefilled counts the ids it handled, and
+	// prefillTime how long that took.
+	prefill     func(context.Context, []message) error
+	prefilled   int64
+	prefillTime time.Duration
+	// marks are the new ids the side had delivered at the start and the
+	// end of each of its slices, from which liveIDs counts the ids
+	// delivered since a moment.
+	marks []idMark
 }
 
 func newSide(op func(context.Context, *worker), commands []string) *side {
@@ -73,11 +83,14 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 	}
 	for done := time.Duration(0); done < o.duration && ctx.Err() == nil; {
 		d := min(slice, o.duration-done)
-		h.phase(ctx, h.idem, span{d: d}, progress)
-		s := h.idem.stats
-		progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
-		if h.base != nil {
-			h.phase(ctx, h.base, span{d: d}, nil)
+		for _, sd := range h.sides() {
+			if sd != h.idem {
+				h.phase(ctx, sd, span{d: d}, nil)
+				continue
+			}
+			h.phase(ctx, sd, span{d: d}, progress)
+			s := sd.stats
+			progress.show(s.elapsed, s.ops(), s.ops(), s.elapsed)
 		}
 		done += d
 	}
@@ -123,10 +136,14 @@ func (h *harness) measureCount(ctx context.Context) {
 	}
 }
 
-// sides returns idem's side, and the baseline's if there is one.
+// sides returns the sides that run: idem's, and the baseline's if there
+// is one; with -side, the one it names.
 func (h *harness) sides() []*side {
-	if h.base == nil {
+	switch {
+	case h.base == nil || h.o.side == sideIdem:
 		return []*side{h.idem}
+	case h.o.side == sideBaseline:
+		return []*side{h.base}
 	}
 	return []*side{h.idem, h.base}
 }
@@ -145,7 +162,9 @@ func (h *harness) phase(ctx context.Context, s *side, sl span, progress *progres
 	if s.cnt != nil {
 		s.cnt.on.Store(true)
 	}
+	s.mark()
 	runSlice(ctx, h.w, sl, s, progress)
+	s.mark()
 	if s.cnt != nil {
 		s.cnt.on.Store(false)
 	}
