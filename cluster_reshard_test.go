@@ -28,6 +28,7 @@ import (
 // is acknowledged once the moves end, each one whose handler ran (nothing
 // acknowledged that did not take effect).
 func TestClusterReshardUnderLoad(t *testing.T) {
+	redistest.Long(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t, nil)
 	ctx := context.Background()
