@@ -544,8 +544,8 @@ func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64,
 			places = append(places, byte(r>>8), byte(r))
 		}
 		keys := []string{s.callBase(key) + strconv.FormatInt(f.Token, 10), s.entry(f.ID).key}
-		args := []any{target, millis(keep), string(places), until}
-		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st})
+		args := []any{key, target, millis(keep), string(places), until}
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
 	}
 	return calls
 }
@@ -588,8 +588,8 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 		// writes: every key the script reads or writes.
 		keys := make([]string, 2, 2+len(items))
 		keys[0], keys[1] = s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), s.entry(f.ID).key
-		args := make([]any, 0, 4+2*len(items))
-		args = append(args, f.Token, mode, millis(lease), millis(keep))
+		args := make([]any, 0, 5+2*len(items))
+		args = append(args, s.key(f.ID), f.Token, mode, millis(lease), millis(keep))
 		for _, j := range items {
 			fj := fence(j)
 			if mode == "M" {
@@ -598,7 +598,7 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 			e := s.entry(fj.ID)
 			args = append(args, fj.Ref, string(e.d8[:]))
 		}
-		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st})
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
 	}
 	return calls
 }

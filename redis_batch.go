@@ -313,6 +313,53 @@ type batchCall struct {
 	keys    []string
 	args    []any
 	step    *batchStep
+	// routed is set for a call whose first argument is a record key that
+	// the script does not read (compact_settle.lua, compact_move.lua, whose
+	// keys are the call record and the index key): a client that places
+	// keys by hashing them (a Ring) sends the call where that record is.
+	routed bool
+}
+
+// routedKeyPos is where a routed call's record key is in its command:
+// after EVALSHA, the hash, the number of keys and its first two keys (the
+// call record and the index key): its first argument or, for a move of
+// claims to records, its first record key.
+const routedKeyPos = 5
+
+// cmd returns the command of the routed call c: EVALSHA, or EVAL for eval,
+// sent where its record key is.
+func (c *batchCall) cmd(ctx context.Context, st *batchStep, eval bool) *redis.Cmd {
+	step := c.stepOf(st)
+	args := make([]any, 0, 3+len(c.keys)+len(c.args))
+	if eval {
+		args = append(args, "eval", step.src)
+	} else {
+		args = append(args, "evalsha", step.script.Hash())
+	}
+	args = append(args, len(c.keys))
+	for _, k := range c.keys {
+		args = append(args, k)
+	}
+	args = append(args, c.args...)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(routedKeyPos)
+	return cmd
+}
+
+// run sends the routed call c through client, as Script.Run does: EVALSHA,
+// then EVAL on NOSCRIPT.
+func (c *batchCall) run(ctx context.Context, st *batchStep, client redis.Scripter) *redis.Cmd {
+	p, ok := client.(processor)
+	if !ok {
+		return c.stepOf(st).script.Run(ctx, client, c.keys, c.args...)
+	}
+	cmd := c.cmd(ctx, st, false)
+	_ = p.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = c.cmd(ctx, st, true)
+		_ = p.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // stepOf returns the step call takes: its own, or st.
@@ -470,12 +517,21 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 	p, ok := s.client.(pipeliner)
 	if !ok || len(calls) == 1 {
 		for j, c := range calls {
+			if c.routed {
+				cmds[j] = c.run(ctx, st, s.client)
+				continue
+			}
 			cmds[j] = c.stepOf(st).script.Run(ctx, s.client, c.keys, c.args...)
 		}
 		return cmds
 	}
 	pipe := p.Pipeline()
 	for j, c := range calls {
+		if c.routed {
+			cmds[j] = c.cmd(ctx, st, false)
+			_ = pipe.Process(ctx, cmds[j])
+			continue
+		}
 		cmds[j] = pipe.EvalSha(ctx, c.stepOf(st).script.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
@@ -484,6 +540,11 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 		if redis.HasErrorPrefix(cmds[j].Err(), "NOSCRIPT") {
 			if again == nil {
 				again = p.Pipeline()
+			}
+			if c.routed {
+				cmds[j] = c.cmd(ctx, st, true)
+				_ = again.Process(ctx, cmds[j])
+				continue
 			}
 			cmds[j] = again.Eval(ctx, c.stepOf(st).src, c.keys, c.args...)
 		}

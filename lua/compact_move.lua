@@ -5,15 +5,17 @@
 -- KEYS[1]      the call record key
 -- KEYS[2]      the index key of the claims' entries (see compact_claim.lua)
 -- KEYS[2+j]    moving only: the record key of the j-th claim
--- ARGV[1]      the call token (decimal)
--- ARGV[2]      'E' to renew the call's lease, 'M' to move the claims named to
+-- ARGV[1]      a record key of the call's claims, not read: what a client
+--              that places keys by hashing them (a Ring) sends the call by
+-- ARGV[2]      the call token (decimal)
+-- ARGV[3]      'E' to renew the call's lease, 'M' to move the claims named to
 --              records of their own, with the lease they have
--- ARGV[3]      renewing: the new lease from now, in milliseconds
--- ARGV[4]      renewing: the time to keep the call record from now, at
+-- ARGV[4]      renewing: the new lease from now, in milliseconds
+-- ARGV[5]      renewing: the time to keep the call record from now, at
 --              least, in milliseconds; moving: the time to keep a pending
 --              record
--- ARGV[3+2j]   the place in the call of the j-th claim
--- ARGV[4+2j]   the first 8 bytes of its digest, which its entry starts with
+-- ARGV[4+2j]   the place in the call of the j-th claim
+-- ARGV[5+2j]   the first 8 bytes of its digest, which its entry starts with
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 renewed or
 -- moved, 3 (renewing) moved to a record of its own already, which answers
@@ -34,8 +36,8 @@
 -- key (it reads none, and a compact claim has none): on a Cluster whose
 -- slot migrates, a renewal runs where the call record and the index key
 -- are, or is answered TRYAGAIN.
-local ck, ikey, token, mode = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local k = (#ARGV - 4) / 2
+local ck, ikey, token, mode = KEYS[1], KEYS[2], ARGV[2], ARGV[3]
+local k = (#ARGV - 5) / 2
 
 local out = {}
 local function all(x)
@@ -81,17 +83,17 @@ local st = {string.byte(v, at, at + places - 1)}
 if mode == 'E' then
   local any = false
   for j = 1, k do
-    local s = st[tonumber(ARGV[3 + 2 * j])]
+    local s = st[tonumber(ARGV[4 + 2 * j])]
     out[j] = s == 80 and 1 or s == 77 and 3 or 0 -- 'P', 'M'
     any = any or out[j] == 1
   end
   if any then
     local now = index_now()
     local keep = redis.call('PTTL', ck)
-    if keep < tonumber(ARGV[4]) then
-      keep = ARGV[4]
+    if keep < tonumber(ARGV[5]) then
+      keep = ARGV[5]
     end
-    redis.call('SET', ck, 'i2B' .. string.format('%d', now + tonumber(ARGV[3]) * 1000) .. ':' .. done .. ':' ..
+    redis.call('SET', ck, 'i2B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
       runtil .. ':' .. att .. ':' .. w .. ':' .. string.sub(v, at), 'PX', keep)
     if redis.call('PTTL', ikey) < tonumber(keep) then
       redis.call('PEXPIRE', ikey, keep)
@@ -102,12 +104,12 @@ end
 
 local changed = false
 for j = 1, k do
-  local p = tonumber(ARGV[3 + 2 * j])
+  local p = tonumber(ARGV[4 + 2 * j])
   if st[p] == 80 then
     local fp = call_fp(v, e, places, w, p)
-    redis.call('SET', KEYS[2 + j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[4])
+    redis.call('SET', KEYS[2 + j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
     -- Its entry leaves the index.
-    index_remove(ikey, ARGV[4 + 2 * j])
+    index_remove(ikey, ARGV[5 + 2 * j])
     st[p], changed = 77, true -- 'M'
     out[j] = 1
   elseif st[p] == 77 and moved(j) then

@@ -5,14 +5,16 @@
 -- KEYS[1]    the call record key
 -- KEYS[2]    the index key of the claims' entries: completing keeps it at
 --            least as long as the call record
--- ARGV[1]    'C' to complete (nothing to keep but the fact: a marker), 'R'
+-- ARGV[1]    a record key of the call's claims, not read: what a client
+--            that places keys by hashing them (a Ring) sends the call by
+-- ARGV[2]    'C' to complete (nothing to keep but the fact: a marker), 'R'
 --            to release
--- ARGV[2]    completing: the call record is kept for at least this long from
+-- ARGV[3]    completing: the call record is kept for at least this long from
 --            now, in milliseconds (the longer of the retention and the
 --            marker retention)
--- ARGV[3]    the places in the call of the claims, two bytes each, big-endian
--- ARGV[4]    completing: when the retention of the results ends, in
---            microseconds of Redis's clock, or 0 for ARGV[2] from now: the
+-- ARGV[4]    the places in the call of the claims, two bytes each, big-endian
+-- ARGV[5]    completing: when the retention of the results ends, in
+--            microseconds of Redis's clock, or 0 for ARGV[3] from now: the
 --            markers answer as empty results until then (the call record
 --            keeps the latest its completions asked for)
 --
@@ -31,7 +33,7 @@
 -- The two keys it reads and writes are its keys, and no record key (a
 -- compact claim has none): on a Cluster whose slot migrates, it runs where
 -- both are, or is answered TRYAGAIN.
-local ck, ikey, target, places_s = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
+local ck, ikey, target, places_s = KEYS[1], KEYS[2], ARGV[2], ARGV[4]
 local k = #places_s / 2
 
 local out = {}
@@ -74,15 +76,15 @@ end
 if changed then
   if target == 'C' then
     local now = index_now()
-    local asked = tonumber(ARGV[4])
+    local asked = tonumber(ARGV[5])
     if asked <= 0 then
-      asked = now + tonumber(ARGV[2]) * 1000
+      asked = now + tonumber(ARGV[3]) * 1000
     end
     done, runtil = string.format('%d', now), string.format('%d', math.max(asked, tonumber(runtil)))
   end
   local keep = redis.call('PTTL', ck)
-  if target == 'C' and keep < tonumber(ARGV[2]) then
-    keep = tonumber(ARGV[2])
+  if target == 'C' and keep < tonumber(ARGV[3]) then
+    keep = tonumber(ARGV[3])
   end
   -- A release in the call record's last millisecond keeps it for that
   -- millisecond: PX takes no 0.
