@@ -85,11 +85,11 @@ func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Recor
 		return Record{}, canceled(ctx, "abandon")
 	}
 	rk := s.key(id)
-	keys, args, err := s.withIndex(ctx, id, rk, token)
+	keys, args, err := s.withIndex(ctx, id, rk, token, token)
 	if err != nil {
 		return Record{ID: id, Key: rk}, err
 	}
-	res, err := abandonScript.Run(ctx, s.client, keys, args...).Slice()
+	res, err := s.runIndexed(ctx, abandonScript, keys, args)
 	if err != nil {
 		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", s.layoutError(err))
 	}

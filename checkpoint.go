@@ -186,8 +186,8 @@ func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, v
 func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
 	key := s.key(f.ID)
 	e := s.entryAt(f.ID, key)
-	return s.checkpoint(ctx, []string{key}, []any{f.Token, name, value, MaxCheckpoints,
-		f.Ref, string(e.d8[:]), e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10), millis(keep)})
+	return s.checkpoint(ctx, []string{key, e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10)},
+		[]any{f.Token, name, value, MaxCheckpoints, f.Ref, string(e.d8[:]), millis(keep)})
 }
 
 // checkpoint runs checkpoint.lua on keys with args.

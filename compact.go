@@ -543,8 +543,9 @@ func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64,
 			r := fence(j).Ref
 			places = append(places, byte(r>>8), byte(r))
 		}
-		args := []any{s.callBase(key) + strconv.FormatInt(f.Token, 10), target, millis(keep), string(places), s.entry(f.ID).key, until}
-		calls = append(calls, batchCall{records: items, keys: []string{key}, args: args, step: st})
+		keys := []string{s.callBase(key) + strconv.FormatInt(f.Token, 10), s.entry(f.ID).key}
+		args := []any{key, target, millis(keep), string(places), until}
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
 	}
 	return calls
 }
@@ -583,16 +584,21 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 	calls := make([]batchCall, 0, len(groups))
 	for _, items := range groups {
 		f := fence(items[0])
-		recKeys := make([]string, len(items))
-		args := make([]any, 0, 6+2*len(items))
-		args = append(args, s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), f.Token, mode, millis(lease), millis(keep), s.entry(f.ID).key)
-		for k, j := range items {
+		// The call record and the index key, then, moving, the records it
+		// writes: every key the script reads or writes.
+		keys := make([]string, 2, 2+len(items))
+		keys[0], keys[1] = s.callBase(s.key(f.ID))+strconv.FormatInt(f.Token, 10), s.entry(f.ID).key
+		args := make([]any, 0, 5+2*len(items))
+		args = append(args, s.key(f.ID), f.Token, mode, millis(lease), millis(keep))
+		for _, j := range items {
 			fj := fence(j)
-			recKeys[k] = s.key(fj.ID)
+			if mode == "M" {
+				keys = append(keys, s.key(fj.ID))
+			}
 			e := s.entry(fj.ID)
 			args = append(args, fj.Ref, string(e.d8[:]))
 		}
-		calls = append(calls, batchCall{records: items, keys: recKeys, args: args, step: st})
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
 	}
 	return calls
 }

@@ -196,7 +196,7 @@ func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force b
 		mode = "force"
 	}
 	rk := s.key(id)
-	keys, args, err := s.withIndex(ctx, id, rk, token, strconv.FormatInt(token, 36), mode)
+	keys, args, err := s.withIndex(ctx, id, rk, token, token, strconv.FormatInt(token, 36), mode)
 	if err != nil {
 		return Record{ID: id, Key: rk}, err
 	}

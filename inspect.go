@@ -226,11 +226,11 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 		return Record{}, canceled(ctx, "inspect")
 	}
 	rk := s.key(id)
-	keys, args, err := s.withIndex(ctx, id, rk)
+	keys, args, err := s.withIndex(ctx, id, rk, 0)
 	if err != nil {
 		return Record{ID: id, Key: rk}, err
 	}
-	res, err := inspectScript.Run(ctx, s.client, keys, args...).Slice()
+	res, err := s.runIndexed(ctx, inspectScript, keys, args)
 	if err != nil {
 		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", s.layoutError(err))
 	}
@@ -244,14 +244,41 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 // withIndex returns the keys and the arguments after args with which an
 // operator script (inspect.lua, forget.lua, abandon.lua) reads the record
 // id at key rk and, when there is none, its compact claim or marker: the
-// index key, the first 8 bytes of the record's digest and the start of the
-// call record keys (see lib.lua).
-func (s *RedisStore) withIndex(ctx context.Context, id, rk string, args ...any) ([]string, []any, error) {
+// index key and, for a token not 0, the call record key of that token;
+// the first 8 bytes of the record's digest and the start of the call
+// record keys (see lib.lua).
+func (s *RedisStore) withIndex(ctx context.Context, id, rk string, token int64, args ...any) ([]string, []any, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return nil, nil, err
 	}
 	d8, index, calls := s.compactIndexArgs(id)
-	return []string{rk, index}, append(args, d8, calls), nil
+	keys := []string{rk, index}
+	if token != 0 {
+		keys = append(keys, calls+strconv.FormatInt(token, 10))
+	}
+	return keys, append(args, d8, calls), nil
+}
+
+// runIndexed runs the operator script sc with the keys and args withIndex
+// made, and, while it answers {10, token} (the record's entry is held by a
+// call whose call record it was not given), again with that call record
+// as its third key: every key the script reads is one of its keys.
+func (s *RedisStore) runIndexed(ctx context.Context, sc *redis.Script, keys []string, args []any) ([]any, error) {
+	calls := args[len(args)-1].(string)
+	for asked := 0; ; asked++ {
+		res, err := sc.Run(ctx, s.client, keys, args...).Slice()
+		if err != nil {
+			return nil, err
+		}
+		tok, ok := callAsked(res)
+		if !ok {
+			return res, nil
+		}
+		if asked == maxCallAsks {
+			return nil, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was read", ErrUnavailable, asked+1)
+		}
+		keys = append(keys[:2:2], calls+strconv.FormatInt(tok, 10))
+	}
 }
 
 // checkRecordID refuses an id that no Keeper makes.

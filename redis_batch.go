@@ -326,6 +326,53 @@ type batchCall struct {
 	keys    []string
 	args    []any
 	step    *batchStep
+	// routed is set for a call whose first argument is a record key that
+	// the script does not read (compact_settle.lua, compact_move.lua, whose
+	// keys are the call record and the index key): a client that places
+	// keys by hashing them (a Ring) sends the call where that record is.
+	routed bool
+}
+
+// routedKeyPos is where a routed call's record key is in its command:
+// after EVALSHA, the hash, the number of keys and its first two keys (the
+// call record and the index key): its first argument or, for a move of
+// claims to records, its first record key.
+const routedKeyPos = 5
+
+// cmd returns the command of the routed call c: EVALSHA, or EVAL for eval,
+// sent where its record key is.
+func (c *batchCall) cmd(ctx context.Context, st *batchStep, eval bool) *redis.Cmd {
+	step := c.stepOf(st)
+	args := make([]any, 0, 3+len(c.keys)+len(c.args))
+	if eval {
+		args = append(args, "eval", step.src)
+	} else {
+		args = append(args, "evalsha", step.script.Hash())
+	}
+	args = append(args, len(c.keys))
+	for _, k := range c.keys {
+		args = append(args, k)
+	}
+	args = append(args, c.args...)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(routedKeyPos)
+	return cmd
+}
+
+// run sends the routed call c through client, as Script.Run does: EVALSHA,
+// then EVAL on NOSCRIPT.
+func (c *batchCall) run(ctx context.Context, st *batchStep, client redis.Scripter) *redis.Cmd {
+	p, ok := client.(processor)
+	if !ok {
+		return c.stepOf(st).script.Run(ctx, client, c.keys, c.args...)
+	}
+	cmd := c.cmd(ctx, st, false)
+	_ = p.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = c.cmd(ctx, st, true)
+		_ = p.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // stepOf returns the step call takes: its own, or st.
@@ -427,17 +474,77 @@ type pipeliner interface {
 
 // sendCalls sends every call, in one pipeline when there are several: EVALSHA,
 // then, for the calls answered NOSCRIPT (which did not run), EVAL in one more.
+// The calls that store an outcome or keep a lease (every step but a claim)
+// answered TRYAGAIN are sent again (see resendTryAgain).
 func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
+	cmds := s.sendOnce(ctx, st, calls)
+	s.resendTryAgain(ctx, st, calls, cmds)
+	return cmds
+}
+
+// tryAgainPatience bounds how long resendTryAgain sends a call again.
+const tryAgainPatience = 2 * time.Second
+
+// resendTryAgain sends the calls whose cmds Redis answered TRYAGAIN again,
+// with backoff, for up to tryAgainPatience or until ctx is done, and puts
+// the new answers in cmds. A Cluster answers TRYAGAIN a script whose keys
+// are split between the two nodes of a migrating slot (the index key moved
+// and a call record not yet): the script did not run. Go-redis tries a few
+// times within tens of milliseconds; a reshard keeps a slot split for
+// longer, and a completion given up then is a handler that runs again
+// after its lease. Claims are not sent again: their messages are simply
+// not claimed (unavailable), and nothing ran.
+func (s *RedisStore) resendTryAgain(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
+	wait, deadline := 10*time.Millisecond, time.Now().Add(tryAgainPatience)
+	for {
+		var todo []int
+		for j, c := range calls {
+			if c.stepOf(st).script != compactClaimScript && redis.HasErrorPrefix(cmds[j].Err(), "TRYAGAIN") {
+				todo = append(todo, j)
+			}
+		}
+		if len(todo) == 0 || time.Now().Add(wait).After(deadline) {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		again := make([]batchCall, len(todo))
+		for i, j := range todo {
+			again[i] = calls[j]
+		}
+		for i, cmd := range s.sendOnce(ctx, st, again) {
+			cmds[todo[i]] = cmd
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// sendOnce is sendCalls without sending again what was answered TRYAGAIN.
+func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
 	p, ok := s.client.(pipeliner)
 	if !ok || len(calls) == 1 {
 		for j, c := range calls {
+			if c.routed {
+				cmds[j] = c.run(ctx, st, s.client)
+				continue
+			}
 			cmds[j] = c.stepOf(st).script.Run(ctx, s.client, c.keys, c.args...)
 		}
 		return cmds
 	}
 	pipe := p.Pipeline()
 	for j, c := range calls {
+		if c.routed {
+			cmds[j] = c.cmd(ctx, st, false)
+			_ = pipe.Process(ctx, cmds[j])
+			continue
+		}
 		cmds[j] = pipe.EvalSha(ctx, c.stepOf(st).script.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
@@ -446,6 +553,11 @@ func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batch
 		if redis.HasErrorPrefix(cmds[j].Err(), "NOSCRIPT") {
 			if again == nil {
 				again = p.Pipeline()
+			}
+			if c.routed {
+				cmds[j] = c.cmd(ctx, st, true)
+				_ = again.Process(ctx, cmds[j])
+				continue
 			}
 			cmds[j] = again.Eval(ctx, c.stepOf(st).src, c.keys, c.args...)
 		}

@@ -149,13 +149,47 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		return ClaimReply{}, err
 	}
 	d8, index, calls := s.compactIndexArgs(id)
-	args := s.evalArgs(claimEval, id, 7)
-	args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, index, calls)
-	res, err := s.eval(ctx, claimEval, args).Result()
-	if err != nil {
-		return ClaimReply{}, s.layoutError(err)
+	key, call := s.key(id), ""
+	for asked := 0; ; asked++ {
+		// The record key, its index key and, once the script has named it,
+		// the call record of its entry: every key the script reads.
+		args := make([]any, 0, 12)
+		args = append(args, "evalsha", claimEval.sha, 2, key, index)
+		if call != "" {
+			args[2] = 3
+			args = append(args, call)
+		}
+		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
+		res, err := s.eval(ctx, claimEval, args).Result()
+		if err != nil {
+			return ClaimReply{}, s.layoutError(err)
+		}
+		tok, ok := callAsked(res)
+		if !ok {
+			return claimAnswer(res)
+		}
+		if asked == maxCallAsks {
+			return ClaimReply{}, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was claimed", ErrUnavailable, asked+1)
+		}
+		call = calls + strconv.FormatInt(tok, 10)
 	}
-	return claimAnswer(res)
+}
+
+// maxCallAsks bounds how often Claim asks claim.lua again with the call
+// record its answer named: once is enough unless another client keeps
+// taking the entry over in between.
+const maxCallAsks = 3
+
+// callAsked reads claim.lua's answer {10, token}: the record's entry in the
+// index is held by the call of token, whose call record the script must be
+// given (declared) to read it.
+func callAsked(res any) (int64, bool) {
+	r, ok := res.([]any)
+	if !ok || len(r) != 2 || replyCode(r) != 10 {
+		return 0, false
+	}
+	tok, ok := r[1].(int64)
+	return tok, ok && tok > 0
 }
 
 // claimAnswer reads what claim.lua answered: a new claim's token, a
@@ -207,6 +241,10 @@ func claimReply(res []any) (ClaimReply, error) {
 		return ClaimReply{Status: StatusMismatch}, nil
 	case 5:
 		return ClaimReply{}, corrupt(res)
+	case 11:
+		if len(res) == 1 {
+			return ClaimReply{}, errCallMissing
+		}
 	case 8, 9:
 		// A marker: {code, token}; or {code, token, attempt} for a record
 		// whose result is a marker's.
@@ -226,6 +264,12 @@ func claimReply(res []any) (ClaimReply, error) {
 	}
 	return ClaimReply{}, unexpected(res)
 }
+
+// errCallMissing answers a claim whose index entry is younger than a call
+// record lives and whose call record is missing: the entry is not stale,
+// its call record is elsewhere (its slot migrates) or was lost, so the key
+// is not claimed.
+var errCallMissing = fmt.Errorf("%w: the call record of the key's index entry is missing (is its slot migrating?)", ErrUnavailable)
 
 // parseCompleted reads a completed record, of either form:
 //
@@ -451,12 +495,14 @@ type processor interface {
 func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redis.Cmd {
 	if s.durable != nil {
 		if op := waitsAfter(sc.Script); op != "" {
-			return s.durable.run(ctx, s.client, op, sc.Script, []string{args[3].(string)}, args[4:]...)
+			keys, rest := evalKeys(args)
+			return s.durable.run(ctx, s.client, op, sc.Script, keys, rest...)
 		}
 	}
 	p, ok := s.client.(processor)
 	if !ok {
-		return sc.Run(ctx, s.client, []string{args[3].(string)}, args[4:]...)
+		keys, rest := evalKeys(args)
+		return sc.Run(ctx, s.client, keys, rest...)
 	}
 	cmd := process(ctx, p, args)
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -464,6 +510,17 @@ func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redi
 		cmd = process(ctx, p, args)
 	}
 	return cmd
+}
+
+// evalKeys splits the script call args, which evalArgs began, into its
+// keys and its arguments.
+func evalKeys(args []any) ([]string, []any) {
+	n := args[2].(int)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = args[3+i].(string)
+	}
+	return keys, args[3+n:]
 }
 
 // process sends the script call args (its key at 3) through p.

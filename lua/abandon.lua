@@ -11,6 +11,8 @@
 --          its own whose lease has ended (the call's other claims keep their
 --          shared lease), its place marked M and its entry taken out of the
 --          index
+-- KEYS[3]  a call record key: that of the token (the start of the call
+--          record keys and ARGV[1]), or the one an earlier run named ({10})
 --
 -- Returns one of
 --   {0, now_s, now_us}         no record at the key, and no compact claim or
@@ -22,6 +24,10 @@
 --                              nothing done: the record is completed, released, or
 --                              of another token (a newer claim); as it is
 --   {5, reason}                the value is not a record of ours; nothing done
+--   {10, token}                no record at the key, and its entry in the index is
+--                              held by the call of token, whose call record key is
+--                              not KEYS[3]: nothing done; ask again with it as
+--                              KEYS[3]
 -- A compact claim or marker left as it is (code 2) is answered in the form of
 -- lib.lua's index_reply (9 elements); one moved is a record (code 1).
 --
@@ -31,7 +37,9 @@
 -- fingerprint, checkpoints and the record's time to live are kept. Safe to
 -- run twice for one call: the second run finds the lease already ended and
 -- answers {1} without writing, or finds the newer claim made since and
--- answers {2} without touching it.
+-- answers {2} without touching it. Every key it reads or writes is one of
+-- its keys (hence {10}): on a Cluster whose slot migrates, it runs where
+-- they all are, or is answered TRYAGAIN.
 local key, token = KEYS[1], ARGV[1]
 local ikey, ix = KEYS[2], {ARGV[2], ARGV[3]}
 
@@ -47,6 +55,9 @@ if not v then
   end
   if not tok then
     return {0, t[1], t[2]}
+  end
+  if KEYS[3] ~= ix[2] .. tok then
+    return {10, tonumber(tok)}
   end
   local c, why = index_claim(ix, tok, place)
   if why then

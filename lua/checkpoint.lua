@@ -1,14 +1,15 @@
 -- checkpoint.lua: record a recovery point in a pending record, under its claim's fence.
 --
 -- KEYS[1]  the record key
+-- KEYS[2]  for a compact claim (see compact_claim.lua), its index key, and
+-- KEYS[3]  its call record key; absent for a claim kept in a record
 -- ARGV[1]  fencing token of the claim (decimal)
 -- ARGV[2]  the checkpoint's name (bytes, not empty)
 -- ARGV[3]  the checkpoint's value (bytes, may be empty)
 -- ARGV[4]  how many checkpoints a record may hold
--- ARGV[5]  for a compact claim (see compact_claim.lua), its place in its call,
---          else ''; then ARGV[6] the first 8 bytes of its digest, ARGV[7]
---          its index key, ARGV[8] its call record key, and ARGV[9] how long
---          to keep a pending record, in milliseconds
+-- ARGV[5]  for a compact claim, its place in its call, else ''; then
+--          ARGV[6] the first 8 bytes of its digest and ARGV[7] how long to
+--          keep a pending record, in milliseconds
 --
 -- Returns
 --   {1}          recorded (or already recorded by this same call: a retried call)
@@ -26,13 +27,15 @@
 -- compact_move.lua does, in the same call: its token, attempt 1, the call's
 -- lease end, attempt id and the fingerprint the call record keeps; its place
 -- is marked M and its entry leaves the index. The record is kept for
--- ARGV[9] from then on.
+-- ARGV[7] from then on. Every key it reads or writes is one of its keys:
+-- on a Cluster whose slot migrates, it runs where they all are, or is
+-- answered TRYAGAIN.
 local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 
 local v = redis.pcall('GET', key)
 local ttl = 'KEEPTTL'
 if not v and ARGV[5] and ARGV[5] ~= '' then
-  local p, ck, ikey, d8 = tonumber(ARGV[5]), ARGV[8], ARGV[7], ARGV[6]
+  local p, ck, ikey, d8 = tonumber(ARGV[5]), KEYS[3], KEYS[2], ARGV[6]
   local c, why = call_place(ck, p)
   if why then
     return {5, why}
@@ -99,6 +102,6 @@ kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
 if ttl then
   redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), ttl)
 else
-  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[9])
+  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[7])
 end
 return {1}

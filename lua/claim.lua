@@ -1,16 +1,20 @@
 -- claim.lua: claim a record for one attempt, or say why it cannot be claimed.
 --
 -- KEYS[1]  the record key
+-- KEYS[2]  its index key, in the id index of compact claims (see
+--          compact_claim.lua and lib.lua, which goes before this), absent
+--          when the store keeps none: an index key of another layout is
+--          refused with the error "IDEMLAYOUT " and what its field "" holds
+-- KEYS[3]  the call record key of the record's entry in the index, when
+--          the caller knows it (it asked before and was answered {10}), or
+--          absent
 -- ARGV[1]  fingerprint of the request (base64url, may be empty)
 -- ARGV[2]  attempt id (base64url), unique per Begin call
 -- ARGV[3]  lease in milliseconds
 -- ARGV[4]  time to keep a pending record, in milliseconds (>= lease)
 -- ARGV[5]  the first 8 bytes of the record's digest, its entry's start in
---          the id index of compact claims, or '' when the store keeps none
---          (see compact_claim.lua and lib.lua, which goes before this)
--- ARGV[6]  its index key: an index key of another layout is refused with
---          the error "IDEMLAYOUT " and what its field "" holds
--- ARGV[7]  the start of the call record keys
+--          the index, when KEYS[2] is given
+-- ARGV[6]  the start of the call record keys, when KEYS[2] is given
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -31,6 +35,15 @@
 --                                   retention: the result is no longer kept
 --   {8 or 9, token, attempt}        the same, for a record whose result is a
 --                                   marker's (see marked)
+--   {10, token}                     the record's entry in the index is held by
+--                                   the call of token, whose call record key
+--                                   is not KEYS[3]: nothing is done; ask again
+--                                   with that key as KEYS[3]
+--   {11}                            the record's entry is younger than ARGV[4]
+--                                   and its call record is missing: not
+--                                   stale (a call record lives at least that
+--                                   long) but moving (a slot migration) or
+--                                   lost: nothing is done, unavailable
 -- The two answers of the hot paths, a new claim and a replay, are a bare
 -- integer and a bare string: a table reply costs Redis more than the rest
 -- of a replay's Lua.
@@ -57,7 +70,15 @@
 -- a compact claim whose lease is live is in progress; one whose lease ran
 -- out, or that was released, is taken over by a record of its own (attempt
 -- 2, a higher token), its place in the call record marked M; a completed
--- one is a marker. A stale entry (its call record gone) is no answer.
+-- one is a marker. A stale entry (its call record gone, and the entry
+-- older than ARGV[4]) is no answer.
+--
+-- Every key read or written is declared, the call record too: the script
+-- learns which call record it needs from the index entry, so it answers
+-- {10} when that is not the one declared, and the caller asks again with
+-- it. On a Cluster whose slot migrates, Redis then runs the script only
+-- on a node that holds every key it names, or answers TRYAGAIN; never on
+-- a node that lacks the index or the call record.
 --
 -- Safe to run twice for one call (go-redis retries a command whose reply was
 -- lost): the second run finds its own attempt id and answers the same claim.
@@ -66,16 +87,22 @@ local key, fp = KEYS[1], ARGV[1]
 local v = redis.pcall('GET', key)
 if not v then
   local prev, cnt, rec = 0, 0, 0
-  if ARGV[5] ~= '' then
-    local ix = {ARGV[5], ARGV[7]}
-    local blk, pos, ctok, place, name, other = index_entry(ARGV[6], ix)
+  if KEYS[2] then
+    local ix = {ARGV[5], ARGV[6]}
+    local blk, pos, ctok, place, name, other = index_entry(KEYS[2], ix)
     if other then
       return redis.error_reply('IDEMLAYOUT ' .. other)
     end
     if pos then
+      if KEYS[3] ~= ix[2] .. ctok then
+        return {10, tonumber(ctok)}
+      end
       local c, why = index_claim(ix, ctok, place)
       if why then
         return {5, why}
+      end
+      if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < tonumber(ARGV[4]) * 1000 then
+        return {11}
       end
       local st = c and c.st or ''
       if (st == 'P' or st == 'C') and c.fp ~= fp then
@@ -98,7 +125,7 @@ if not v then
         redis.call('SETRANGE', c.ck, c.at - 1, 'M')
       end
       -- The entry leaves the index: a record holds the claim from now on.
-      index_drop(ARGV[6], name, blk, pos)
+      index_drop(KEYS[2], name, blk, pos)
     end
   end
   local t = redis.call('TIME')

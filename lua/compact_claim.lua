@@ -52,7 +52,10 @@
 --   4                                           another fingerprint
 --   5, reason                                   not a record of ours
 --   7, error                                    Redis refused a write (OOM,
---                                               READONLY, ...): not claimed
+--                                               READONLY, ...), or the record's
+--                                               entry is younger than ARGV[3]
+--                                               and its call record is missing
+--                                               (see entryof): not claimed
 -- then the call's token (0 when no record was claimed compactly) and Redis's
 -- clock (microseconds); or the error "IDEMLAYOUT " and what the index key's
 -- field "" holds, when it is of another layout, and nothing is done.
@@ -89,6 +92,15 @@
 -- (attempt 2 and on). Safe to run twice for one call: a record claimed by
 -- the first run is found with the same attempt id and answered the same
 -- claim (10, or 1 for a record).
+--
+-- The keys it declares are the records' and the index key; the call records
+-- it reads (those of the entries it finds) and writes (its own, whose token
+-- it chooses) it can name only as it runs. It reads or writes one only for
+-- a record whose key holds nothing. On a Cluster whose slot migrates, Redis
+-- runs a script of several keys only on a node that holds every one of them,
+-- else answers TRYAGAIN: so while the slot of a call migrates, a call that
+-- would read or write a call record never runs, and one that runs (every
+-- record there) reads none.
 local n = (#KEYS - 1)
 local ikey = KEYS[n + 1]
 local attempt, lease, keep, callkeep = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -101,15 +113,20 @@ local until_s = string.format('%d', now + lease * 1000)
 -- not recovered.
 local fresh = 'i1P' .. string.format('%d', now) .. ':1:0:' .. until_s .. ':' .. attempt .. ':'
 
--- The call's token: Redis's clock, unless a call record holds it already.
-local token = now
-if compact then
-  while redis.call('EXISTS', cbase .. string.format('%d', token)) == 1 do
-    token = token + 1
+-- The call's token: Redis's clock, unless a call record holds it already;
+-- looked for when the call first claims a record compactly, so that a call
+-- that claims none reads no call record key but those of the entries it
+-- finds.
+local token, token_s, tok6 = now, nil, nil
+local function calltok6()
+  if not tok6 then
+    while redis.call('EXISTS', cbase .. string.format('%d', token)) == 1 do
+      token = token + 1
+    end
+    token_s, tok6 = string.format('%d', token), index_tok6(token)
   end
+  return tok6
 end
-local token_s = string.format('%d', token)
-local tok6 = index_tok6(token)
 
 -- refused answers a write that Redis refused: a value that is not ours is
 -- corrupt; anything else (OOM, READONLY, ...) is Redis's to answer.
@@ -278,10 +295,16 @@ end
 
 -- entryof answers for KEYS[i] from its index entry, that of call ctok at
 -- place: nil when the entry is stale (its call record gone, or no longer
--- holding the record); drop is set when the entry must leave the index.
+-- holding the record); drop is set when the entry must leave the index. An
+-- entry younger than ARGV[3] whose call record is gone is not stale (a call
+-- record lives longer than that): its call record is elsewhere (a slot
+-- migrating) or lost, and the record is answered 7, unavailable.
 local function entryof(i, fp, ctok, place)
   local cv = call(ctok)
   if not cv then
+    if now - tonumber(ctok) < tonumber(keep) * 1000 then
+      return false, 7, 'TRYAGAIN the call record of the index entry is missing'
+    end
     return true, nil
   end
   local u, _, runtil, att, cfpw, e, places = header(ctok, cv)
@@ -392,7 +415,7 @@ for i = 1, n do
     if not code then
       -- No entry, or a stale one: the record is free.
       if compact then
-        bv[name], dirty[name], code = bv[name] .. string.sub(heads, 10 * i - 9, 10 * i) .. tok6, true, 6
+        bv[name], dirty[name], code = bv[name] .. string.sub(heads, 10 * i - 9, 10 * i) .. calltok6(), true, 6
         added = added + 1
       else
         code, a = newfresh(i, fp)

@@ -2,8 +2,11 @@
 -- compact_claim.lua), or move some to records of their own. lib.lua goes
 -- before it.
 --
--- KEYS         the record keys of the claims named, one per claim, in order
--- ARGV[1]      the call record key
+-- KEYS[1]      the call record key
+-- KEYS[2]      the index key of the claims' entries (see compact_claim.lua)
+-- KEYS[2+j]    moving only: the record key of the j-th claim
+-- ARGV[1]      a record key of the call's claims, not read: what a client
+--              that places keys by hashing them (a Ring) sends the call by
 -- ARGV[2]      the call token (decimal)
 -- ARGV[3]      'E' to renew the call's lease, 'M' to move the claims named to
 --              records of their own, with the lease they have
@@ -11,9 +14,8 @@
 -- ARGV[5]      renewing: the time to keep the call record from now, at
 --              least, in milliseconds; moving: the time to keep a pending
 --              record
--- ARGV[6]      the index key of the claims' entries (see compact_claim.lua)
--- ARGV[5+2j]   the place in the call of the j-th claim
--- ARGV[6+2j]   the first 8 bytes of its digest, which its entry starts with
+-- ARGV[4+2j]   the place in the call of the j-th claim
+-- ARGV[5+2j]   the first 8 bytes of its digest, which its entry starts with
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 renewed or
 -- moved, 3 (renewing) moved to a record of its own already, which answers
@@ -29,8 +31,13 @@
 -- is a record like any other from then on (Checkpoint, Complete with a
 -- value). A claim whose record holds its token already was moved by an
 -- earlier run of the same call, and is answered as moved. Safe to run twice.
-local ck, token, mode, ikey = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local k = #KEYS
+--
+-- Every key it reads or writes is one of its keys; renewing names no record
+-- key (it reads none, and a compact claim has none): on a Cluster whose
+-- slot migrates, a renewal runs where the call record and the index key
+-- are, or is answered TRYAGAIN.
+local ck, ikey, token, mode = KEYS[1], KEYS[2], ARGV[2], ARGV[3]
+local k = (#ARGV - 5) / 2
 
 local out = {}
 local function all(x)
@@ -40,11 +47,11 @@ local function all(x)
   return out
 end
 
--- moved reports whether KEYS[j] holds the record of this token, in any
+-- moved reports whether KEYS[2 + j] holds the record of this token, in any
 -- state: a claim moved, then completed or released by its holder (a call
 -- sent again after its first run did both).
 local function moved(j)
-  local v = redis.pcall('GET', KEYS[j])
+  local v = redis.pcall('GET', KEYS[2 + j])
   if type(v) ~= 'string' then
     return false
   end
@@ -76,7 +83,7 @@ local st = {string.byte(v, at, at + places - 1)}
 if mode == 'E' then
   local any = false
   for j = 1, k do
-    local s = st[tonumber(ARGV[5 + 2 * j])]
+    local s = st[tonumber(ARGV[4 + 2 * j])]
     out[j] = s == 80 and 1 or s == 77 and 3 or 0 -- 'P', 'M'
     any = any or out[j] == 1
   end
@@ -97,12 +104,12 @@ end
 
 local changed = false
 for j = 1, k do
-  local p = tonumber(ARGV[5 + 2 * j])
+  local p = tonumber(ARGV[4 + 2 * j])
   if st[p] == 80 then
     local fp = call_fp(v, e, places, w, p)
-    redis.call('SET', KEYS[j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
+    redis.call('SET', KEYS[2 + j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
     -- Its entry leaves the index.
-    index_remove(ikey, ARGV[6 + 2 * j])
+    index_remove(ikey, ARGV[5 + 2 * j])
     st[p], changed = 77, true -- 'M'
     out[j] = 1
   elseif st[p] == 77 and moved(j) then

@@ -2,18 +2,18 @@
 -- compact_claim.lua), in one write of its call record. lib.lua goes before
 -- it.
 --
--- KEYS[1]    a record key of the call's records (where a Cluster runs it;
---            not read)
--- ARGV[1]    the call record key
+-- KEYS[1]    the call record key
+-- KEYS[2]    the index key of the claims' entries: completing keeps it at
+--            least as long as the call record
+-- ARGV[1]    a record key of the call's claims, not read: what a client
+--            that places keys by hashing them (a Ring) sends the call by
 -- ARGV[2]    'C' to complete (nothing to keep but the fact: a marker), 'R'
 --            to release
 -- ARGV[3]    completing: the call record is kept for at least this long from
 --            now, in milliseconds (the longer of the retention and the
 --            marker retention)
 -- ARGV[4]    the places in the call of the claims, two bytes each, big-endian
--- ARGV[5]    the index key of the claims' entries: completing keeps it at
---            least as long as the call record
--- ARGV[6]    completing: when the retention of the results ends, in
+-- ARGV[5]    completing: when the retention of the results ends, in
 --            microseconds of Redis's clock, or 0 for ARGV[3] from now: the
 --            markers answer as empty results until then (the call record
 --            keeps the latest its completions asked for)
@@ -29,7 +29,11 @@
 -- (a claim after its lease ran out or after a release, Forget, Abandon)
 -- marks the place in the call record as it does. One read and one write for
 -- the whole call. Safe to run twice.
-local ck, target, places_s = ARGV[1], ARGV[2], ARGV[4]
+--
+-- The two keys it reads and writes are its keys, and no record key (a
+-- compact claim has none): on a Cluster whose slot migrates, it runs where
+-- both are, or is answered TRYAGAIN.
+local ck, ikey, target, places_s = KEYS[1], KEYS[2], ARGV[2], ARGV[4]
 local k = #places_s / 2
 
 local out = {}
@@ -72,7 +76,7 @@ end
 if changed then
   if target == 'C' then
     local now = index_now()
-    local asked = tonumber(ARGV[6])
+    local asked = tonumber(ARGV[5])
     if asked <= 0 then
       asked = now + tonumber(ARGV[3]) * 1000
     end
@@ -88,8 +92,8 @@ if changed then
   redis.call('SET', ck, 'i2B' .. u .. ':' .. done .. ':' .. runtil .. ':' .. att .. ':' .. fpw .. ':' ..
     string.char(unpack(st)) .. string.sub(v, at + places), 'PX', keep)
   -- The markers last as long as their call record: so must their entries.
-  if target == 'C' and redis.call('PTTL', ARGV[5]) < tonumber(keep) then
-    redis.call('PEXPIRE', ARGV[5], keep)
+  if target == 'C' and redis.call('PTTL', ikey) < tonumber(keep) then
+    redis.call('PEXPIRE', ikey, keep)
   end
 end
 return out

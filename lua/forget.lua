@@ -13,6 +13,8 @@
 --          compact claim or marker of the token there is forgotten instead,
 --          its place in its call record marked F and its entry taken out of
 --          the index
+-- KEYS[3]  the call record key of the token (the start of the call record
+--          keys and ARGV[1]): the one call record it may read and write
 --
 -- Returns one of
 --   {0, now_s, now_us}         nothing to forget: no record at the key, or a
@@ -35,6 +37,8 @@
 -- one call (go-redis retries a command whose reply was lost): the second run
 -- finds no record, or a record that a claim made since, and answers {0}
 -- without touching it; or it finds the same record and refuses again.
+-- Every key it reads or writes is one of its keys: on a Cluster whose slot
+-- migrates, it runs where they all are, or is answered TRYAGAIN.
 local key, token, token36, force = KEYS[1], ARGV[1], ARGV[2], ARGV[3] == 'force'
 local ikey, ix = KEYS[2], {ARGV[4], ARGV[5]}
 
@@ -48,7 +52,7 @@ if not v then
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
-  if tok ~= token then
+  if tok ~= token or KEYS[3] ~= ix[2] .. tok then
     return {0, t[1], t[2]}
   end
   local c, why = index_claim(ix, tok, place)

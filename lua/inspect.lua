@@ -4,6 +4,8 @@
 -- KEYS[2]  the index key of its entry, and ARGV[1] and ARGV[2] its digest's
 --          first 8 bytes and the start of the call record keys (see
 --          lib.lua); without them the index is not read
+-- KEYS[3]  the call record key of the record's entry, when the caller
+--          knows it (it asked before and was answered {10}), or absent
 --
 -- Returns one of
 --   {0, now_s, now_us}                            no record at the key, and no
@@ -32,12 +34,19 @@
 --                                                 index (see lib.lua's
 --                                                 index_reply)
 --   {5, reason}                                   the value is not a record of ours
+--   {10, token}                                   no record at the key; its entry
+--                                                 in the index is held by the call
+--                                                 of token, whose call record key
+--                                                 is not KEYS[3]: ask again with
+--                                                 it as KEYS[3]
 --
 -- now_s and now_us are Redis's TIME, so that the caller measures the lease and
 -- the token's age by Redis's clock. The header is matched loosely here and
 -- parsed strictly by the caller. Only the header, two bytes and the
 -- checkpoints' names travel back, however large the stored result or the
--- checkpoints' values. Read-only: safe to run any number of times.
+-- checkpoints' values. Read-only: safe to run any number of times. Every
+-- key it reads is one of its keys (hence {10}): on a Cluster whose slot
+-- migrates, it runs where they all are, or is answered TRYAGAIN.
 local key, ikey, ix = KEYS[1], KEYS[2], {ARGV[1], ARGV[2]}
 
 local v = redis.pcall('GET', key)
@@ -51,6 +60,9 @@ if not v then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if tok then
+    if KEYS[3] ~= ix[2] .. tok then
+      return {10, tonumber(tok)}
+    end
     local c, why = index_claim(ix, tok, place)
     if why then
       return {5, why}
