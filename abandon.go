@@ -94,7 +94,7 @@ func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Recor
 		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", s.layoutError(err))
 	}
 	code, r, err := parseRecordReply(id, rk, res)
-	if err == nil && code == 3 {
+	if err == nil && code == recordRefused { // forget.lua's, never abandon.lua's
 		err = unexpected(res)
 	}
 	return r, err

@@ -202,7 +202,7 @@ func (s *RedisStore) checkpoint(ctx context.Context, keys []string, args []any) 
 	if err != nil {
 		return err
 	}
-	if replyCode(res) == 6 {
+	if replyCode(res) == checkpointFull {
 		return fmt.Errorf("%w: the record holds %d checkpoints, the most it may", ErrInvalidCheckpoint, MaxCheckpoints)
 	}
 	return transitionReply(res)

@@ -348,8 +348,11 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 			out[i].Reply, out[i].Err = batchClaimAnswer(res, s.layoutError(err), int(placeOf[i]))
 		},
 		// A claim by this call, of its first run or of an earlier one whose
-		// reply was lost (10), waits for the replicas as a new one does.
-		wrote: func(res []any) bool { c := replyCode(res); return c == 1 || c == 6 || c == 10 },
+		// reply was lost (compactClaimedBefore), waits for the replicas as a new one does.
+		wrote: func(res []any) bool {
+			c := replyCode(res)
+			return c == compactClaimRecord || c == compactClaimed || c == compactClaimedBefore
+		},
 	}
 	if s.durable == nil {
 		st.op = ""
@@ -390,13 +393,13 @@ func batchClaimAnswer(res []any, err error, place int) (ClaimReply, error) {
 		return ClaimReply{}, err
 	}
 	switch replyCode(res) {
-	case 6:
+	case compactClaimed:
 		if len(res) == 2 {
 			if tok, ok := res[1].(int64); ok && tok > 0 && place > 0 {
 				return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
 			}
 		}
-	case 10:
+	case compactClaimedBefore:
 		if len(res) == 3 {
 			tok, ok1 := res[1].(int64)
 			place, ok2 := res[2].(int64)
@@ -404,7 +407,7 @@ func batchClaimAnswer(res []any, err error, place int) (ClaimReply, error) {
 				return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: int(place)}, nil
 			}
 		}
-	case 7:
+	case compactClaimRefused:
 		if len(res) == 2 {
 			if msg, ok := res[1].(string); ok {
 				return ClaimReply{}, errors.New(msg) // Redis refused a write: unavailable
@@ -431,45 +434,49 @@ func splitCompactClaims(res []any, n int) ([][]any, error) {
 	}
 	res = res[:len(res)-2]
 	each := make([][]any, 0, n)
-	six := []any{int64(6), tok} // the answer of every new compact claim of the call, read only
-	var fresh []any             // that of every new record it claimed, read only
+	six := []any{int64(compactClaimed), tok} // the answer of every new compact claim of the call, read only
+	var fresh []any                          // that of every new record it claimed, read only
 	for p := 0; p < len(res); {
 		code, _ := res[p].(int64)
 		switch code {
-		case 6:
+		case compactClaimed:
 			each = append(each, six)
 			p++
 			continue
-		case 13:
+		case compactClaimNewRecord:
 			// A new record: token Redis's clock, attempt 1, not recovered,
 			// no checkpoints.
 			if fresh == nil {
-				fresh = []any{int64(1), now, int64(1), int64(0)}
+				fresh = []any{int64(compactClaimRecord), now, int64(1), int64(0)}
 			}
 			each = append(each, fresh)
 			p++
 			continue
-		case 10:
+		case compactClaimedBefore:
 			if p+3 > len(res) {
 				return nil, unexpected(res[p:])
 			}
 			each = append(each, res[p:p+3:p+3])
 			p += 3
 			continue
-		case 7, 8, 9:
+		case compactClaimRefused, compactClaimMarker, compactClaimMarkerExpired:
 			if p+2 > len(res) {
 				return nil, unexpected(res[p:])
 			}
 			each = append(each, res[p:p+2:p+2])
 			p += 2
 			continue
-		case 11, 12:
-			// A record whose result is a marker's: as 8 and 9, with its
+		case compactClaimMarked, compactClaimMarkedExpired:
+			// A record whose result is a marker's: as a marker, with its
 			// attempt count.
 			if p+3 > len(res) {
 				return nil, unexpected(res[p:])
 			}
-			each = append(each, []any{code - 3, res[p+1], res[p+2]})
+			marker := int64(compactClaimMarker)
+			if code == compactClaimMarkedExpired {
+				marker = compactClaimMarkerExpired
+			}
+			each = append(each, []any{marker, res[p+1], res[p+2]})
 			p += 3
 			continue
 		}
@@ -556,9 +563,9 @@ func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64,
 func compactAnswers(errs []error) func(i int, res []any, err error) {
 	return func(i int, res []any, err error) {
 		switch {
-		case err == nil && len(res) == 1 && res[0] == int64(3):
+		case err == nil && len(res) == 1 && (res[0] == int64(compactSettleMoved) || res[0] == int64(compactMoveMoved)):
 			err = errMoved
-		case err == nil && len(res) == 1 && res[0] == int64(4):
+		case err == nil && len(res) == 1 && res[0] == int64(compactMoveCompleted):
 			err = errCompletedAsMarker
 		case err == nil:
 			err = transitionReply(res)
@@ -608,7 +615,7 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 func splitCompactTransitions(res []any, n int) ([][]any, error) {
 	each, err := splitTransitions(res, n)
 	for j, r := range each {
-		if len(r) == 1 && r[0] == int64(2) {
+		if len(r) == 1 && r[0] == int64(compactSettleDoneBefore) {
 			each[j] = replyDone // done before by the same claim: as done
 		}
 	}

@@ -209,9 +209,9 @@ func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force b
 		return r, err
 	}
 	switch code {
-	case 0, 1:
+	case recordNone, recordDone:
 		return r, nil
-	case 3:
+	case recordRefused:
 		refused := &ForgetRefusedError{Checkpoints: r.Checkpoints}
 		if r.State == StatePending && r.LeaseLeft > 0 {
 			refused.LeaseLeft = r.LeaseLeft

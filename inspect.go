@@ -235,7 +235,7 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 		return Record{ID: id, Key: rk}, storeError(ctx, "inspect", s.layoutError(err))
 	}
 	code, r, err := parseRecordReply(id, rk, res)
-	if err == nil && code > 1 && code != 6 {
+	if err == nil && (code == recordUnchanged || code == recordRefused) {
 		return r, unexpected(res)
 	}
 	return r, err
@@ -299,15 +299,17 @@ func checkRecordID(id string) error {
 func parseRecordReply(id, key string, res []any) (int64, Record, error) {
 	r := Record{ID: id, Key: key}
 	code := replyCode(res)
+	// A record is answered by recordDone, recordUnchanged or recordRefused.
+	described := code >= recordDone && code <= recordRefused
 	switch {
-	case code == 5:
+	case code == replyNotOurs:
 		return code, r, corrupt(res)
-	case code == 0 && len(res) == 3:
+	case code == recordNone && len(res) == 3:
 		return code, r, nil
-	case code >= 1 && code <= 3 && (len(res) == 7 || len(res) == 8):
+	case described && (len(res) == 7 || len(res) == 8):
 		r, err := parseRecord(r, res)
 		return code, r, err
-	case (code >= 1 && code <= 3 || code == 6) && len(res) == 9:
+	case (described || code == recordCompact) && len(res) == 9:
 		// A compact claim or a marker, described as a record: its call
 		// record's PTTL, no checkpoints, when the call completed it.
 		r, err := parseRecord(r, res[:7])

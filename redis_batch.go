@@ -316,7 +316,7 @@ func (st *batchStep) wroteRecord(res []any) bool {
 	if st.wrote != nil {
 		return st.wrote(res)
 	}
-	return replyCode(res) == 1
+	return replyCode(res) == transitionDone
 }
 
 // batchCall is one script call of a batch: the records it holds, and the
@@ -639,11 +639,11 @@ func answerCall(st *batchStep, call batchCall, result func() ([]any, error)) {
 // compact_claim.lua's reply, or -1 for a code of its own.
 func claimFields(code int64) int {
 	switch code {
-	case 1:
+	case compactClaimRecord:
 		return 4
-	case 2, 3, 5, 7:
+	case compactClaimCompleted, compactClaimInProgress, replyNotOurs, compactClaimRefused:
 		return 1
-	case 4:
+	case compactClaimMismatch:
 		return 0
 	}
 	return -1
@@ -659,13 +659,13 @@ func splitTransitions(res []any, n int) ([][]any, error) {
 	each := make([][]any, n)
 	for j, r := range res {
 		switch r {
-		case int64(1):
+		case int64(transitionDone):
 			each[j] = replyDone
-		case int64(0):
+		case int64(transitionLost):
 			each[j] = replyLost
 		default:
 			if why, ok := r.(string); ok {
-				each[j] = []any{int64(5), why}
+				each[j] = []any{int64(replyNotOurs), why}
 			} else {
 				each[j] = []any{r}
 			}
@@ -675,7 +675,7 @@ func splitTransitions(res []any, n int) ([][]any, error) {
 }
 
 // The replies {1} and {0}, shared, read only.
-var replyDone, replyLost = []any{int64(1)}, []any{int64(0)}
+var replyDone, replyLost = []any{int64(transitionDone)}, []any{int64(transitionLost)}
 
 // transitionAnswers answers each record of a complete, release or extend step
 // into errs.

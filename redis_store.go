@@ -185,7 +185,7 @@ const maxCallAsks = 3
 // given (declared) to read it.
 func callAsked(res any) (int64, bool) {
 	r, ok := res.([]any)
-	if !ok || len(r) != 2 || replyCode(r) != 10 {
+	if !ok || len(r) != 2 || replyCode(r) != replyAskAgain {
 		return 0, false
 	}
 	tok, ok := r[1].(int64)
@@ -216,7 +216,7 @@ func claimAnswer(res any) (ClaimReply, error) {
 // record} and {3, lease_left_ms} are the batch scripts' only).
 func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {
-	case 1:
+	case claimExisting: // and compactClaimRecord
 		if len(res) == 4 || len(res) == 5 {
 			tok, ok1 := res[1].(int64)
 			n, ok2 := res[2].(int64)
@@ -225,27 +225,27 @@ func claimReply(res []any) (ClaimReply, error) {
 				return withCheckpoints(ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, res[4:])
 			}
 		}
-	case 2:
+	case compactClaimCompleted:
 		if len(res) == 2 {
 			if rec, ok := res[1].(string); ok {
 				return parseCompleted(rec)
 			}
 		}
-	case 3:
+	case compactClaimInProgress:
 		if len(res) == 2 {
 			if ms, ok := res[1].(int64); ok {
 				return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(ms) * time.Millisecond}, nil
 			}
 		}
-	case 4:
+	case claimMismatch: // and compactClaimMismatch
 		return ClaimReply{Status: StatusMismatch}, nil
-	case 5:
+	case replyNotOurs:
 		return ClaimReply{}, corrupt(res)
-	case 11:
+	case claimCallMissing:
 		if len(res) == 1 {
 			return ClaimReply{}, errCallMissing
 		}
-	case 8, 9:
+	case claimMarker, claimMarkerExpired: // and compactClaimMarker, compactClaimMarkerExpired
 		// A marker: {code, token}; or {code, token, attempt} for a record
 		// whose result is a marker's.
 		attempt, tok, ok := int64(1), int64(0), len(res) == 2 || len(res) == 3
@@ -256,7 +256,7 @@ func claimReply(res []any) (ClaimReply, error) {
 			tok, ok = res[1].(int64)
 		}
 		if ok && attempt >= 1 {
-			if res[0] == int64(9) {
+			if res[0] == int64(claimMarkerExpired) {
 				return ClaimReply{Status: StatusResultExpired, Token: tok, Attempt: int(attempt), Marker: true}, nil
 			}
 			return ClaimReply{Status: StatusCompleted, Token: tok, Attempt: int(attempt), Marker: true, Value: emptyBytes}, nil
@@ -397,11 +397,11 @@ func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, v
 		return false, err
 	}
 	switch res {
-	case int64(1):
+	case int64(transitionDone):
 		return true, nil
-	case int64(2):
+	case int64(completeDoneBefore):
 		return false, nil
-	case int64(0):
+	case int64(transitionLost):
 		return false, ErrLeaseLost
 	}
 	if r, ok := res.([]any); ok {
@@ -430,9 +430,9 @@ func (s *RedisStore) transition(ctx context.Context, sc *evalScript, args []any)
 		return err
 	}
 	switch res {
-	case int64(1):
+	case int64(transitionDone):
 		return nil
-	case int64(0):
+	case int64(transitionLost):
 		return ErrLeaseLost
 	}
 	if r, ok := res.([]any); ok {
@@ -445,11 +445,11 @@ func (s *RedisStore) transition(ctx context.Context, sc *evalScript, args []any)
 // {5, reason} answered.
 func transitionReply(res []any) error {
 	switch replyCode(res) {
-	case 1:
+	case transitionDone:
 		return nil
-	case 0:
+	case transitionLost:
 		return ErrLeaseLost
-	case 5:
+	case replyNotOurs:
 		return corrupt(res)
 	}
 	return unexpected(res)

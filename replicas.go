@@ -323,7 +323,8 @@ func scriptWrote(cmd *redis.Cmd) bool {
 		return err == nil && n > 0
 	}
 	r, _ := res.([]any)
-	return err == nil && replyCode(r) == 1
+	c := replyCode(r)
+	return err == nil && (c == claimExisting || c == transitionDone)
 }
 
 // isClusterRedirect reports whether err refuses a Cluster command before it

@@ -393,7 +393,7 @@ func readScanned(key string, cmd *redis.Cmd) (Record, error) {
 		return Record{ID: id, Key: key}, fmt.Errorf("idem: scan: %s: %w", key, err)
 	}
 	code, r, err := parseRecordReply(id, key, res)
-	if err == nil && code != 0 && code != 1 {
+	if err == nil && code != recordNone && code != recordDone {
 		err = unexpected(res)
 	}
 	return r, err
