@@ -66,7 +66,7 @@ func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (R
 	if err := checkToken("abandon", token); err != nil {
 		return Record{}, err
 	}
-	r, err := k.store.Abandon(ctx, recordID(scope, key), token)
+	r, err := k.store.Abandon(ctx, k.RecordID(scope, key), token)
 	return r, storeError(ctx, "abandon", err)
 }
 

@@ -154,10 +154,11 @@ func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results
 	defer putFirstPlaces(first)
 	// The ids of the batch, in one allocation.
 	idBuf := make([]byte, idLen*len(keys))
+	place := k.ids(scope)
 	for i, key := range keys {
 		results[i].First = i
 		if results[i].Err = ValidateKey(key); results[i].Err == nil {
-			putRecordID((*[idLen]byte)(idBuf[idLen*i:]), scope, key)
+			place.put((*[idLen]byte)(idBuf[idLen*i:]), key)
 		}
 	}
 	ids := string(idBuf)

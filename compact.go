@@ -668,8 +668,8 @@ func (s *RedisStore) compactIndexArgs(id string) (d8, index, calls string) {
 	return string(e.d8[:]), e.key, s.callBase(s.key(id))
 }
 
-// keysOf returns the Redis keys of the records ids[i] for i in todo, made
-// in one allocation; the others are "".
+// keysOf returns the Redis keys of the records ids[i] for i in todo (see
+// RedisStore.key), made in one allocation; the others are "".
 func (s *RedisStore) keysOf(ids []string, todo []int) []string {
 	keys := make([]string, len(ids))
 	n := 0
@@ -678,7 +678,12 @@ func (s *RedisStore) keysOf(ids []string, todo []int) []string {
 	}
 	buf := make([]byte, 0, n)
 	for _, i := range todo {
-		buf = append(append(append(append(buf, s.prefix...), '{'), ids[i]...), '}')
+		if id := ids[i]; placedID(id) {
+			tag := idLen - placedTagLen
+			buf = append(append(append(append(append(buf, s.prefix...), '{'), id[tag:]...), '}'), id[:tag]...)
+		} else {
+			buf = append(append(append(append(buf, s.prefix...), '{'), id...), '}')
+		}
 	}
 	all, at := string(buf), 0
 	for _, i := range todo {

@@ -158,7 +158,7 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
-	id := recordID(scope, key)
+	id := k.RecordID(scope, key)
 	if token == 0 {
 		r, err := k.store.Inspect(ctx, id)
 		if err != nil || r.State == StateAbsent {

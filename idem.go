@@ -36,6 +36,9 @@ type Keeper struct {
 	// markers is false for a Keeper made WithoutMarkers: Consume then
 	// claims each message in a record of its own.
 	markers bool
+	// scopeShards is WithScopeShards' n: 0, or how many shards of a scope
+	// its record ids place its keys in.
+	scopeShards int
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
@@ -67,8 +70,10 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidConfig)
 	case s.wait < 0:
 		return nil, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
+	case s.scopeShards < 0 || s.scopeShards > maxScopeShards:
+		return nil, fmt.Errorf("%w: %d scope shards, not 0 to %d", ErrInvalidConfig, s.scopeShards, maxScopeShards)
 	}
-	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers}
+	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers, scopeShards: s.scopeShards}
 	switch s.codec.(type) {
 	case MsgpackCodec, *MsgpackCodec:
 		k.msgpack = true
@@ -182,7 +187,7 @@ func (k *Keeper) beginCall(ctx context.Context, scope, key string, opts []Option
 	var out Outcome
 	if err == nil {
 		var attempt string
-		id, attempt = claimIDs(scope, key)
+		id, attempt = k.claimIDs(scope, key)
 		out, err = k.begin(ctx, id, attempt, &c)
 		if out.Claim != nil {
 			out.Claim.scope, out.Claim.key = scope, key
@@ -402,9 +407,9 @@ func putAttemptID(b *[attemptLen]byte) {
 
 // claimIDs returns the record id of (scope, key) and a new attempt id, both
 // slices of one string: one allocation for a claim instead of two.
-func claimIDs(scope, key string) (id, attempt string) {
+func (k *Keeper) claimIDs(scope, key string) (id, attempt string) {
 	var b [idLen + attemptLen]byte
-	putRecordID((*[idLen]byte)(b[:idLen]), scope, key)
+	k.ids(scope).put((*[idLen]byte)(b[:idLen]), key)
 	putAttemptID((*[attemptLen]byte)(b[idLen:]))
 	s := string(b[:])
 	return s[:idLen], s[idLen:]

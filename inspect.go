@@ -98,7 +98,9 @@ type Record struct {
 	// the Store is given. The raw key is not stored and cannot be recovered.
 	ID string
 	// Key is where the store keeps the record: for a RedisStore, its Redis
-	// key (prefix + "{" + ID + "}"). Empty when the store does not say.
+	// key (prefix + "{" + ID + "}", or for an ID placed by WithScopeShards
+	// prefix + "{" + its last 6 characters + "}" + its first 16). Empty
+	// when the store does not say.
 	Key string
 	// State is the record's state; StateAbsent when there is none, and then
 	// every other field but ID and Key is zero.
@@ -210,7 +212,7 @@ func (k *Keeper) inspect(ctx context.Context, scope, key string) (Record, error)
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
-	r, err := k.store.Inspect(ctx, recordID(scope, key))
+	r, err := k.store.Inspect(ctx, k.RecordID(scope, key))
 	return r, storeError(ctx, "inspect", err)
 }
 

@@ -46,6 +46,8 @@ type settings struct {
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
+	// scopeShards is WithScopeShards' n, for a Keeper.
+	scopeShards int
 	waitSet     bool
 	info        *CallInfo
 	// A batch call (batch.go, consume.go). compact is WithCompactClaims.

@@ -48,8 +48,9 @@ var (
 const DefaultPrefix = "idem:"
 
 // RedisStore is a Store on Redis. Each record is one Redis string under
-// prefix + "{" + id + "}": the hash tag keeps every key of a record in one
-// Cluster slot. It uses the client it is given and never dials its own. It is
+// prefix + "{" + id + "}", or for an id placed by WithScopeShards
+// prefix + "{" + shard + "}" + digest: the hash tag keeps every key of a
+// record in one Cluster slot. It uses the client it is given and never dials its own. It is
 // safe for concurrent use.
 type RedisStore struct {
 	client redis.Scripter
@@ -130,13 +131,20 @@ func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
 }
 
 // RecordKey returns the Redis key under which the store keeps the record of
-// (scope, key), for an operator or a test that looks at Redis directly.
+// (scope, key) for a Keeper made without WithScopeShards, for an operator
+// or a test that looks at Redis directly. Record.Key is any record's.
 func (s *RedisStore) RecordKey(scope, key string) string {
 	return s.key(recordID(scope, key))
 }
 
-// key returns the Redis key of the record id.
+// key returns the Redis key of the record id: prefix + "{" + id + "}", or
+// for a placed id (see WithScopeShards) prefix + "{" + its last 6
+// characters + "}" + its first 16, so that the keys of a scope's shard
+// share a hash tag.
 func (s *RedisStore) key(id string) string {
+	if placedID(id) {
+		return s.prefix + "{" + id[idLen-placedTagLen:] + "}" + id[:idLen-placedTagLen]
+	}
 	return s.prefix + "{" + id + "}"
 }
 

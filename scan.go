@@ -117,7 +117,9 @@ var (
 // yield.
 type scanner struct {
 	opts ScanOptions
-	// prefix is the pattern of the prefix; match that of the record keys.
+	// prefix is the pattern of the prefix; match that of the keys of
+	// records, whose ids placed or not (see RedisStore.key) read picks out
+	// of it.
 	prefix, match string
 	// left is how many records may still be yielded; -1: no limit.
 	left int
@@ -141,7 +143,7 @@ func (s *RedisStore) newScanner(opts ScanOptions) (*scanner, error) {
 	if prefix == "" {
 		prefix = escapeGlob(s.prefix)
 	}
-	sc := &scanner{opts: opts, prefix: prefix, match: prefix + "{" + strings.Repeat("?", idLen) + "}", left: -1}
+	sc := &scanner{opts: opts, prefix: prefix, match: prefix + "{*", left: -1}
 	if opts.Limit > 0 {
 		sc.left = opts.Limit
 	}
@@ -346,12 +348,20 @@ func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error)
 	return out, nil
 }
 
-// idOfKey returns the id in a key that ends in "{" id "}", or "".
+// idOfKey returns the id of a record key (see RedisStore.key), or "".
 func idOfKey(key string) string {
-	if len(key) < idLen+2 || key[len(key)-1] != '}' || key[len(key)-idLen-2] != '{' {
+	n := len(key)
+	if n >= idLen+2 && key[n-1] == '}' && key[n-idLen-2] == '{' {
+		return key[n-idLen-1 : n-1]
+	}
+	const digest = idLen - placedTagLen
+	if n < idLen+2 || key[n-digest-1] != '}' || key[n-idLen-2] != '{' {
 		return ""
 	}
-	return key[len(key)-idLen-1 : len(key)-1]
+	if id := key[n-digest:] + key[n-idLen-1:n-digest-1]; placedID(id) {
+		return id
+	}
+	return ""
 }
 
 // inspectEach runs inspect.lua on every key in one pipeline. If the server

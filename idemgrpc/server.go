@@ -188,7 +188,7 @@ func (s *server) begin(ctx context.Context, rep *idem.Request, fullMethod, key s
 	// A full method holds no space, so the first space ends it.
 	scope := fullMethod + " " + tenant
 	if rep.Observed() {
-		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
+		rep.Event.Scope, rep.Event.ID = scope, s.k.RecordID(scope, key)
 	}
 	out, err := s.k.Begin(rep.Context(), scope, key, opts...)
 	if err != nil {

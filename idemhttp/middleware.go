@@ -152,7 +152,7 @@ const unavailableRetryAfter = "1"
 //
 // A request that passes through unguarded reports nothing. The Observer is
 // given the request's context, and the event carries the scope and the
-// record's id (idem.RecordID), never the client's key.
+// record's id (Keeper.RecordID), never the client's key.
 //
 // In the handler, idem.ClaimFromContext gives the claim and RequestKey the
 // tenant and the key the request is guarded under.
@@ -215,7 +215,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	if rep.Observed() {
-		rep.Event.Scope, rep.Event.ID = scope, idem.RecordID(scope, key)
+		rep.Event.Scope, rep.Event.ID = scope, m.k.RecordID(scope, key)
 	}
 	out, err := m.begin(rep.Context(), r, scope, key, body)
 	switch {

@@ -319,6 +319,8 @@ type options struct {
 	// it.
 	prefill         int64
 	markerRetention time.Duration
+	// scopeShards is -scope-shards: idem.WithScopeShards.
+	scopeShards int
 	// side is -side: "" for both sides, or sideIdem or sideBaseline;
 	// onMeasure is -on-measure.
 	side      string
@@ -377,6 +379,7 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.markers, "markers", true, "with -workload batch: keep each handled message as a compact marker (false: idem.WithoutMarkers, a record a message)")
 	fs.Int64Var(&o.prefill, "prefill", 0, fmt.Sprintf("with -workload batch: before the clock starts, handle this many distinct ids (not measured) on each side, by the path of the measured run (idem.Consume; the baseline's pipelines), in batches of -batch or %d if larger, from -c callers or twice the cores if more, with progress on stderr; the measured stream then finds them remembered, as a consumer that has run for long does. Its ids are counted among the ids remembered in the memory per id, and in no other figure", prefillMinBatch))
 	fs.DurationVar(&o.markerRetention, "marker-retention", 0, "with -workload batch: the steady state of memory. idem's markers are kept this long (idem.WithMarkerRetention; at least the lease, 30s), and so are its records and the baseline's keys (-retention is set to it); run for -d of several times as long, so that as many markers expire as arrive. The memory per id is then per live id: used_memory after the run minus before, less the connections, over the ids the side delivered in the last marker retention before its last slice ended (the markers, or baseline keys, still live; those that expired and were not yet swept or evicted count in the bytes, not in the ids). The report says when the run lasted less than twice the marker retention, which is not yet steady")
+	fs.IntVar(&o.scopeShards, "scope-shards", 0, "idem.WithScopeShards: the run's scope in this many shards, each one Cluster slot, so that a batch costs a few script calls (default 0: keys placed by their own digests)")
 	fs.StringVar(&o.side, "side", "", "with -workload batch and -baseline: run only this side, idem or baseline (default: both, interleaved), after the prefill of that side alone; for counting one side's Redis instructions (bench/callgrind.sh)")
 	fs.StringVar(&o.onMeasure, "on-measure", "", "a program to run, and wait for, with the argument start just before the first measured slice (after -prefill) and stop just after the last (before the memory is read): bench/callgrind.sh turns valgrind's instrumentation on and off with it")
 	fs.IntVar(&o.baselineDB, "baseline-db", -1, "with -workload batch, a baseline and -redis: the database of the baseline's keys, so that each side's used_memory can be told apart (default: idem's database plus one)")
@@ -478,6 +481,8 @@ func checkBatch(o *options) error {
 		return errors.New("-baseline-db: goes with -baseline and -redis (a Cluster has one database)")
 	case o.set["baseline-db"] && o.baselineDB < 0:
 		return fmt.Errorf("-baseline-db %d: want 0 or more", o.baselineDB)
+	case o.scopeShards < 0 || o.scopeShards > 256:
+		return fmt.Errorf("-scope-shards %d: want 0 to 256", o.scopeShards)
 	case o.prefill < 0 || o.prefill >= 1<<40:
 		return fmt.Errorf("-prefill %d: want 0 to 2^40", o.prefill)
 	case o.side != "" && o.side != sideIdem && o.side != sideBaseline:

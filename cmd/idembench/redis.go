@@ -159,7 +159,7 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if err := store.LoadScripts(ctx); err != nil {
 			return nil, err
 		}
-		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce), idem.WithScopeShards(o.scopeShards)}
 		if !o.markers {
 			opts = append(opts, idem.WithoutMarkers())
 		}

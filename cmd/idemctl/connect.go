@@ -45,7 +45,7 @@ func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 		client.Close()
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	keeper, err := idem.New(store)
+	keeper, err := idem.New(store, idem.WithScopeShards(g.shards))
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -56,11 +56,21 @@ func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 func (c *conn) Close() error { return c.client.Close() }
 
 // splitRecordKey splits a Redis key as a listing shows it, prefix + "{" + id
-// + "}", into its prefix and record id; the store checks the id.
+// + "}", or prefix + "{" + shard + "}" + digest for a Keeper made
+// WithScopeShards (its id is digest + shard), into its prefix and record
+// id; the store checks the id.
 func splitRecordKey(key string) (prefix, id string, err error) {
-	open := strings.LastIndexByte(key, '{')
-	if open < 0 || !strings.HasSuffix(key, "}") {
-		return "", "", fmt.Errorf("%w: -record %q is not a record's Redis key (PREFIX{ID})", errUsage, key)
+	open, end := strings.LastIndexByte(key, '{'), strings.LastIndexByte(key, '}')
+	switch {
+	case open < 0 || end < open:
+	case end == len(key)-1:
+		return key[:open], key[open+1 : end], nil
+	case end-open-1 == placedTagLen:
+		return key[:open], key[end+1:] + key[open+1:end], nil
 	}
-	return key[:open], key[open+1 : len(key)-1], nil
+	return "", "", fmt.Errorf("%w: -record %q is not a record's Redis key (PREFIX{ID} or PREFIX{SHARD}DIGEST)", errUsage, key)
 }
+
+// placedTagLen is how many characters name the shard in the key of a
+// record of a Keeper made WithScopeShards.
+const placedTagLen = 6

@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
+//	idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-scope-shards N] [-json] COMMAND ...
 //
 //	idemctl inspect [-scope S] KEY        state, token, attempt, lease, expiry, result, checkpoints of a record
 //	idemctl inspect -record REDISKEY      the same, by the Redis key a listing shows
@@ -16,7 +16,9 @@
 // idem (Do, Begin). A record of the HTTP middleware (package idemhttp) is
 // named by the tenant its WithScope function returned for the request (empty
 // by default, so -scope can be left out) and the Idempotency-Key header: the
-// method and path are in the record's fingerprint, not in its name.
+// method and path are in the record's fingerprint, not in its name. The
+// records of Keepers made with idem.WithScopeShards(N) are named so with
+// -scope-shards N.
 //
 // Redis keeps only a digest of the scope and key, so a listing (pending)
 // shows Redis keys and ids, not the keys clients sent; inspect and forget take
@@ -123,6 +125,7 @@ type globals struct {
 	redisURL string
 	cluster  string
 	prefix   string
+	shards   int
 	json     bool
 }
 
@@ -134,6 +137,7 @@ func run(ctx context.Context, args []string, con console) int {
 	fs.StringVar(&g.redisURL, "redis", "", "Redis URL, redis:// or rediss:// as go-redis parses it (default redis://127.0.0.1:6379/0)")
 	fs.StringVar(&g.cluster, "cluster", "", "Redis Cluster seed nodes, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&g.prefix, "prefix", idem.DefaultPrefix, "the prefix of the store's Redis keys (idem.WithPrefix)")
+	fs.IntVar(&g.shards, "scope-shards", 0, "the Keepers' idem.WithScopeShards, which a scope and key need to name a record (default: none)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of text")
 	fs.Usage = func() { usage(fs) }
 	if err := parseFlags(fs, args); err != nil {
@@ -197,7 +201,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 
 func usage(fs *flag.FlagSet) {
 	w := fs.Output()
-	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-json] COMMAND ...
+	fmt.Fprint(w, `Usage: idemctl [-redis URL | -cluster ADDRS] [-prefix P] [-scope-shards N] [-json] COMMAND ...
 
   inspect [-scope S] KEY | -record REDISKEY
         show a record: state, token, attempt, lease, expiry, result, checkpoints

@@ -351,3 +351,36 @@ func TestUnavailable(t *testing.T) {
 		assert.Contains(t, r.stderr, "store unavailable", "%q", args)
 	}
 }
+
+// TestScopeShards: the records of a Keeper made WithScopeShards are named
+// by scope and key with -scope-shards, and by the key pending lists.
+func TestScopeShards(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k, err := idem.NewRedis(b.Client, idem.WithLease(time.Hour), idem.WithScopeShards(4))
+		require.NoError(t, err)
+		ctx := context.Background()
+		held, err := k.Begin(ctx, "t", "held")
+		require.NoError(t, err)
+		require.NotNil(t, held.Claim)
+
+		r := ctl("-redis", url(b), "-json", "-scope-shards", "4", "inspect", "-scope", "t", "held")
+		require.Equal(t, 0, r.code, r.stderr)
+		got := decode[jsonRecord](t, r.out)[0]
+		assert.Equal(t, "pending", got.State)
+		assert.Equal(t, k.RecordID("t", "held"), got.ID)
+		r = ctl("-redis", url(b), "-json", "inspect", "-scope", "t", "held")
+		assert.Equal(t, "absent", decode[jsonRecord](t, r.out)[0].State, "without -scope-shards: another id")
+
+		r = ctl("-redis", url(b), "-json", "pending")
+		require.Equal(t, 0, r.code, r.stderr)
+		listed := decode[jsonRecord](t, r.out)
+		require.Len(t, listed, 1)
+		assert.Equal(t, got.Key, listed[0].Key)
+		assert.Equal(t, got.ID, listed[0].ID)
+		r = ctl("-redis", url(b), "forget", "-record", listed[0].Key, "-force", "-yes")
+		require.Equal(t, 0, r.code, r.stderr)
+		o, err := k.Inspect(ctx, "t", "held")
+		require.NoError(t, err)
+		assert.Equal(t, idem.StateAbsent, o.State, "forgotten by its Redis key")
+	})
+}

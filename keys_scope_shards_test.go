@@ -1,0 +1,265 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestScopeShardsIDs: a Keeper made WithScopeShards(n) gives the keys of a
+// scope placed ids that share one of n tags, that a RedisStore keys by that
+// tag and reads back from the key; without it, ids are RecordID's.
+func TestScopeShardsIDs(t *testing.T) {
+	s, err := NewRedisStore(redistest.Miniredis(t).Client)
+	require.NoError(t, err)
+	keeper := func(n int) *Keeper {
+		k, err := New(s, WithScopeShards(n))
+		require.NoError(t, err, "WithScopeShards(%d)", n)
+		return k
+	}
+
+	plain := keeper(0)
+	for _, key := range []string{"a", "order-1", strings.Repeat("k", MaxKeyLen)} {
+		id := plain.RecordID("s", key)
+		assert.Equal(t, RecordID("s", key), id)
+		assert.False(t, placedID(id), "%s is not placed", id)
+		assert.Equal(t, DefaultPrefix+"{"+id+"}", s.key(id))
+		assert.Equal(t, id, idOfKey(s.key(id)))
+	}
+
+	for _, n := range []int{1, 4, 256} {
+		k := keeper(n)
+		tags, slots, ids := map[string]int{}, map[uint16]bool{}, map[string]bool{}
+		keys := max(2000, 100*n)
+		for i := range keys {
+			key := fmt.Sprint("order-", i)
+			id := k.RecordID("orders", key)
+			require.NoError(t, checkRecordID(id), "a placed id is a record id")
+			require.True(t, placedID(id), "%s is placed", id)
+			require.Equal(t, RecordID("orders", key)[:15], id[:15], "a placed id starts with the key's digest")
+			rk := s.key(id)
+			tag := id[idLen-placedTagLen:]
+			require.Equal(t, DefaultPrefix+"{"+tag+"}"+id[:idLen-placedTagLen], rk)
+			require.Equal(t, id, idOfKey(rk), "the id read back from its key")
+			require.Equal(t, []string{rk}, s.keysOf([]string{id}, []int{0}), "a batch's keys")
+			tags[tag]++
+			slots[keySlot(rk)] = true
+			ids[id] = true
+		}
+		assert.Len(t, ids, keys, "n=%d: every key its own id", n)
+		assert.Len(t, tags, n, "n=%d: the scope's keys share n tags", n)
+		assert.LessOrEqual(t, len(slots), n, "n=%d: and at most n slots", n)
+		for tag, c := range tags {
+			assert.Greater(t, c, keys/n/3, "n=%d: shard %s holds %d keys: shards are about even", n, tag, c)
+		}
+		other := k.RecordID("refunds", "order-1")
+		assert.NotEqual(t, k.RecordID("orders", "order-1")[idLen-placedTagLen:], other[idLen-placedTagLen:], "n=%d: another scope, another tag", n)
+	}
+	assert.NotEqual(t, keeper(1).RecordID("s", "k"), keeper(2).RecordID("s", "k"), "the placement is part of the id")
+
+	for _, n := range []int{-1, 257} {
+		_, err := New(s, WithScopeShards(n))
+		assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards(%d)", n)
+	}
+	_, err = NewRedisStore(redistest.Miniredis(t).Client, WithScopeShards(1))
+	assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards is a Keeper's option")
+}
+
+// TestScopeShardsOperators: what Consume leaves for a Keeper made
+// WithScopeShards, Begin, Do, Inspect, Scan, Forget and Abandon find.
+func TestScopeShardsOperators(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		k := newKeeper(t, b, WithScopeShards(2), WithLease(time.Hour))
+		msgs := make([]string, 60)
+		for i := range msgs {
+			msgs[i] = fmt.Sprint("m-", i)
+		}
+		runs := map[string]int{}
+		handle := func(_ context.Context, m string) error { runs[m]++; return nil }
+		id := func(m string) string { return m }
+		res, err := Consume(ctx, k, "q", msgs, id, handle, WithConcurrency(1))
+		require.NoError(t, err)
+		for i, r := range res {
+			require.Equal(t, MessageHandled, r.Status, msgs[i])
+		}
+		res, err = Consume(ctx, k, "q", msgs, id, handle, WithConcurrency(1))
+		require.NoError(t, err)
+		for i, r := range res {
+			require.Equal(t, MessageReplayed, r.Status, "%s delivered again", msgs[i])
+			require.Equal(t, 1, runs[msgs[i]], "%s ran once", msgs[i])
+		}
+
+		// A message's marker answers Begin and Inspect; Forget lets it run
+		// again.
+		out, err := k.Begin(ctx, "q", "m-0")
+		require.NoError(t, err)
+		require.True(t, out.Replayed, "Begin of a handled message: %+v", out)
+		r, err := k.Inspect(ctx, "q", "m-1")
+		require.NoError(t, err)
+		assert.Equal(t, StateCompleted, r.State)
+		assert.Equal(t, k.RecordID("q", "m-1"), r.ID)
+		_, err = k.Forget(ctx, "q", "m-1", false)
+		require.NoError(t, err)
+		out, err = k.Begin(ctx, "q", "m-1")
+		require.NoError(t, err)
+		require.NotNil(t, out.Claim, "forgotten, m-1 is claimed again")
+
+		// Abandon ends the lease of that claim, which the next Begin takes
+		// over; its record is listed by Scan under its placed id and key.
+		_, err = k.Abandon(ctx, "q", "m-1", out.Claim.Token())
+		require.NoError(t, err)
+		again, err := k.Begin(ctx, "q", "m-1")
+		require.NoError(t, err)
+		require.NotNil(t, again.Claim, "abandoned, m-1 is taken over")
+		assert.Greater(t, again.Claim.Token(), out.Claim.Token())
+		s := k.store.(*RedisStore)
+		var listed []Record
+		for r, err := range s.Scan(ctx, ScanOptions{State: StatePending}) {
+			require.NoError(t, err)
+			if r.ID != "" {
+				listed = append(listed, r)
+			}
+		}
+		require.Len(t, listed, 1, "the one record listed")
+		assert.Equal(t, k.RecordID("q", "m-1"), listed[0].ID)
+		assert.Equal(t, s.key(k.RecordID("q", "m-1")), listed[0].Key)
+		byID, err := s.Inspect(ctx, listed[0].ID)
+		require.NoError(t, err)
+		assert.Equal(t, StatePending, byID.State)
+
+		// Do answers a key a Consume handled, and stores its own.
+		v, err := Do(ctx, k, "q", "m-2", func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+		require.NoError(t, err)
+		assert.Empty(t, v, "m-2 was handled: its marker answers an empty result")
+		v, err = Do(ctx, k, "q", "new", func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+		require.NoError(t, err)
+		assert.Equal(t, []byte("ran"), v)
+		n, err := b.Client.Exists(ctx, s.key(k.RecordID("q", "new"))).Result()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), n, "Do's record under the placed key")
+		batch, err := k.BeginBatch(ctx, "q", []string{"r-1", "r-2"})
+		require.NoError(t, err)
+		for i, r := range batch {
+			require.NotNil(t, r.Outcome.Claim, "BeginBatch %d", i)
+		}
+		n, err = b.Client.Exists(ctx, s.key(k.RecordID("q", "r-1")), s.key(k.RecordID("q", "r-2"))).Result()
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), n, "BeginBatch's records under the placed keys")
+	})
+}
+
+// TestClusterScopeShards: on a Cluster, a Consume batch of one scope placed
+// in one shard costs a few script calls on one node, where the default
+// placement costs one a message or so; its messages are kept as markers,
+// and delivered again they are answered by them.
+func TestClusterScopeShards(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	cc := cl.Client(t, nil)
+	ctx := context.Background()
+	masters := make([]*redis.Client, len(cl.Masters))
+	for i, m := range cl.Masters {
+		masters[i] = m.Client(t)
+	}
+	// scripts runs f and returns how many scripts each master ran meanwhile.
+	scripts := func(f func()) []int64 {
+		count := func() []int64 {
+			out := make([]int64, len(masters))
+			for i, m := range masters {
+				stats, err := m.Info(ctx, "commandstats").Result()
+				require.NoError(t, err)
+				for _, l := range strings.Split(stats, "\n") {
+					for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+						if rest, ok := strings.CutPrefix(strings.TrimSpace(l), cmd+"calls="); ok {
+							var c int64
+							fmt.Sscanf(rest, "%d", &c)
+							out[i] += c
+						}
+					}
+				}
+			}
+			return out
+		}
+		before := count()
+		f()
+		after := count()
+		for i := range after {
+			after[i] -= before[i]
+		}
+		return after
+	}
+	consume := func(k *Keeper, scope string, want MessageStatus) {
+		msgs := make([]string, 500)
+		for i := range msgs {
+			msgs[i] = fmt.Sprint("m-", i)
+		}
+		res, err := Consume(ctx, k, scope, msgs, func(m string) string { return m }, func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+		for i, r := range res {
+			require.Equal(t, want, r.Status, "%s %s: %v", scope, msgs[i], r.Err)
+		}
+	}
+	for _, k := range []*Keeper{newClusterKeeper(t, cc), newClusterKeeper(t, cc, WithScopeShards(1))} {
+		k.store.(*RedisStore).LoadScripts(ctx)
+	}
+
+	spread := scripts(func() { consume(newClusterKeeper(t, cc), "spread", MessageHandled) })
+	keys, err := clusterKeys(ctx, masters)
+	require.NoError(t, err)
+
+	placed := newClusterKeeper(t, cc, WithScopeShards(1))
+	first := scripts(func() { consume(placed, "placed", MessageHandled) })
+	again := scripts(func() { consume(placed, "placed", MessageReplayed) })
+	all, err := clusterKeys(ctx, masters)
+	require.NoError(t, err)
+	t.Logf("500 messages: %v script calls a master spread by key, %v placed in one shard, %v delivered again; keys %d spread, %d placed",
+		spread, first, again, keys, all-keys)
+
+	busy := 0
+	for i := range first {
+		if first[i] > 0 {
+			busy++
+		}
+		assert.Equal(t, first[i] > 0, again[i] > 0, "master %d: the redelivery goes to the same node", i)
+	}
+	assert.Equal(t, 1, busy, "one node runs a batch of one shard")
+	assert.LessOrEqual(t, sum64(first), int64(8), "a few script calls for 500 messages: claims by 200, then the settle")
+	assert.LessOrEqual(t, sum64(again), int64(8), "and for their redelivery")
+	assert.Greater(t, sum64(spread), 10*sum64(first), "placed by key, the batch costs a script call a slot")
+	assert.LessOrEqual(t, all-keys, int64(4), "markers: an index key and a call record or two, no record a message")
+}
+
+func newClusterKeeper(t *testing.T, cc *redis.ClusterClient, opts ...Option) *Keeper {
+	t.Helper()
+	k, err := NewRedis(cc, opts...)
+	require.NoError(t, err)
+	return k
+}
+
+// clusterKeys is how many keys the masters hold.
+func clusterKeys(ctx context.Context, masters []*redis.Client) (int64, error) {
+	var n int64
+	for _, m := range masters {
+		c, err := m.DBSize(ctx).Result()
+		if err != nil {
+			return 0, err
+		}
+		n += c
+	}
+	return n, nil
+}
+
+func sum64(v []int64) int64 {
+	var s int64
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
