@@ -27,17 +27,27 @@ import (
 // end, every acknowledged one too. No handler runs twice, and every message
 // is acknowledged once the moves end, each one whose handler ran (nothing
 // acknowledged that did not take effect).
+//
+// It runs twice: with keys placed by their own digests, and with the scope
+// in six shards (WithScopeShards), where each slot moved holds a sixth of
+// the scope.
 func TestClusterReshardUnderLoad(t *testing.T) {
 	redistest.Long(t)
+	t.Run("keys placed by digest", func(t *testing.T) { clusterReshard(t) })
+	t.Run("a scope in six shards", func(t *testing.T) { clusterReshard(t, WithScopeShards(6)) })
+}
+
+func clusterReshard(t *testing.T, opts ...Option) {
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t, nil)
 	ctx := context.Background()
-	k, err := NewRedis(cc, WithLease(3*time.Second))
+	k, err := NewRedis(cc, append([]Option{WithLease(3 * time.Second)}, opts...)...)
 	require.NoError(t, err)
 	s := k.store.(*RedisStore)
 
 	const slotCount, perSlot, consumers, batch, rounds = 6, 60, 3, 60, 2
-	msgs, slots := reshardMessages(s, slotCount, perSlot)
+	msgs, slots := reshardMessages(k, slotCount, perSlot)
+	require.Len(t, msgs, slotCount*perSlot, "messages in %d slots", slotCount)
 
 	var mu sync.Mutex
 	runs := map[string]int{}
@@ -181,11 +191,12 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 // reshardMessages returns perSlot messages in each of slotCount slots: the
 // slots of the first records found, and the messages whose records fall
 // in them.
-func reshardMessages(s *RedisStore, slotCount, perSlot int) (msgs []string, slots []uint16) {
+func reshardMessages(k *Keeper, slotCount, perSlot int) (msgs []string, slots []uint16) {
+	s := k.store.(*RedisStore)
 	per := map[uint16]int{}
-	for i := 0; len(msgs) < slotCount*perSlot; i++ {
+	for i := 0; len(msgs) < slotCount*perSlot && i < 1e7; i++ {
 		m := fmt.Sprint("r", i)
-		sl := keySlot(s.key(recordID("s", m)))
+		sl := keySlot(s.key(k.RecordID("s", m)))
 		if _, ok := per[sl]; !ok && len(slots) < slotCount {
 			slots = append(slots, sl)
 			per[sl] = 0
