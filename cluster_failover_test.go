@@ -23,13 +23,20 @@ import (
 // acknowledged one too. No handler runs twice, every message is
 // acknowledged once the failover ends, and none can be claimed afterwards:
 // a marker acknowledged before the failover is on the new master.
+//
+// It runs twice: with keys placed by their own digests, and with the scope
+// in 16 shards (WithScopeShards), four of whose slots hold the messages.
 func TestClusterConsumeFailover(t *testing.T) {
 	redistest.Long(t)
+	t.Run("keys placed by digest", func(t *testing.T) { clusterConsumeFailover(t) })
+	t.Run("a scope in 16 shards", func(t *testing.T) { clusterConsumeFailover(t, WithScopeShards(16)) })
+}
+
+func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	cl := redistest.StartCluster(t, 3, 1)
 	cc := cl.Client(t, nil)
 	ctx := context.Background()
-	t.Logf("the Cluster started")
-	k, err := NewRedis(cc, WithLease(3*time.Second), WithReplicas(1, 2*time.Second))
+	k, err := NewRedis(cc, append([]Option{WithLease(3 * time.Second), WithReplicas(1, 2*time.Second)}, opts...)...)
 	require.NoError(t, err)
 	s := k.store.(*RedisStore)
 
@@ -42,9 +49,9 @@ func TestClusterConsumeFailover(t *testing.T) {
 	per := map[uint16]int{}
 	passed := map[uint16]bool{}
 	onFailing, elsewhere := 0, 0
-	for i := 0; len(msgs) < 4*perSlot; i++ {
+	for i := 0; len(msgs) < 4*perSlot && i < 1e7; i++ {
 		m := fmt.Sprint("f", i)
-		sl := keySlot(s.key(recordID("s", m)))
+		sl := keySlot(s.key(k.RecordID("s", m)))
 		if _, ok := per[sl]; !ok {
 			if len(per) == 4 || passed[sl] {
 				continue
@@ -65,6 +72,7 @@ func TestClusterConsumeFailover(t *testing.T) {
 			msgs = append(msgs, m)
 		}
 	}
+	require.Len(t, msgs, 4*perSlot, "messages in 4 slots, 2 of the master that fails over")
 
 	var mu sync.Mutex
 	runs := map[string]int{}
