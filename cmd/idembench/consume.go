@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -19,7 +20,11 @@ func (w *workload) consumeOp(ctx context.Context, wk *worker) {
 	s := wk.stream
 	msgs := s.nextBatch(w.o)
 	start := time.Now()
-	results, err := idem.Consume(ctx, w.k, w.scope, msgs, messageKey, s.handle)
+	scope := w.scope
+	if w.o.scopePerCaller {
+		scope += "/" + strconv.FormatUint(s.index, 10)
+	}
+	results, err := idem.Consume(ctx, w.k, scope, msgs, messageKey, s.handle)
 	lat := time.Since(start)
 	if err != nil {
 		// Nothing was done: a failure of the run, which ends it.
