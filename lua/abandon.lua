@@ -45,7 +45,7 @@ local ikey, ix = KEYS[2], {ARGV[2], ARGV[3]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 local t = redis.call('TIME')
 if not v then
@@ -54,20 +54,20 @@ if not v then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if not tok then
-    return {0, t[1], t[2]}
+    return {recordNone, t[1], t[2]}
   end
   if KEYS[3] ~= ix[2] .. tok then
-    return {10, tonumber(tok)}
+    return {replyAskAgain, tonumber(tok)}
   end
   local c, why = index_claim(ix, tok, place)
   if why then
-    return {5, why}
+    return {replyNotOurs, why}
   end
-  if not c or not index_reply(2, c, tok, t) then
-    return {0, t[1], t[2]}
+  if not c or not index_reply(recordUnchanged, c, tok, t) then
+    return {recordNone, t[1], t[2]}
   end
   if c.st ~= 'P' or tok ~= token then
-    return index_reply(2, c, tok, t)
+    return index_reply(recordUnchanged, c, tok, t)
   end
   -- The claim moves to a record of its own, its lease ended now, kept as
   -- long as its call record (a day if that has no expiry, which idem never
@@ -84,14 +84,14 @@ if not v then
   redis.call('SET', key, head, 'PX', keep)
   redis.call('SETRANGE', c.ck, c.at - 1, 'M')
   index_drop(ikey, name, blk, pos)
-  return {1, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
+  return {recordDone, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local head, st, tok, cnt, rec, until_us, att, fp =
   string.match(v, '^(i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):)')
 if not head then
   head = string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
   if not head then
-    return {5, 'unknown format'}
+    return {replyNotOurs, 'unknown format'}
   end
   st = 'C'
 end
@@ -102,16 +102,16 @@ local cps
 if st == 'P' or st == 'R' then
   cps = checkpoint_list(v, #head + 1)
   if cps == false then
-    return {5, 'checkpoints unreadable'}
+    return {replyNotOurs, 'checkpoints unreadable'}
   end
 end
 
-local code = 2
+local code = recordUnchanged
 if st == 'P' and tok == token then
   if #until_us > 16 then
-    return {5, 'lease end out of range'}
+    return {replyNotOurs, 'lease end out of range'}
   end
-  code = 1
+  code = recordDone
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if tonumber(until_us) > now then
     local ended = 'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' .. string.format('%d', now) .. ':' .. att .. ':' .. fp .. ':'

@@ -38,10 +38,10 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   local p, ck, ikey, d8 = tonumber(ARGV[5]), KEYS[3], KEYS[2], ARGV[6]
   local c, why = call_place(ck, p)
   if why then
-    return {5, why}
+    return {replyNotOurs, why}
   end
   if not c or c.st ~= 'P' then
-    return {0}
+    return {transitionLost}
   end
   v = 'i1P' .. token .. ':1:0:' .. c.until_us .. ':' .. c.att .. ':' .. c.fp .. ':'
   redis.call('SETRANGE', ck, c.at - 1, 'M')
@@ -49,21 +49,21 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   ttl = nil
 end
 if type(v) == 'table' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 if not v then
-  return {0}
+  return {transitionLost}
 end
 local _, hdr, st, tok = string.find(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
   if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
-    return {0}
+    return {transitionLost}
   end
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 if st ~= 'P' or tok ~= token then
-  return {0}
+  return {transitionLost}
 end
 
 local function field(pos)
@@ -87,7 +87,7 @@ while pos <= #v do
     val, after = field(at)
   end
   if not val then
-    return {5, 'checkpoints unreadable'}
+    return {replyNotOurs, 'checkpoints unreadable'}
   end
   if n ~= name then
     kept[#kept + 1] = string.sub(v, pos, after - 1)
@@ -96,7 +96,7 @@ while pos <= #v do
   pos = after
 end
 if count > tonumber(ARGV[4]) then
-  return {6}
+  return {checkpointFull}
 end
 kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
 if ttl then
@@ -104,4 +104,4 @@ if ttl then
 else
   redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[7])
 end
-return {1}
+return {transitionDone}

@@ -95,25 +95,25 @@ if not v then
     end
     if pos then
       if KEYS[3] ~= ix[2] .. ctok then
-        return {10, tonumber(ctok)}
+        return {replyAskAgain, tonumber(ctok)}
       end
       local c, why = index_claim(ix, ctok, place)
       if why then
-        return {5, why}
+        return {replyNotOurs, why}
       end
       if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < tonumber(ARGV[4]) * 1000 then
-        return {11}
+        return {claimCallMissing}
       end
       local st = c and c.st or ''
       if (st == 'P' or st == 'C') and c.fp ~= fp then
-        return {4}
+        return {claimMismatch}
       end
       local now = index_now()
       if st == 'C' then
         if now < tonumber(c.runtil_us) then
-          return {8, tonumber(ctok)}
+          return {claimMarker, tonumber(ctok)}
         end
-        return {9, tonumber(ctok)}
+        return {claimMarkerExpired, tonumber(ctok)}
       elseif st == 'P' and tonumber(c.until_us) > now then
         return -math.ceil((tonumber(c.until_us) - now) / 1000)
       end
@@ -141,10 +141,10 @@ if not v then
   end
   redis.call('SET', key, string.format('i1P%d:2:%d:%d:', token, rec, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
     'PX', ARGV[4])
-  return {1, token, 2, rec}
+  return {claimExisting, token, 2, rec}
 end
 if type(v) ~= 'string' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 
 -- marked answers a completed record whose result is a marker's (envelope
@@ -164,9 +164,9 @@ local function marked(v)
   end
   local t = redis.call('TIME')
   if t[1] * 1000000 + t[2] < tonumber(untl) then
-    return {8, tonumber(tok36, 36), tonumber(cnt)}
+    return {claimMarker, tonumber(tok36, 36), tonumber(cnt)}
   end
-  return {9, tonumber(tok36, 36), tonumber(cnt)}
+  return {claimMarkerExpired, tonumber(tok36, 36), tonumber(cnt)}
 end
 
 local a, b, c, d = string.byte(v, 1, 4)
@@ -176,22 +176,22 @@ if d == 58 and c == 67 and b == 49 and a == 105 then
     return marked(v) or v
   end
   if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
-    return {4}
+    return {claimMismatch}
   end
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 
 local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
   string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
 if not st then
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 -- Lua numbers are doubles: refuse what they cannot hold exactly.
 if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
-  return {5, 'token or attempt count out of range'}
+  return {replyNotOurs, 'token or attempt count out of range'}
 end
 if rfp ~= fp and (st ~= 'R' or hdr < #v) then
-  return {4}
+  return {claimMismatch}
 end
 if st == 'C' then
   return v
@@ -204,22 +204,22 @@ local pos, fields = 1, 0
 while pos <= #checkpoints do
   local len = string.match(checkpoints, '^(%d+):', pos)
   if not len or #len > 9 then
-    return {5, 'checkpoints unreadable'}
+    return {replyNotOurs, 'checkpoints unreadable'}
   end
   pos = pos + #len + 1 + tonumber(len)
   fields = fields + 1
 end
 if pos ~= #checkpoints + 1 or fields % 2 ~= 0 then
-  return {5, 'checkpoints unreadable'}
+  return {replyNotOurs, 'checkpoints unreadable'}
 end
 
 local recovered = 0
 if st == 'P' and att == ARGV[2] then
   -- This attempt's own claim, asked again.
   if checkpoints == '' then
-    return {1, tonumber(tok), tonumber(cnt), tonumber(rec)}
+    return {claimExisting, tonumber(tok), tonumber(cnt), tonumber(rec)}
   end
-  return {1, tonumber(tok), tonumber(cnt), tonumber(rec), checkpoints}
+  return {claimExisting, tonumber(tok), tonumber(cnt), tonumber(rec), checkpoints}
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -232,7 +232,7 @@ if st == 'P' then
 end
 local prev = tonumber(tok)
 if prev >= 9007199254740991 then
-  return {5, 'token space exhausted'}
+  return {replyNotOurs, 'token space exhausted'}
 end
 local token = now
 if prev >= token then
@@ -244,6 +244,6 @@ redis.call('SET', key,
   string.format('%d', now + ARGV[3] * 1000) .. ':' .. ARGV[2] .. ':' .. fp .. ':' .. checkpoints,
   'PX', ARGV[4])
 if checkpoints == '' then
-  return {1, token, n, recovered}
+  return {claimExisting, token, n, recovered}
 end
-return {1, token, n, recovered, checkpoints}
+return {claimExisting, token, n, recovered, checkpoints}

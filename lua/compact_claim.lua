@@ -133,9 +133,9 @@ end
 local function refused(e)
   local msg = e.err or tostring(e)
   if string.sub(msg, 1, 9) == 'WRONGTYPE' then
-    return 5, 'wrong type'
+    return replyNotOurs, 'wrong type'
   end
-  return 7, msg
+  return compactClaimRefused, msg
 end
 
 -- readable reports whether s reads as checkpoints (see checkpoint.lua).
@@ -168,7 +168,7 @@ local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
     -- is refused rather than overwritten.
     ok = redis.pcall('SET', KEYS[i], value, 'PX', keep, 'NX')
     if not ok then
-      return 5, 'wrong type'
+      return replyNotOurs, 'wrong type'
     end
   else
     ok = redis.pcall('SET', KEYS[i], value, 'PX', keep)
@@ -176,21 +176,21 @@ local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
   if type(ok) == 'table' and ok.err then
     return refused(ok)
   end
-  return 1, tok, c, recovered, checkpoints
+  return compactClaimRecord, tok, c, recovered, checkpoints
 end
 
 -- newfresh writes a new pending record for KEYS[i], which holds no string,
--- and answers 13; NX, so that a value of another type there is refused
+-- and answers compactClaimNewRecord; NX, so that a value of another type there is refused
 -- rather than overwritten.
 local function newfresh(i, fp)
   local ok = redis.pcall('SET', KEYS[i], fresh .. fp .. ':', 'PX', keep, 'NX')
   if not ok then
-    return 5, 'wrong type'
+    return replyNotOurs, 'wrong type'
   end
   if type(ok) == 'table' and ok.err then
     return refused(ok)
   end
-  return 13
+  return compactClaimNewRecord
 end
 
 -- record answers for KEYS[i], whose value v is a record (see claim.lua).
@@ -205,48 +205,48 @@ local function record(i, v, fp)
         local _, e, tok36, cnt = string.find(v, '^i1C:[%w_%-]*:([%da-z]+):(%d+):[01]:')
         if e and e + 1 == at then
           if now < tonumber(untl) then
-            return 11, tonumber(tok36, 36), tonumber(cnt)
+            return compactClaimMarked, tonumber(tok36, 36), tonumber(cnt)
           end
-          return 12, tonumber(tok36, 36), tonumber(cnt)
+          return compactClaimMarkedExpired, tonumber(tok36, 36), tonumber(cnt)
         end
       end
-      return 2, v
+      return compactClaimCompleted, v
     end
     if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
-      return 4
+      return compactClaimMismatch
     end
-    return 5, 'unknown format'
+    return replyNotOurs, 'unknown format'
   end
   local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
     string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
   if not st then
-    return 5, 'unknown format'
+    return replyNotOurs, 'unknown format'
   end
   if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
-    return 5, 'token or attempt count out of range'
+    return replyNotOurs, 'token or attempt count out of range'
   end
   if rfp ~= fp and (st ~= 'R' or hdr < #v) then
-    return 4
+    return compactClaimMismatch
   end
   if st == 'C' then
-    return 2, v
+    return compactClaimCompleted, v
   end
   local checkpoints, recovered = string.sub(v, hdr + 1), 0
   if not readable(checkpoints) then
-    return 5, 'checkpoints unreadable'
+    return replyNotOurs, 'checkpoints unreadable'
   end
   if st == 'P' then
     if att == attempt then
-      return 1, tonumber(tok), tonumber(cnt), tonumber(rec), checkpoints
+      return compactClaimRecord, tonumber(tok), tonumber(cnt), tonumber(rec), checkpoints
     end
     local left = tonumber(until_us) - now
     if left > 0 then
-      return 3, math.ceil(left / 1000)
+      return compactClaimInProgress, math.ceil(left / 1000)
     end
     recovered = 1
   end
   if tonumber(tok) >= 9007199254740991 then
-    return 5, 'token space exhausted'
+    return replyNotOurs, 'token space exhausted'
   end
   return newrecord(i, tonumber(tok), tonumber(cnt), recovered, fp, checkpoints)
 end
@@ -298,32 +298,33 @@ end
 -- holding the record); drop is set when the entry must leave the index. An
 -- entry younger than ARGV[3] whose call record is gone is not stale (a call
 -- record lives longer than that): its call record is elsewhere (a slot
--- migrating) or lost, and the record is answered 7, unavailable.
+-- migrating) or lost, and the record is answered compactClaimRefused,
+-- unavailable.
 local function entryof(i, fp, ctok, place)
   local cv = call(ctok)
   if not cv then
     if now - tonumber(ctok) < tonumber(keep) * 1000 then
-      return false, 7, 'TRYAGAIN the call record of the index entry is missing'
+      return false, compactClaimRefused, 'TRYAGAIN the call record of the index entry is missing'
     end
     return true, nil
   end
   local u, _, runtil, att, cfpw, e, places = header(ctok, cv)
   if not u then
-    return false, 5, 'unknown format'
+    return false, replyNotOurs, 'unknown format'
   end
   if place < 1 or place > places then
     return true, nil
   end
   local st = string.sub(cv, e + place, e + place)
   if (st == 'P' or st == 'C') and call_fp(cv, e, places, cfpw, place) ~= fp then
-    return false, 4
+    return false, compactClaimMismatch
   end
   if st == 'P' then
     if att == attempt then
-      return false, 10, tonumber(ctok), place
+      return false, compactClaimedBefore, tonumber(ctok), place
     end
     if tonumber(u) > now then
-      return false, 3, math.ceil((tonumber(u) - now) / 1000)
+      return false, compactClaimInProgress, math.ceil((tonumber(u) - now) / 1000)
     end
   end
   if st == 'P' or st == 'R' then
@@ -332,7 +333,7 @@ local function entryof(i, fp, ctok, place)
       recovered = 1
     end
     local code, x, y, z, w = newrecord(i, tonumber(ctok), 1, recovered, fp, '')
-    if code == 1 then
+    if code == compactClaimRecord then
       mark(ctok, place, 'M')
       return true, code, x, y, z, w
     end
@@ -340,9 +341,9 @@ local function entryof(i, fp, ctok, place)
   end
   if st == 'C' then
     if now < tonumber(runtil) then
-      return false, 8, tonumber(ctok)
+      return false, compactClaimMarker, tonumber(ctok)
     end
-    return false, 9, tonumber(ctok)
+    return false, compactClaimMarkerExpired, tonumber(ctok)
   end
   return true, nil
 end
@@ -415,7 +416,7 @@ for i = 1, n do
     if not code then
       -- No entry, or a stale one: the record is free.
       if compact then
-        bv[name], dirty[name], code = bv[name] .. string.sub(heads, 10 * i - 9, 10 * i) .. calltok6(), true, 6
+        bv[name], dirty[name], code = bv[name] .. string.sub(heads, 10 * i - 9, 10 * i) .. calltok6(), true, compactClaimed
         added = added + 1
       else
         code, a = newfresh(i, fp)
@@ -424,17 +425,17 @@ for i = 1, n do
   end
   o = o + 1
   out[o] = code
-  if code == 6 then
+  if code == compactClaimed then
     states[i], claimed = 'P', true
   else
     states[i] = 'X'
-    if code == 1 then
+    if code == compactClaimRecord then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a, b, c, d
       o = o + 4
-    elseif code == 10 or code == 11 or code == 12 then
+    elseif code == compactClaimedBefore or code == compactClaimMarked or code == compactClaimMarkedExpired then
       out[o + 1], out[o + 2] = a, b
       o = o + 2
-    elseif code ~= 4 and code ~= 13 then
+    elseif code ~= compactClaimMismatch and code ~= compactClaimNewRecord then
       o = o + 1
       out[o] = a
     end
@@ -557,15 +558,15 @@ if indexed and (added > 0 or dropped > 0) then
     local again, k, j = {}, 0, 1
     while j <= o do
       local code, size = out[j], 2
-      if code == 1 then
+      if code == compactClaimRecord then
         size = 5
-      elseif code == 10 or code == 11 or code == 12 then
+      elseif code == compactClaimedBefore or code == compactClaimMarked or code == compactClaimMarkedExpired then
         size = 3
-      elseif code == 4 or code == 6 or code == 13 then
+      elseif code == compactClaimMismatch or code == compactClaimed or code == compactClaimNewRecord then
         size = 1
       end
-      if code == 6 then
-        again[k + 1], again[k + 2], k = 7, why, k + 2
+      if code == compactClaimed then
+        again[k + 1], again[k + 2], k = compactClaimRefused, why, k + 2
       else
         for x = j, j + size - 1 do
           k = k + 1

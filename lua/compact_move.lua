@@ -69,7 +69,7 @@ if type(v) == 'table' then
 end
 if not v then
   for j = 1, k do
-    out[j] = mode == 'M' and moved(j) and 1 or 0
+    out[j] = mode == 'M' and moved(j) and transitionDone or transitionLost
   end
   return out
 end
@@ -84,8 +84,8 @@ if mode == 'E' then
   local any = false
   for j = 1, k do
     local s = st[tonumber(ARGV[4 + 2 * j])]
-    out[j] = s == 80 and 1 or s == 77 and 3 or 0 -- 'P', 'M'
-    any = any or out[j] == 1
+    out[j] = s == 80 and transitionDone or s == 77 and compactMoveMoved or transitionLost -- 'P', 'M'
+    any = any or out[j] == transitionDone
   end
   if any then
     local now = index_now()
@@ -111,13 +111,13 @@ for j = 1, k do
     -- Its entry leaves the index.
     index_remove(ikey, ARGV[5 + 2 * j])
     st[p], changed = 77, true -- 'M'
-    out[j] = 1
+    out[j] = transitionDone
   elseif st[p] == 77 and moved(j) then
-    out[j] = 1
+    out[j] = transitionDone
   elseif st[p] == 67 then -- 'C'
-    out[j] = 4
+    out[j] = compactMoveCompleted
   else
-    out[j] = 0
+    out[j] = transitionLost
   end
 end
 if changed then

@@ -48,7 +48,7 @@ if type(v) == 'table' then
   return all('wrong type')
 end
 if not v then
-  return all(0)
+  return all(transitionLost)
 end
 local u, done, runtil, att, fpw, e, places = call_header(v)
 if not u then
@@ -63,13 +63,13 @@ for j = 1, k do
   local p = hi * 256 + lo
   local s = st[p]
   if s == 80 then -- 'P'
-    st[p], out[j], changed = want, 1, true
+    st[p], out[j], changed = want, transitionDone, true
   elseif s == want then
-    out[j] = 2
+    out[j] = compactSettleDoneBefore
   elseif s == 77 then -- 'M'
-    out[j] = 3
+    out[j] = compactSettleMoved
   else
-    out[j] = 0
+    out[j] = transitionLost
   end
 end
 

@@ -44,7 +44,7 @@ local ikey, ix = KEYS[2], {ARGV[4], ARGV[5]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 local t = redis.call('TIME')
 if not v then
@@ -53,19 +53,19 @@ if not v then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if tok ~= token or KEYS[3] ~= ix[2] .. tok then
-    return {0, t[1], t[2]}
+    return {recordNone, t[1], t[2]}
   end
   local c, why = index_claim(ix, tok, place)
   if why then
-    return {5, why}
+    return {replyNotOurs, why}
   end
-  local reply = c and index_reply(1, c, tok, t)
+  local reply = c and index_reply(recordDone, c, tok, t)
   if not reply then
-    return {0, t[1], t[2]}
+    return {recordNone, t[1], t[2]}
   end
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if not force and c.st == 'P' and tonumber(c.until_us) > now then
-    reply[1] = 3
+    reply[1] = recordRefused
     return reply
   end
   redis.call('SETRANGE', c.ck, c.at - 1, 'F')
@@ -80,20 +80,20 @@ else
   local tok36
   head, tok36 = string.match(v, '^(i1C:[%w_%-]*:([%da-z]+):%d+:[01]:)')
   if not head then
-    return {5, 'unknown format'}
+    return {replyNotOurs, 'unknown format'}
   end
   st, mine = 'C', tok36 == token36
 end
 if not mine then
-  return {0, t[1], t[2]}
+  return {recordNone, t[1], t[2]}
 end
 
-local reply = record_reply(1, key, v, head, t)
+local reply = record_reply(recordDone, key, v, head, t)
 -- The checkpoints of a pending or released record.
 if st == 'P' or st == 'R' then
   local cps = checkpoint_list(v, #head + 1)
   if cps == false then
-    return {5, 'checkpoints unreadable'}
+    return {replyNotOurs, 'checkpoints unreadable'}
   end
   reply[8] = cps
 end
@@ -101,7 +101,7 @@ end
 if not force then
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if reply[8] or (st == 'P' and tonumber(until_us) > now) then
-    reply[1] = 3
+    reply[1] = recordRefused
     return reply
   end
 end

@@ -51,7 +51,7 @@ local key, ikey, ix = KEYS[1], KEYS[2], {ARGV[1], ARGV[2]}
 
 local v = redis.pcall('GET', key)
 if type(v) == 'table' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 local t = redis.call('TIME')
 if not v then
@@ -61,25 +61,25 @@ if not v then
   end
   if tok then
     if KEYS[3] ~= ix[2] .. tok then
-      return {10, tonumber(tok)}
+      return {replyAskAgain, tonumber(tok)}
     end
     local c, why = index_claim(ix, tok, place)
     if why then
-      return {5, why}
+      return {replyNotOurs, why}
     end
-    local reply = c and index_reply(6, c, tok, t)
+    local reply = c and index_reply(recordCompact, c, tok, t)
     if reply then
       return reply
     end
   end
-  return {0, t[1], t[2]}
+  return {recordNone, t[1], t[2]}
 end
 local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
   string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
 if not head then
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
-local reply = record_reply(1, key, v, head, t)
+local reply = record_reply(recordDone, key, v, head, t)
 -- The checkpoints of a pending or released record. What cannot be read as
 -- checkpoints (written by a later version, say) is left out, and left to the
 -- caller's other scripts.

@@ -14,6 +14,50 @@
 -- every script with the error "IDEMLAYOUT " and what the field holds, before
 -- anything is written.
 
+-- The reply codes: the number a script's answer starts with, named as
+-- format.go names them, with the same values (a Go test holds them
+-- together). Each script's header says the shape of its answers.
+-- Codes more than one script answers, with one meaning: the value is not a
+-- record of ours; ask again with the call record key of the token answered.
+local replyNotOurs = 5
+local replyAskAgain = 10
+-- complete.lua, release.lua, extend.lua (whose answers, and their batch
+-- forms', are bare numbers: they go without this prelude),
+-- checkpoint.lua, compact_settle.lua and compact_move.lua.
+local transitionLost = 0
+local transitionDone = 1
+local completeDoneBefore = 2
+local checkpointFull = 6
+local compactSettleDoneBefore = 2
+local compactSettleMoved = 3
+local compactMoveMoved = 3
+local compactMoveCompleted = 4
+-- claim.lua.
+local claimExisting = 1
+local claimMismatch = 4
+local claimMarker = 8
+local claimMarkerExpired = 9
+local claimCallMissing = 11
+-- compact_claim.lua, for each record of its flat reply.
+local compactClaimRecord = 1
+local compactClaimCompleted = 2
+local compactClaimInProgress = 3
+local compactClaimMismatch = 4
+local compactClaimed = 6
+local compactClaimRefused = 7
+local compactClaimMarker = 8
+local compactClaimMarkerExpired = 9
+local compactClaimedBefore = 10
+local compactClaimMarked = 11
+local compactClaimMarkedExpired = 12
+local compactClaimNewRecord = 13
+-- inspect.lua, forget.lua and abandon.lua, the operator scripts.
+local recordNone = 0
+local recordDone = 1
+local recordUnchanged = 2
+local recordRefused = 3
+local recordCompact = 6
+
 -- The id index of compact claims and markers (see compact_claim.lua) is a
 -- hash that sizes itself by linear hashing. Its field "" holds its layout
 -- and state, "v2 L S N": L and S place a digest's block (of the 2^L + S
