@@ -159,7 +159,8 @@ func TestScopeShardsOperators(t *testing.T) {
 // TestClusterScopeShards: on a Cluster, a Consume batch of one scope placed
 // in one shard costs a few script calls on one node, where the default
 // placement costs one a message or so; its messages are kept as markers,
-// and delivered again they are answered by them.
+// and delivered again they are answered by them. A batch of a scope in
+// three shards makes one round trip a step on each node of its shards.
 func TestClusterScopeShards(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t, nil)
@@ -234,6 +235,55 @@ func TestClusterScopeShards(t *testing.T) {
 	assert.LessOrEqual(t, sum64(again), int64(8), "and for their redelivery")
 	assert.Greater(t, sum64(spread), 10*sum64(first), "placed by key, the batch costs a script call a slot")
 	assert.LessOrEqual(t, all-keys, int64(4), "markers: an index key and a call record or two, no record a message")
+
+	// Round trips: a batch of a scope in three shards makes one a step on
+	// each node its shards' slots are on: the claims, then the outcomes,
+	// stored at once (a settle window longer than the batch).
+	counted := cl.Client(t, nil)
+	nodes := &nodeCounters{byAddr: map[string]*redistest.Counter{}}
+	counted.OnNewNode(func(c *redis.Client) { c.AddHook(nodes.of(c.Options().Addr)) })
+	three := newClusterKeeper(t, counted, WithScopeShards(3))
+	require.NoError(t, three.store.(*RedisStore).LoadScripts(ctx))
+	msgs := make([]string, 500)
+	for i := range msgs {
+		msgs[i] = fmt.Sprint("m-", i)
+	}
+	// A scope whose shards are on two nodes or more.
+	scope := ""
+	for c := 0; scope == "" && c < 100; c++ {
+		owners, slots := map[string]bool{}, map[uint16]bool{}
+		for _, m := range msgs {
+			sl := keySlot(three.store.(*RedisStore).key(three.RecordID(fmt.Sprint("three-", c), m)))
+			if !slots[sl] {
+				slots[sl] = true
+				owners[slotOwner(ctx, masters[0], int64(sl))] = true
+			}
+		}
+		require.Len(t, slots, 3, "three shards, three slots")
+		if len(owners) >= 2 {
+			scope = fmt.Sprint("three-", c)
+		}
+	}
+	require.NotEmpty(t, scope, "a scope whose shards are on two nodes")
+	for _, want := range []MessageStatus{MessageHandled, MessageReplayed} {
+		before := nodes.snapshot()
+		res, err := Consume(ctx, three, scope, msgs, func(m string) string { return m },
+			func(context.Context, string) error { return nil }, WithSettleWindow(time.Hour, len(msgs)))
+		require.NoError(t, err)
+		for i, r := range res {
+			require.Equal(t, want, r.Status, msgs[i])
+		}
+		trips := nodes.since(before)
+		t.Logf("%s: round trips by node %v", want, trips)
+		require.GreaterOrEqual(t, len(trips), 2, "%s: the nodes of the shards", want)
+		steps := int64(2)
+		if want == MessageReplayed {
+			steps = 1 // nothing claimed, nothing to settle
+		}
+		for addr, n := range trips {
+			assert.Equal(t, steps, n, "%s: round trips to %s", want, addr)
+		}
+	}
 }
 
 func newClusterKeeper(t *testing.T, cc *redis.ClusterClient, opts ...Option) *Keeper {
