@@ -3,14 +3,10 @@ package idem
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,98 +70,18 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	}
 	require.Len(t, msgs, 4*perSlot, "messages in 4 slots, 2 of the master that fails over")
 
-	var mu sync.Mutex
-	runs := map[string]int{}
-	acked := map[string]int{}
-	queue := slices.Clone(msgs[:len(msgs)/2])
-	redeliver := true
-	var retried, refused int
-	why := map[string]int{}
-	var started atomic.Int64
-	handle := func(_ context.Context, m string) error {
-		mu.Lock()
-		runs[m]++
-		mu.Unlock()
-		started.Add(1)
-		time.Sleep(2 * time.Millisecond)
-		return nil
-	}
-	take := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		n := min(batch, len(queue))
-		out := slices.Clone(queue[:n])
-		queue = queue[n:]
-		return out
-	}
-	settle := func(b []string, res []MessageResult) {
-		mu.Lock()
-		defer mu.Unlock()
-		for i, m := range b {
-			if res != nil && (res[i].Status == MessageHandled || res[i].Status == MessageReplayed) {
-				acked[m]++
-				if redeliver {
-					queue = append(queue, m)
-				}
-				continue
-			}
-			retried++
-			if res != nil {
-				why[fmt.Sprint(res[i].Status, ": ", res[i].Err)]++
-			}
-			queue = append(queue, m)
-		}
-	}
-	allAcked := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked) == len(msgs) && len(queue) == 0
-	}
-
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := 0; c < consumers; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			deadline := time.Now().Add(90 * time.Second) // a bound, not a margin
-			for time.Now().Before(deadline) {
-				b := take()
-				if len(b) == 0 {
-					select {
-					case <-done:
-						if allAcked() {
-							return
-						}
-					default:
-					}
-					time.Sleep(2 * time.Millisecond)
-					continue
-				}
-				res, err := Consume(ctx, k, "s", b, func(m string) string { return m }, handle, WithConcurrency(4))
-				if err != nil {
-					assert.ErrorIs(t, err, ErrUnavailable)
-					mu.Lock()
-					refused++
-					mu.Unlock()
-					res = nil
-					time.Sleep(5 * time.Millisecond)
-				}
-				settle(b, res)
-			}
-		}()
-	}
+	b := newRedeliveringBroker(t, k, msgs, batch, 2*time.Millisecond)
+	b.add(false, msgs[:len(msgs)/2]...)
+	b.start(consumers)
 
 	// The failover starts once a quarter of the messages have been handled;
 	// the other half of the messages comes while it runs.
-	require.Eventually(t, func() bool { return started.Load() >= int64(len(msgs)/4) }, 60*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return b.started.Load() >= int64(len(msgs)/4) }, 60*time.Second, time.Millisecond)
 	feed := make(chan struct{})
 	go func() {
 		defer close(feed)
 		for rest := msgs[len(msgs)/2:]; len(rest) > 0; rest = rest[min(batch, len(rest)):] {
-			mu.Lock()
-			queue = append(queue, rest[:min(batch, len(rest))]...)
-			mu.Unlock()
+			b.add(false, rest[:min(batch, len(rest))]...)
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
@@ -176,31 +92,7 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	// Acknowledged messages keep coming again for as long as the handling
 	// took so far, after the failover: each must be answered by its marker
 	// on the new master.
-	require.Eventually(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked) == len(msgs)
-	}, 60*time.Second, 5*time.Millisecond, "every message acknowledged after the failover")
-	mu.Lock()
-	redeliver = false
-	mu.Unlock()
-	close(done)
-	wg.Wait()
-
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("%d messages in %d slots (%d of the master that failed over), %d acknowledgements; %d deliveries not acknowledged, %d Consume calls refused",
-		len(msgs), len(per), onFailing, sumValues(acked), retried, refused)
-	for w, n := range why {
-		t.Logf("%d× %s", n, w)
-	}
-	for _, m := range msgs {
-		assert.Equal(t, 1, runs[m], "handler runs of %s", m)
-		assert.GreaterOrEqual(t, acked[m], 1, "%s acknowledged", m)
-	}
-	for _, m := range msgs {
-		o, err := k.Begin(ctx, "s", m)
-		require.NoError(t, err, m)
-		require.Nil(t, o.Claim, "%s claimed after it was handled", m)
-	}
+	require.Eventually(t, b.ackedAll, 60*time.Second, 5*time.Millisecond, "every message acknowledged after the failover")
+	b.stop()
+	b.check(fmt.Sprintf("%d slots (%d of the master that failed over)", len(per), onFailing))
 }

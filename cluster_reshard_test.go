@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -49,89 +45,8 @@ func clusterReshard(t *testing.T, opts ...Option) {
 	msgs, slots := reshardMessages(k, slotCount, perSlot)
 	require.Len(t, msgs, slotCount*perSlot, "messages in %d slots", slotCount)
 
-	var mu sync.Mutex
-	runs := map[string]int{}
-	acked := map[string]int{}
-	var queue []string
-	redeliver := true // acknowledged messages are delivered again
-	var retried, refused int
-	why := map[string]int{}  // the errors of deliveries not acknowledged
-	var started atomic.Int64 // handler runs started
-	handle := func(_ context.Context, m string) error {
-		mu.Lock()
-		runs[m]++
-		mu.Unlock()
-		started.Add(1)
-		time.Sleep(5 * time.Millisecond)
-		return nil
-	}
-	take := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		n := min(batch, len(queue))
-		out := slices.Clone(queue[:n])
-		queue = queue[n:]
-		return out
-	}
-	settle := func(b []string, res []MessageResult) {
-		mu.Lock()
-		defer mu.Unlock()
-		for i, m := range b {
-			if res != nil && (res[i].Status == MessageHandled || res[i].Status == MessageReplayed) {
-				acked[m]++
-				if redeliver {
-					queue = append(queue, m)
-				}
-				continue
-			}
-			retried++
-			if res != nil {
-				why[fmt.Sprint(res[i].Status, ": ", res[i].Err)]++
-			}
-			queue = append(queue, m)
-		}
-	}
-	allAcked := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked) == len(msgs) && len(queue) == 0
-	}
-
-	moving := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := 0; c < consumers; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			deadline := time.Now().Add(90 * time.Second)
-			for time.Now().Before(deadline) {
-				b := take()
-				if len(b) == 0 {
-					select {
-					case <-moving:
-					default:
-						time.Sleep(2 * time.Millisecond)
-						continue
-					}
-					if allAcked() {
-						return
-					}
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
-				res, err := Consume(ctx, k, "s", b, func(m string) string { return m }, handle, WithConcurrency(4))
-				if err != nil {
-					assert.ErrorIs(t, err, ErrUnavailable)
-					mu.Lock()
-					refused++
-					mu.Unlock()
-					res = nil
-					time.Sleep(5 * time.Millisecond)
-				}
-				settle(b, res)
-			}
-		}()
-	}
+	b := newRedeliveringBroker(t, k, msgs, batch, 5*time.Millisecond)
+	b.start(consumers)
 
 	moves, fresh := 0, msgs
 	for r := 0; r < rounds; r++ {
@@ -140,12 +55,10 @@ func clusterReshard(t *testing.T, opts ...Option) {
 			// handlers start, so that their outcomes are stored while the
 			// slot migrates.
 			n := min(len(fresh), len(fresh)/(rounds*len(slots)-moves)+1)
-			before := started.Load()
-			mu.Lock()
-			queue = append(slices.Clone(fresh[:n]), queue...)
-			mu.Unlock()
+			before := b.started.Load()
+			b.add(true, fresh[:n]...)
 			fresh = fresh[n:]
-			for i := 0; i < 500 && started.Load() == before; i++ {
+			for i := 0; i < 500 && b.started.Load() == before; i++ {
 				time.Sleep(time.Millisecond)
 			}
 			reshardSlot(t, cl, sl)
@@ -164,28 +77,8 @@ func clusterReshard(t *testing.T, opts ...Option) {
 		}
 	}
 	require.Empty(t, fresh)
-	mu.Lock()
-	redeliver = false
-	mu.Unlock()
-	close(moving)
-	wg.Wait()
-
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("%d slot moves; %d messages, %d acknowledgements; %d deliveries not acknowledged, %d Consume calls refused",
-		moves, len(msgs), sumValues(acked), retried, refused)
-	for w, n := range why {
-		t.Logf("%d× %s", n, w)
-	}
-	for _, m := range msgs {
-		assert.Equal(t, 1, runs[m], "handler runs of %s", m)
-		assert.GreaterOrEqual(t, acked[m], 1, "%s acknowledged", m)
-	}
-	for _, m := range msgs {
-		o, err := k.Begin(ctx, "s", m)
-		require.NoError(t, err, m)
-		require.Nil(t, o.Claim, "%s claimed after it was handled", m)
-	}
+	b.stop()
+	b.check(fmt.Sprintf("%d slot moves", moves))
 }
 
 // reshardMessages returns perSlot messages in each of slotCount slots: the
@@ -259,11 +152,4 @@ func reshardSlot(t *testing.T, cl *redistest.Cluster, slot uint16) {
 	for _, c := range clients {
 		require.Eventually(t, func() bool { return slotOwner(ctx, c, int64(slot)) == dstAddr }, 20*time.Second, 10*time.Millisecond)
 	}
-}
-
-func sumValues(m map[string]int) (n int) {
-	for _, v := range m {
-		n += v
-	}
-	return n
 }

@@ -678,12 +678,7 @@ func (s *RedisStore) keysOf(ids []string, todo []int) []string {
 	}
 	buf := make([]byte, 0, n)
 	for _, i := range todo {
-		if id := ids[i]; placedID(id) {
-			tag := idLen - placedTagLen
-			buf = append(append(append(append(append(buf, s.prefix...), '{'), id[tag:]...), '}'), id[:tag]...)
-		} else {
-			buf = append(append(append(append(buf, s.prefix...), '{'), id...), '}')
-		}
+		buf = s.appendKey(buf, ids[i])
 	}
 	all, at := string(buf), 0
 	for _, i := range todo {

@@ -2,10 +2,16 @@ package idem
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -61,3 +67,174 @@ func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 // errOf is the error of a Store's Complete, for a test that asserts on it
 // alone.
 func errOf(_ bool, err error) error { return err }
+
+// redeliveringBroker delivers messages to consumers that run Consume on a
+// Keeper, in scope "s", as a broker that delivers at least once does: a
+// message not acknowledged comes again, and until stop an acknowledged one
+// comes again too, so that the markers of handled messages keep being
+// asked. It counts the handler runs and acknowledgements of each message.
+type redeliveringBroker struct {
+	t     *testing.T
+	k     *Keeper
+	msgs  []string
+	batch int
+	// work is how long a handler takes.
+	work time.Duration
+
+	mu        sync.Mutex
+	runs      map[string]int
+	acked     map[string]int
+	why       map[string]int // the errors of deliveries not acknowledged
+	queue     []string
+	redeliver bool
+	retried   int // deliveries not acknowledged
+	refused   int // Consume calls answered ErrUnavailable
+	started   atomic.Int64
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func newRedeliveringBroker(t *testing.T, k *Keeper, msgs []string, batch int, work time.Duration) *redeliveringBroker {
+	return &redeliveringBroker{t: t, k: k, msgs: msgs, batch: batch, work: work, runs: map[string]int{},
+		acked: map[string]int{}, why: map[string]int{}, redeliver: true, done: make(chan struct{})}
+}
+
+// add queues ms after what is queued; first, before it.
+func (b *redeliveringBroker) add(first bool, ms ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if first {
+		b.queue = append(slices.Clone(ms), b.queue...)
+	} else {
+		b.queue = append(b.queue, ms...)
+	}
+}
+
+func (b *redeliveringBroker) handle(_ context.Context, m string) error {
+	b.mu.Lock()
+	b.runs[m]++
+	b.mu.Unlock()
+	b.started.Add(1)
+	time.Sleep(b.work)
+	return nil
+}
+
+func (b *redeliveringBroker) take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := min(b.batch, len(b.queue))
+	out := slices.Clone(b.queue[:n])
+	b.queue = b.queue[n:]
+	return out
+}
+
+// settle acknowledges what Consume handled or replayed and queues the
+// rest again; res is nil for a call refused whole.
+func (b *redeliveringBroker) settle(ms []string, res []MessageResult) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range ms {
+		if res != nil && (res[i].Status == MessageHandled || res[i].Status == MessageReplayed) {
+			b.acked[m]++
+			if b.redeliver {
+				b.queue = append(b.queue, m)
+			}
+			continue
+		}
+		b.retried++
+		if res != nil {
+			b.why[fmt.Sprint(res[i].Status, ": ", res[i].Err)]++
+		}
+		b.queue = append(b.queue, m)
+	}
+}
+
+// ackedAll reports whether every message was acknowledged at least once.
+func (b *redeliveringBroker) ackedAll() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.acked) == len(b.msgs)
+}
+
+// drained reports whether every message was acknowledged and none waits.
+func (b *redeliveringBroker) drained() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.acked) == len(b.msgs) && len(b.queue) == 0
+}
+
+// start runs n consumers, each until stop and the queue is drained, or 90
+// seconds (a bound, not a margin).
+func (b *redeliveringBroker) start(n int) {
+	for range n {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); {
+				ms := b.take()
+				if len(ms) == 0 {
+					select {
+					case <-b.done:
+						if b.drained() {
+							return
+						}
+					default:
+					}
+					time.Sleep(2 * time.Millisecond)
+					continue
+				}
+				res, err := Consume(context.Background(), b.k, "s", ms, func(m string) string { return m }, b.handle, WithConcurrency(4))
+				if err != nil {
+					assert.ErrorIs(b.t, err, ErrUnavailable)
+					b.mu.Lock()
+					b.refused++
+					b.mu.Unlock()
+					res = nil
+					time.Sleep(5 * time.Millisecond)
+				}
+				b.settle(ms, res)
+			}
+		}()
+	}
+}
+
+// stop ends the redelivery of acknowledged messages and waits for the
+// consumers to drain the queue.
+func (b *redeliveringBroker) stop() {
+	b.mu.Lock()
+	b.redeliver = false
+	b.mu.Unlock()
+	close(b.done)
+	b.wg.Wait()
+}
+
+// check logs what happened, after what, and asserts that every message ran
+// once, was acknowledged, and cannot be claimed again.
+func (b *redeliveringBroker) check(what string) {
+	t := b.t
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t.Logf("%s; %d messages, %d acknowledgements; %d deliveries not acknowledged, %d Consume calls refused",
+		what, len(b.msgs), sumValues(b.acked), b.retried, b.refused)
+	for w, n := range b.why {
+		t.Logf("%d× %s", n, w)
+	}
+	for _, m := range b.msgs {
+		assert.Equal(t, 1, b.runs[m], "handler runs of %s", m)
+		assert.GreaterOrEqual(t, b.acked[m], 1, "%s acknowledged", m)
+	}
+	for _, m := range b.msgs {
+		o, err := b.k.Begin(context.Background(), "s", m)
+		require.NoError(t, err, m)
+		require.Nil(t, o.Claim, "%s claimed after it was handled", m)
+	}
+}
+
+// sumValues is the sum of m's values.
+func sumValues(m map[string]int) (n int) {
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

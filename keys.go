@@ -155,8 +155,11 @@ func placedID(id string) bool {
 	if len(id) != idLen {
 		return false
 	}
-	i := strings.IndexByte(b64url, id[idLen-1])
-	return i >= 0 && i&15 == placedMark
+	switch id[idLen-1] {
+	case b64url[placedMark], b64url[16+placedMark], b64url[32+placedMark], b64url[48+placedMark]:
+		return true
+	}
+	return false
 }
 
 // placedTagLen is how many characters end a placed id and name its shard.

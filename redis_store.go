@@ -142,10 +142,19 @@ func (s *RedisStore) RecordKey(scope, key string) string {
 // characters + "}" + its first 16, so that the keys of a scope's shard
 // share a hash tag.
 func (s *RedisStore) key(id string) string {
+	var buf [128]byte
+	return string(s.appendKey(buf[:0], id))
+}
+
+// appendKey appends the Redis key of the record id (see key) to b; it is
+// len(s.prefix) + len(id) + 2 bytes long either way.
+func (s *RedisStore) appendKey(b []byte, id string) []byte {
+	b = append(append(b, s.prefix...), '{')
 	if placedID(id) {
-		return s.prefix + "{" + id[idLen-placedTagLen:] + "}" + id[:idLen-placedTagLen]
+		tag := idLen - placedTagLen
+		return append(append(append(b, id[tag:]...), '}'), id[:tag]...)
 	}
-	return s.prefix + "{" + id + "}"
+	return append(append(b, id...), '}')
 }
 
 // Claim implements Store.
