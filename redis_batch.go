@@ -475,36 +475,42 @@ type pipeliner interface {
 // sendCalls sends every call, in one pipeline when there are several: EVALSHA,
 // then, for the calls answered NOSCRIPT (which did not run), EVAL in one more.
 // The calls that store an outcome or keep a lease (every step but a claim)
-// answered TRYAGAIN are sent again (see resendTryAgain).
+// that a Cluster refused before they ran are sent again (see
+// resendRedirected).
 func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
 	cmds := s.sendOnce(ctx, st, calls)
-	s.resendTryAgain(ctx, st, calls, cmds)
+	s.resendRedirected(ctx, st, calls, cmds)
 	return cmds
 }
 
-// tryAgainPatience bounds how long resendTryAgain sends a call again.
+// tryAgainPatience bounds how long resendRedirected sends a call again.
 const tryAgainPatience = 2 * time.Second
 
-// resendTryAgain sends the calls whose cmds Redis answered TRYAGAIN again,
-// with backoff, for up to tryAgainPatience or until ctx is done, and puts
-// the new answers in cmds. A Cluster answers TRYAGAIN a script whose keys
-// are split between the two nodes of a migrating slot (the index key moved
-// and a call record not yet): the script did not run. Go-redis tries a few
-// times within tens of milliseconds; a reshard keeps a slot split for
-// longer, and a completion given up then is a handler that runs again
-// after its lease. Claims are not sent again: their messages are simply
-// not claimed (unavailable), and nothing ran.
-func (s *RedisStore) resendTryAgain(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
+// resendRedirected sends the calls whose cmds a Cluster refused before
+// they ran (TRYAGAIN, MOVED, ASK, CLUSTERDOWN: see isClusterRedirect)
+// again, with backoff, for up to tryAgainPatience or until ctx is done,
+// and puts the new answers in cmds. A Cluster answers TRYAGAIN a script
+// whose keys are split between the two nodes of a migrating slot (the
+// index key moved and a call record not yet), and MOVED or ASK one sent
+// by a slot map that a reshard has made stale, after go-redis's own
+// redirects: the script did not run. A reshard keeps a slot split for
+// longer than go-redis tries, and a completion given up then is a handler
+// that runs again after its lease. Claims are not sent again: their
+// messages are simply not claimed (unavailable), and nothing ran.
+func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
 	wait, deadline := 10*time.Millisecond, time.Now().Add(tryAgainPatience)
 	for {
 		var todo []int
 		for j, c := range calls {
-			if c.stepOf(st).script != compactClaimScript && redis.HasErrorPrefix(cmds[j].Err(), "TRYAGAIN") {
+			if c.stepOf(st).script != compactClaimScript && isClusterRedirect(cmds[j].Err()) {
 				todo = append(todo, j)
 			}
 		}
 		if len(todo) == 0 || time.Now().Add(wait).After(deadline) {
 			return
+		}
+		if cc, ok := s.client.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -524,7 +530,7 @@ func (s *RedisStore) resendTryAgain(ctx context.Context, st *batchStep, calls []
 	}
 }
 
-// sendOnce is sendCalls without sending again what was answered TRYAGAIN.
+// sendOnce is sendCalls without sending again what a Cluster refused.
 func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
 	p, ok := s.client.(pipeliner)
