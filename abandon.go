@@ -11,7 +11,7 @@ var (
 	//go:embed lua/abandon.lua
 	abandonBody string
 	// abandonLua is abandon.lua after lib.lua, whose functions it uses.
-	abandonLua    = scriptLib + abandonBody
+	abandonLua    = luaScript(abandonBody)
 	abandonScript = redis.NewScript(abandonLua)
 )
 

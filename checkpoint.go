@@ -168,7 +168,7 @@ func withoutCheckpoint(cps []Checkpoint, name string) []Checkpoint {
 var checkpointBody string
 
 // checkpointLua is checkpoint.lua after lib.lua, whose functions it uses.
-var checkpointLua = scriptLib + checkpointBody
+var checkpointLua = luaScript(checkpointBody)
 
 var checkpointScript = redis.NewScript(checkpointLua)
 

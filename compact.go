@@ -27,16 +27,11 @@ var (
 	compactSettleBody string
 	//go:embed lua/compact_move.lua
 	compactMoveBody string
-	// The compact scripts are their files after lib.lua, whose functions
-	// they use.
-	compactClaimLua  = scriptLib + compactClaimBody
-	compactSettleLua = scriptLib + compactSettleBody
-	compactMoveLua   = scriptLib + compactMoveBody
-	// scriptLib holds the functions the scripts that read records and the
-	// index share (see lib.lua): it goes before every script that reads the
-	// index or a call record.
-	//go:embed lua/lib.lua
-	scriptLib string
+	// The compact scripts are their files after the definitions of
+	// format.lua and lib.lua they use.
+	compactClaimLua  = luaScript(compactClaimBody)
+	compactSettleLua = luaScript(compactSettleBody)
+	compactMoveLua   = luaScript(compactMoveBody)
 
 	compactClaimScript  = redis.NewScript(compactClaimLua)
 	compactSettleScript = redis.NewScript(compactSettleLua)

@@ -16,7 +16,7 @@ var (
 	//go:embed lua/forget.lua
 	forgetBody string
 	// forgetLua is forget.lua after lib.lua, whose functions it uses.
-	forgetLua    = scriptLib + forgetBody
+	forgetLua    = luaScript(forgetBody)
 	forgetScript = redis.NewScript(forgetLua)
 )
 

@@ -1,13 +1,59 @@
 package idem
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+)
+
+// format.go holds what RedisStore keeps in Redis and how its scripts
+// answer: the formats of the record, the call record and the index entry,
+// the Go readers of the record, and the named reply codes. lua/format.lua
+// holds the same for the scripts (the Lua readers and writers of each
+// format, and the codes by the same names and values: TestReplyCodesInLua
+// holds the codes together). The golden tests pin the formats: a release
+// reads every format an earlier one wrote (format_test.go for records,
+// format_marker_test.go for the index and call records).
+//
+// The record, one Redis string at the record key, of two forms:
+//
+//	"i1" STATE TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" REST
+//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD
+//
+// STATE is P (pending), C (completed) or R (released); TOKEN the fencing
+// token in decimal (TOKEN36 the same in base 36, lower case); ATTEMPT how
+// many claims the record has had; REC 1 when the claim took over a lease
+// that ran out; UNTIL the lease end, Redis's clock in microseconds; FP the
+// request's fingerprint. REST is a pending or released record's
+// checkpoints (LEN ":" BYTES fields, a name and a value each) or a
+// completed record's payload (see codec.go). The second form is the one
+// complete.lua writes.
+//
+// The call record, one Redis string per call of compact claims, at the
+// call record keys' start and the call's token:
+//
+//	"i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
+//
+// with a state byte per place (P, C, R, X, M, F) and FPW bytes of
+// fingerprint per place (see lua/compact_claim.lua).
+//
+// The index entry, 16 bytes in a block (a field) of an index key:
+//
+//	DIGEST8 PLACE2 TOKEN6
+//
+// the first 8 bytes of the record's digest (indexDigest), its place in the
+// call that holds it and that call's token modulo 2^48, big-endian. The
+// index key's field "" holds its layout and state, "v2 L S N" (see
+// lua/lib.lua).
+
 // The reply codes of the scripts in lua/: the number a script's answer
 // starts with (the first element of a table reply, or each record's part of
 // a batch script's flat reply). One number means different things in
 // different scripts, so each family has names of its own; a name shared by
-// several scripts means the same in each. lua/lib.lua defines the same names
-// with the same values (TestReplyCodesInLua holds them together), for the
-// scripts it goes before; each script's header comment says the whole shape
-// of its answers.
+// several scripts means the same in each. Each script's header comment says
+// the whole shape of its answers.
 
 // Codes more than one script answers, with one meaning.
 const (
@@ -127,3 +173,218 @@ const (
 	// but a compact claim or a marker in the index.
 	recordCompact = 6
 )
+
+// parseCompleted reads a completed record, of either form:
+//
+//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD   (complete.lua writes it)
+//	"i1C" TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" PAYLOAD
+//
+// The script has compared the fingerprint; the rest of the header is checked
+// here. The Value is the payload, sharing the memory of rec: rec must be a
+// reply go-redis read, which nothing else holds (go-redis makes the string of
+// a bulk reply from a buffer of its own).
+func parseCompleted(rec string) (ClaimReply, error) {
+	r := ClaimReply{Status: StatusCompleted}
+	rest, ok := strings.CutPrefix(rec, "i1C")
+	if !ok {
+		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
+	}
+	var err error
+	if short, ok := strings.CutPrefix(rest, ":"); ok {
+		rest, err = r.shortHeader(short)
+	} else {
+		rest, err = r.longHeader(rest)
+	}
+	if err != nil {
+		return ClaimReply{Status: StatusCompleted}, err
+	}
+	r.Value = unsafe.Slice(unsafe.StringData(rest), len(rest))
+	return r, nil
+}
+
+// shortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" off the front of
+// s into r and returns what follows.
+func (r *ClaimReply) shortHeader(s string) (string, error) {
+	var f [4]string // fingerprint, token, attempt, recovered
+	s, ok := cutFields(s, f[:])
+	if !ok || !isBase64URL(f[0]) || !isBase36(f[1]) || !isDigits(f[2]) || f[3] != "0" && f[3] != "1" {
+		return "", fmt.Errorf("%w: unknown format", ErrCorrupt)
+	}
+	tok, err1 := parseToken36(f[1])
+	n, err2 := strconv.Atoi(f[2])
+	if err1 != nil || err2 != nil || len(f[2]) > 9 || n < 1 {
+		return "", fmt.Errorf("%w: token or attempt count out of range", ErrCorrupt)
+	}
+	r.Token, r.Attempt = tok, n
+	return s, nil
+}
+
+// longHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP
+// ":" off the front of s into r and returns what follows; the script has
+// matched it already.
+func (r *ClaimReply) longHeader(s string) (string, error) {
+	var f [6]string
+	s, ok := cutFields(s, f[:])
+	if !ok {
+		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
+	}
+	tok, err1 := strconv.ParseInt(f[0], 10, 64)
+	n, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
+	}
+	r.Token, r.Attempt = tok, n
+	return s, nil
+}
+
+// cutFields cuts len(f) fields, each ended by ':', off the front of s.
+func cutFields(s string, f []string) (rest string, ok bool) {
+	for i := range f {
+		if f[i], s, ok = strings.Cut(s, ":"); !ok {
+			return "", false
+		}
+	}
+	return s, true
+}
+
+// parseToken36 reads a token in base 36, lower case, as a completed record's
+// short form keeps it: 1 to maxToken.
+func parseToken36(s string) (int64, error) {
+	if !isBase36(s) {
+		return 0, strconv.ErrSyntax
+	}
+	tok, err := strconv.ParseInt(s, 36, 64)
+	if err == nil && (tok < 1 || tok > maxToken) {
+		err = strconv.ErrRange
+	}
+	return tok, err
+}
+
+// isBase36 reports whether s is one or more digits of base 36, lower case.
+func isBase36(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// isDigits reports whether s is one or more decimal digits.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// parseHeader reads a record's header strictly into r; now is Redis's clock
+// in microseconds. The header is of the long form,
+//
+//	"i1" STATE TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":"
+//
+// or of the short form of a completed record (see complete.lua),
+//
+//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":"
+func parseHeader(r Record, head string, now int64) (Record, error) {
+	rest, ok := strings.CutPrefix(head, "i1")
+	if !ok || len(rest) == 0 {
+		return r, badHeader("no format marker")
+	}
+	var state RecordState
+	switch rest[0] {
+	case 'P':
+		state = StatePending
+	case 'C':
+		state = StateCompleted
+	case 'R':
+		state = StateReleased
+	default:
+		return r, badHeader("unknown state")
+	}
+	var h header
+	var err error
+	if short, ok := strings.CutPrefix(rest, "C:"); ok {
+		h, err = parseShortHeader(short)
+	} else {
+		h, err = parseLongHeader(rest[1:])
+	}
+	if err != nil {
+		return r, err
+	}
+	r.State, r.Token, r.Attempt, r.Recovered = state, h.token, h.attempt, h.recovered
+	r.Fingerprint = h.fingerprint != ""
+	r.Age = time.Duration(max(now-h.token, 0)) * time.Microsecond
+	if state == StatePending {
+		r.LeaseLeft = time.Duration(h.until-now) * time.Microsecond
+	}
+	return r, nil
+}
+
+// header is what a record's header holds, of either form.
+type header struct {
+	token       int64
+	attempt     int
+	recovered   bool
+	until       int64 // the lease end; 0 in the short form
+	fingerprint string
+}
+
+func badHeader(what string) error {
+	return fmt.Errorf("%w: record header: %s", ErrCorrupt, what)
+}
+
+// parseLongHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":"
+// FP ":", the whole of s.
+func parseLongHeader(s string) (header, error) {
+	var f [6]string // token, attempt, recovered, lease end, attempt id, fingerprint
+	rest, ok := cutFields(s, f[:])
+	if !ok {
+		return header{}, badHeader("too few fields")
+	}
+	tok, err1 := strconv.ParseInt(f[0], 10, 64)
+	n, err2 := strconv.Atoi(f[1])
+	until, err3 := strconv.ParseInt(f[3], 10, 64)
+	switch {
+	case rest != "":
+		return header{}, badHeader("trailing bytes")
+	case err1 != nil || tok < 1 || len(f[0]) > 16:
+		return header{}, badHeader("token out of range")
+	case err2 != nil || n < 1 || len(f[1]) > 9:
+		return header{}, badHeader("attempt count out of range")
+	case f[2] != "0" && f[2] != "1":
+		return header{}, badHeader("recovered flag")
+	case err3 != nil || len(f[3]) > 16:
+		return header{}, badHeader("lease end out of range")
+	case !isBase64URL(f[4]) || !isBase64URL(f[5]):
+		return header{}, badHeader("attempt id or fingerprint")
+	}
+	return header{token: tok, attempt: n, recovered: f[2] == "1", until: until, fingerprint: f[5]}, nil
+}
+
+// parseShortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":", the whole of
+// s.
+func parseShortHeader(s string) (header, error) {
+	var f [4]string // fingerprint, token, attempt, recovered
+	rest, ok := cutFields(s, f[:])
+	if !ok {
+		return header{}, badHeader("too few fields")
+	}
+	tok, err1 := parseToken36(f[1])
+	n, err2 := strconv.Atoi(f[2])
+	switch {
+	case rest != "":
+		return header{}, badHeader("trailing bytes")
+	case err1 != nil:
+		return header{}, badHeader("token out of range")
+	case err2 != nil || n < 1 || len(f[2]) > 9 || !isDigits(f[2]):
+		return header{}, badHeader("attempt count out of range")
+	case f[3] != "0" && f[3] != "1":
+		return header{}, badHeader("recovered flag")
+	case !isBase64URL(f[0]):
+		return header{}, badHeader("attempt id or fingerprint")
+	}
+	return header{token: tok, attempt: n, recovered: f[3] == "1", fingerprint: f[0]}, nil
+}

@@ -42,10 +42,10 @@ func goReplyCodes(t *testing.T) map[string]int64 {
 	return codes
 }
 
-// luaLocal is a line of lib.lua that names a number: local NAME = N.
+// luaLocal is a line of format.lua that names a number: local NAME = N.
 var luaLocal = regexp.MustCompile(`(?m)^local ([A-Za-z_][A-Za-z0-9_]*) = (-?[0-9]+)$`)
 
-// TestReplyCodesInLua holds the reply codes of format.go and lib.lua
+// TestReplyCodesInLua holds the reply codes of format.go and format.lua
 // together: every Go code has a Lua local of the same name and value, and
 // every Lua local of a Go code's spelling (camelCase, not UPPER_CASE like
 // INDEX_FILL) is one of them.
@@ -53,17 +53,17 @@ func TestReplyCodesInLua(t *testing.T) {
 	goCodes := goReplyCodes(t)
 	require.NotEmpty(t, goCodes)
 	lua := map[string]int64{}
-	for _, m := range luaLocal.FindAllStringSubmatch(scriptLib, -1) {
+	for _, m := range luaLocal.FindAllStringSubmatch(luaFormat, -1) {
 		_, dup := lua[m[1]]
-		require.False(t, dup, "lib.lua defines %s twice", m[1])
+		require.False(t, dup, "format.lua defines %s twice", m[1])
 		v, err := strconv.ParseInt(m[2], 10, 64)
 		require.NoError(t, err)
 		lua[m[1]] = v
 	}
 	for name, v := range goCodes {
 		lv, ok := lua[name]
-		if assert.True(t, ok, "lib.lua has no local %s = %d", name, v) {
-			assert.Equal(t, v, lv, "%s: Go and lib.lua differ", name)
+		if assert.True(t, ok, "format.lua has no local %s = %d", name, v) {
+			assert.Equal(t, v, lv, "%s: Go and format.lua differ", name)
 		}
 	}
 	for name, v := range lua {
@@ -71,6 +71,6 @@ func TestReplyCodesInLua(t *testing.T) {
 			continue
 		}
 		_, ok := goCodes[name]
-		assert.True(t, ok, "lib.lua's %s = %d is not a reply code of format.go", name, v)
+		assert.True(t, ok, "format.lua's %s = %d is not a reply code of format.go", name, v)
 	}
 }

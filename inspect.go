@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,7 +14,7 @@ var (
 	//go:embed lua/inspect.lua
 	inspectBody string
 	// inspectLua is inspect.lua after lib.lua, whose functions it uses.
-	inspectLua    = scriptLib + inspectBody
+	inspectLua    = luaScript(inspectBody)
 	inspectScript = redis.NewScript(inspectLua)
 )
 
@@ -388,115 +387,6 @@ func redisNow(sec, usec any) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: unexpected TIME %v %v", ErrCorrupt, sec, usec)
-}
-
-// parseHeader reads a record's header strictly into r; now is Redis's clock
-// in microseconds. The header is of the long form,
-//
-//	"i1" STATE TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":"
-//
-// or of the short form of a completed record (see complete.lua),
-//
-//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":"
-func parseHeader(r Record, head string, now int64) (Record, error) {
-	rest, ok := strings.CutPrefix(head, "i1")
-	if !ok || len(rest) == 0 {
-		return r, badHeader("no format marker")
-	}
-	var state RecordState
-	switch rest[0] {
-	case 'P':
-		state = StatePending
-	case 'C':
-		state = StateCompleted
-	case 'R':
-		state = StateReleased
-	default:
-		return r, badHeader("unknown state")
-	}
-	var h header
-	var err error
-	if short, ok := strings.CutPrefix(rest, "C:"); ok {
-		h, err = parseShortHeader(short)
-	} else {
-		h, err = parseLongHeader(rest[1:])
-	}
-	if err != nil {
-		return r, err
-	}
-	r.State, r.Token, r.Attempt, r.Recovered = state, h.token, h.attempt, h.recovered
-	r.Fingerprint = h.fingerprint != ""
-	r.Age = time.Duration(max(now-h.token, 0)) * time.Microsecond
-	if state == StatePending {
-		r.LeaseLeft = time.Duration(h.until-now) * time.Microsecond
-	}
-	return r, nil
-}
-
-// header is what a record's header holds, of either form.
-type header struct {
-	token       int64
-	attempt     int
-	recovered   bool
-	until       int64 // the lease end; 0 in the short form
-	fingerprint string
-}
-
-func badHeader(what string) error {
-	return fmt.Errorf("%w: record header: %s", ErrCorrupt, what)
-}
-
-// parseLongHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":"
-// FP ":", the whole of s.
-func parseLongHeader(s string) (header, error) {
-	var f [6]string // token, attempt, recovered, lease end, attempt id, fingerprint
-	rest, ok := cutFields(s, f[:])
-	if !ok {
-		return header{}, badHeader("too few fields")
-	}
-	tok, err1 := strconv.ParseInt(f[0], 10, 64)
-	n, err2 := strconv.Atoi(f[1])
-	until, err3 := strconv.ParseInt(f[3], 10, 64)
-	switch {
-	case rest != "":
-		return header{}, badHeader("trailing bytes")
-	case err1 != nil || tok < 1 || len(f[0]) > 16:
-		return header{}, badHeader("token out of range")
-	case err2 != nil || n < 1 || len(f[1]) > 9:
-		return header{}, badHeader("attempt count out of range")
-	case f[2] != "0" && f[2] != "1":
-		return header{}, badHeader("recovered flag")
-	case err3 != nil || len(f[3]) > 16:
-		return header{}, badHeader("lease end out of range")
-	case !isBase64URL(f[4]) || !isBase64URL(f[5]):
-		return header{}, badHeader("attempt id or fingerprint")
-	}
-	return header{token: tok, attempt: n, recovered: f[2] == "1", until: until, fingerprint: f[5]}, nil
-}
-
-// parseShortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":", the whole of
-// s.
-func parseShortHeader(s string) (header, error) {
-	var f [4]string // fingerprint, token, attempt, recovered
-	rest, ok := cutFields(s, f[:])
-	if !ok {
-		return header{}, badHeader("too few fields")
-	}
-	tok, err1 := parseToken36(f[1])
-	n, err2 := strconv.Atoi(f[2])
-	switch {
-	case rest != "":
-		return header{}, badHeader("trailing bytes")
-	case err1 != nil:
-		return header{}, badHeader("token out of range")
-	case err2 != nil || n < 1 || len(f[2]) > 9 || !isDigits(f[2]):
-		return header{}, badHeader("attempt count out of range")
-	case f[3] != "0" && f[3] != "1":
-		return header{}, badHeader("recovered flag")
-	case !isBase64URL(f[0]):
-		return header{}, badHeader("attempt id or fingerprint")
-	}
-	return header{token: tok, attempt: n, recovered: f[3] == "1", fingerprint: f[0]}, nil
 }
 
 // setResult reads what follows the header: for a completed record, the

@@ -17,11 +17,15 @@ import (
 // the rules of its single-record script.
 var (
 	//go:embed lua/batch_complete.lua
-	batchCompleteLua string
+	batchCompleteBody string
 	//go:embed lua/batch_release.lua
-	batchReleaseLua string
+	batchReleaseBody string
 	//go:embed lua/batch_extend.lua
-	batchExtendLua string
+	batchExtendBody string
+
+	batchCompleteLua = luaScript(batchCompleteBody)
+	batchReleaseLua  = luaScript(batchReleaseBody)
+	batchExtendLua   = luaScript(batchExtendBody)
 
 	batchCompleteScript = redis.NewScript(batchCompleteLua)
 	batchReleaseScript  = redis.NewScript(batchReleaseLua)

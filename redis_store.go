@@ -8,25 +8,28 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The scripts, one per state transition. Each is wrapped once in a
-// redis.Script: Run sends EVALSHA and falls back to EVAL on NOSCRIPT.
+// The scripts, one per state transition: each is its file in lua/ after the
+// definitions of lua/format.lua and lua/lib.lua it uses (see luaScript),
+// wrapped once in a redis.Script: Run sends EVALSHA and falls back to EVAL
+// on NOSCRIPT.
 var (
 	//go:embed lua/claim.lua
 	claimBody string
-	// claimLua is claim.lua after lib.lua, whose functions it uses to look
-	// in the index of compact claims.
-	claimLua = scriptLib + claimBody
 	//go:embed lua/complete.lua
-	completeLua string
+	completeBody string
 	//go:embed lua/release.lua
-	releaseLua string
+	releaseBody string
 	//go:embed lua/extend.lua
-	extendLua string
+	extendBody string
+
+	claimLua    = luaScript(claimBody)
+	completeLua = luaScript(completeBody)
+	releaseLua  = luaScript(releaseBody)
+	extendLua   = luaScript(extendBody)
 
 	claimScript    = redis.NewScript(claimLua)
 	completeScript = redis.NewScript(completeLua)
@@ -287,112 +290,6 @@ func claimReply(res []any) (ClaimReply, error) {
 // its call record is elsewhere (its slot migrates) or was lost, so the key
 // is not claimed.
 var errCallMissing = fmt.Errorf("%w: the call record of the key's index entry is missing (is its slot migrating?)", ErrUnavailable)
-
-// parseCompleted reads a completed record, of either form:
-//
-//	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD   (complete.lua writes it)
-//	"i1C" TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" PAYLOAD
-//
-// The script has compared the fingerprint; the rest of the header is checked
-// here. The Value is the payload, sharing the memory of rec: rec must be a
-// reply go-redis read, which nothing else holds (go-redis makes the string of
-// a bulk reply from a buffer of its own).
-func parseCompleted(rec string) (ClaimReply, error) {
-	r := ClaimReply{Status: StatusCompleted}
-	rest, ok := strings.CutPrefix(rec, "i1C")
-	if !ok {
-		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
-	}
-	var err error
-	if short, ok := strings.CutPrefix(rest, ":"); ok {
-		rest, err = r.shortHeader(short)
-	} else {
-		rest, err = r.longHeader(rest)
-	}
-	if err != nil {
-		return ClaimReply{Status: StatusCompleted}, err
-	}
-	r.Value = unsafe.Slice(unsafe.StringData(rest), len(rest))
-	return r, nil
-}
-
-// shortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" off the front of
-// s into r and returns what follows.
-func (r *ClaimReply) shortHeader(s string) (string, error) {
-	var f [4]string // fingerprint, token, attempt, recovered
-	s, ok := cutFields(s, f[:])
-	if !ok || !isBase64URL(f[0]) || !isBase36(f[1]) || !isDigits(f[2]) || f[3] != "0" && f[3] != "1" {
-		return "", fmt.Errorf("%w: unknown format", ErrCorrupt)
-	}
-	tok, err1 := parseToken36(f[1])
-	n, err2 := strconv.Atoi(f[2])
-	if err1 != nil || err2 != nil || len(f[2]) > 9 || n < 1 {
-		return "", fmt.Errorf("%w: token or attempt count out of range", ErrCorrupt)
-	}
-	r.Token, r.Attempt = tok, n
-	return s, nil
-}
-
-// longHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP
-// ":" off the front of s into r and returns what follows; the script has
-// matched it already.
-func (r *ClaimReply) longHeader(s string) (string, error) {
-	var f [6]string
-	s, ok := cutFields(s, f[:])
-	if !ok {
-		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
-	}
-	tok, err1 := strconv.ParseInt(f[0], 10, 64)
-	n, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
-		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
-	}
-	r.Token, r.Attempt = tok, n
-	return s, nil
-}
-
-// cutFields cuts len(f) fields, each ended by ':', off the front of s.
-func cutFields(s string, f []string) (rest string, ok bool) {
-	for i := range f {
-		if f[i], s, ok = strings.Cut(s, ":"); !ok {
-			return "", false
-		}
-	}
-	return s, true
-}
-
-// parseToken36 reads a token in base 36, lower case, as a completed record's
-// short form keeps it: 1 to maxToken.
-func parseToken36(s string) (int64, error) {
-	if !isBase36(s) {
-		return 0, strconv.ErrSyntax
-	}
-	tok, err := strconv.ParseInt(s, 36, 64)
-	if err == nil && (tok < 1 || tok > maxToken) {
-		err = strconv.ErrRange
-	}
-	return tok, err
-}
-
-// isBase36 reports whether s is one or more digits of base 36, lower case.
-func isBase36(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// isDigits reports whether s is one or more decimal digits.
-func isDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
 
 // Complete implements Store. A Complete that finds the record completed by
 // the same token already (a retried call, or a second Complete of one claim)

@@ -76,7 +76,7 @@ if not v then
   if tonumber(c.until_us) < tonumber(now) then
     now = c.until_us
   end
-  local head = 'i1P' .. tok .. ':1:0:' .. now .. ':' .. c.att .. ':' .. c.fp .. ':'
+  local head = record_head('P', tok, 1, 0, now, c.att, c.fp)
   local keep = redis.call('PTTL', c.ck)
   if keep <= 0 then
     keep = 86400000
@@ -86,15 +86,15 @@ if not v then
   index_drop(ikey, name, blk, pos)
   return {recordDone, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
-local head, st, tok, cnt, rec, until_us, att, fp =
-  string.match(v, '^(i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):)')
-if not head then
-  head = string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
-  if not head then
+local hdr, st, tok, cnt, rec, until_us, att, fp = record_long(v)
+if not hdr then
+  hdr = record_short(v)
+  if not hdr then
     return {replyNotOurs, 'unknown format'}
   end
   st = 'C'
 end
+local head = string.sub(v, 1, hdr)
 
 -- The checkpoints of a pending or released record, read before anything is
 -- written.
@@ -114,7 +114,7 @@ if st == 'P' and tok == token then
   code = recordDone
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if tonumber(until_us) > now then
-    local ended = 'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' .. string.format('%d', now) .. ':' .. att .. ':' .. fp .. ':'
+    local ended = record_head('P', tok, cnt, rec, string.format('%d', now), att, fp)
     v = ended .. string.sub(v, #head + 1)
     head = ended
     redis.call('SET', key, v, 'KEEPTTL')

@@ -15,35 +15,34 @@
 local function complete(key, token, token36, keep, payload)
   local v = redis.pcall('GET', key)
   if not v then
-    return 0
+    return transitionLost
   end
   if type(v) ~= 'string' then
     return 'wrong type'
   end
-  if string.sub(v, 1, #token + 4) == 'i1P' .. token .. ':' then
-    -- head is ATTEMPT ":" RECOVERED ":", kept as it is.
-    local head, fp = string.match(v, '^(%d+:[01]:)%d+:[%w_%-]*:([%w_%-]*):', #token + 5)
-    if head then
-      redis.call('SET', key, 'i1C:' .. fp .. ':' .. token36 .. ':' .. head .. payload, 'PX', keep)
-      return 1
-    end
+  -- head is ATTEMPT ":" RECOVERED ":", kept as it is.
+  local head, fp = record_pending_of(v, token)
+  if head then
+    redis.call('SET', key, record_completed(fp, token36, head, payload), 'PX', keep)
+    return transitionDone
+  elseif head == nil then
     return 'unknown format'
   end
-  local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):%d+:[01]:')
-  if tok36 then
+  local e, _, tok36 = record_short(v)
+  if e then
     if tok36 == token36 then
-      return 1
+      return transitionDone
     end
-    return 0
+    return transitionLost
   end
-  local st, tok = string.match(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+  local _, st, tok = record_long(v)
   if not st then
     return 'unknown format'
   end
   if st == 'C' and tok == token then
-    return 1
+    return transitionDone
   end
-  return 0
+  return transitionLost
 end
 
 local out = {}

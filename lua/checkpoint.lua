@@ -43,7 +43,7 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   if not c or c.st ~= 'P' then
     return {transitionLost}
   end
-  v = 'i1P' .. token .. ':1:0:' .. c.until_us .. ':' .. c.att .. ':' .. c.fp .. ':'
+  v = record_head('P', token, 1, 0, c.until_us, c.att, c.fp)
   redis.call('SETRANGE', ck, c.at - 1, 'M')
   index_remove(ikey, d8)
   ttl = nil
@@ -54,10 +54,10 @@ end
 if not v then
   return {transitionLost}
 end
-local _, hdr, st, tok = string.find(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+local hdr, st, tok = record_long(v)
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
-  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+  if record_short(v) then
     return {transitionLost}
   end
   return {replyNotOurs, 'unknown format'}
@@ -67,16 +67,11 @@ if st ~= 'P' or tok ~= token then
 end
 
 local function field(pos)
-  local len = string.match(v, '^(%d+):', pos)
-  if not len or #len > 9 then
+  local from, after = checkpoint_field(v, pos)
+  if not from or after > #v + 1 then
     return nil
   end
-  local from = pos + #len + 1
-  local to = from + tonumber(len) - 1
-  if to > #v then
-    return nil
-  end
-  return string.sub(v, from, to), to + 1
+  return string.sub(v, from, after - 1), after
 end
 
 local kept, count, pos = {}, 1, hdr + 1
@@ -98,7 +93,7 @@ end
 if count > tonumber(ARGV[4]) then
   return {checkpointFull}
 end
-kept[#kept + 1] = #name .. ':' .. name .. #value .. ':' .. value
+kept[#kept + 1] = checkpoint_pair(name, value)
 if ttl then
   redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), ttl)
 else

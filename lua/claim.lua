@@ -131,7 +131,8 @@ if not v then
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2]
   if cnt == 0 then
-    redis.call('SET', key, string.format('i1P%d:1:0:%d:', now, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
+    redis.call('SET', key,
+      record_head('P', string.format('%d', now), 1, 0, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
       'PX', ARGV[4])
     return now
   end
@@ -139,7 +140,8 @@ if not v then
   if prev >= token then
     token = prev + 1
   end
-  redis.call('SET', key, string.format('i1P%d:2:%d:%d:', token, rec, now + ARGV[3] * 1000) .. ARGV[2] .. ':' .. fp .. ':',
+  redis.call('SET', key,
+    record_head('P', string.format('%d', token), 2, rec, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
     'PX', ARGV[4])
   return {claimExisting, token, 2, rec}
 end
@@ -147,19 +149,13 @@ if type(v) ~= 'string' then
   return {replyNotOurs, 'wrong type'}
 end
 
--- marked answers a completed record whose result is a marker's (envelope
--- kind 'm' and, in decimal, when the result's retention ends: a message
--- handled by Consume in a record of its own) as a marker, with its attempt
--- count: {8, token, attempt} within that retention, {9, token, attempt}
--- after; nil for any other record. Only the last
--- bytes of the record are looked at, however large its result.
+-- marked answers a completed record whose result is a marker's (see
+-- format.lua's record_marked: a message handled by Consume in a record of
+-- its own) as a marker, with its attempt count: {8, token, attempt} within
+-- that retention, {9, token, attempt} after; nil for any other record.
 local function marked(v)
-  local at, _, untl = string.find(v, '\1m(%d+)$', math.max(1, #v - 24))
-  if not at then
-    return nil
-  end
-  local _, e, tok36, cnt = string.find(v, '^i1C:[%w_%-]*:([%da-z]+):(%d+):[01]:')
-  if not e or e + 1 ~= at then
+  local tok36, cnt, untl = record_marked(v)
+  if not tok36 then
     return nil
   end
   local t = redis.call('TIME')
@@ -169,25 +165,23 @@ local function marked(v)
   return {claimMarkerExpired, tonumber(tok36, 36), tonumber(cnt)}
 end
 
-local a, b, c, d = string.byte(v, 1, 4)
-if d == 58 and c == 67 and b == 49 and a == 105 then
-  -- "i1C:" FP ":": a completed record of the short form.
-  if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
+if record_is_short(v) then
+  -- A completed record of the short form.
+  if record_short_of(v, fp) then
     return marked(v) or v
   end
-  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+  if record_short(v) then
     return {claimMismatch}
   end
   return {replyNotOurs, 'unknown format'}
 end
 
-local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
-  string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+local hdr, st, tok, cnt, rec, until_us, att, rfp = record_long(v)
 if not st then
   return {replyNotOurs, 'unknown format'}
 end
 -- Lua numbers are doubles: refuse what they cannot hold exactly.
-if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
+if not record_in_range(tok, cnt, until_us) then
   return {replyNotOurs, 'token or attempt count out of range'}
 end
 if rfp ~= fp and (st ~= 'R' or hdr < #v) then
@@ -200,16 +194,7 @@ end
 -- The checkpoints: LEN ":" BYTES fields, a name and a value each (see
 -- checkpoint.lua).
 local checkpoints = string.sub(v, hdr + 1)
-local pos, fields = 1, 0
-while pos <= #checkpoints do
-  local len = string.match(checkpoints, '^(%d+):', pos)
-  if not len or #len > 9 then
-    return {replyNotOurs, 'checkpoints unreadable'}
-  end
-  pos = pos + #len + 1 + tonumber(len)
-  fields = fields + 1
-end
-if pos ~= #checkpoints + 1 or fields % 2 ~= 0 then
+if not checkpoints_readable(checkpoints) then
   return {replyNotOurs, 'checkpoints unreadable'}
 end
 
@@ -240,8 +225,8 @@ if prev >= token then
 end
 local n = math.min(tonumber(cnt) + 1, 999999999)
 redis.call('SET', key,
-  'i1P' .. string.format('%d', token) .. ':' .. n .. ':' .. recovered .. ':' ..
-  string.format('%d', now + ARGV[3] * 1000) .. ':' .. ARGV[2] .. ':' .. fp .. ':' .. checkpoints,
+  record_head('P', string.format('%d', token), n, recovered, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp) ..
+  checkpoints,
   'PX', ARGV[4])
 if checkpoints == '' then
   return {claimExisting, token, n, recovered}

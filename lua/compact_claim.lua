@@ -60,7 +60,7 @@
 -- clock (microseconds); or the error "IDEMLAYOUT " and what the index key's
 -- field "" holds, when it is of another layout, and nothing is done.
 --
--- The call record, a string:
+-- The call record, a string (see format.lua):
 --   "i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
 -- STATES holds one byte per place of the call: P pending (held by the call),
 -- C completed (a marker), R released, X not claimed by the call, M moved to
@@ -111,7 +111,7 @@ local now = index_now()
 local until_s = string.format('%d', now + lease * 1000)
 -- A new record of this call, but for its fingerprint: token now, attempt 1,
 -- not recovered.
-local fresh = 'i1P' .. string.format('%d', now) .. ':1:0:' .. until_s .. ':' .. attempt .. ':'
+local now_s = string.format('%d', now)
 
 -- The call's token: Redis's clock, unless a call record holds it already;
 -- looked for when the call first claims a record compactly, so that a call
@@ -138,20 +138,6 @@ local function refused(e)
   return compactClaimRefused, msg
 end
 
--- readable reports whether s reads as checkpoints (see checkpoint.lua).
-local function readable(s)
-  local pos, fields = 1, 0
-  while pos <= #s do
-    local len = string.match(s, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return false
-    end
-    pos = pos + #len + 1 + tonumber(len)
-    fields = fields + 1
-  end
-  return pos == #s + 1 and fields % 2 == 0
-end
-
 -- newrecord writes a pending record of its own for KEYS[i], after a claim
 -- of token prev, cnt claims before this one.
 local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
@@ -160,8 +146,7 @@ local function newrecord(i, prev, cnt, recovered, fp, checkpoints)
     tok = prev + 1
   end
   local c = math.min(cnt + 1, 999999999)
-  local value = 'i1P' .. string.format('%d', tok) .. ':' .. c .. ':' .. recovered .. ':' ..
-    until_s .. ':' .. attempt .. ':' .. fp .. ':' .. checkpoints
+  local value = record_head('P', string.format('%d', tok), c, recovered, until_s, attempt, fp) .. checkpoints
   local ok
   if prev == 0 then
     -- The key held no string: NX, so that a value of another type there
@@ -183,7 +168,7 @@ end
 -- and answers compactClaimNewRecord; NX, so that a value of another type there is refused
 -- rather than overwritten.
 local function newfresh(i, fp)
-  local ok = redis.pcall('SET', KEYS[i], fresh .. fp .. ':', 'PX', keep, 'NX')
+  local ok = redis.pcall('SET', KEYS[i], record_head('P', now_s, 1, 0, until_s, attempt, fp), 'PX', keep, 'NX')
   if not ok then
     return replyNotOurs, 'wrong type'
   end
@@ -195,34 +180,29 @@ end
 
 -- record answers for KEYS[i], whose value v is a record (see claim.lua).
 local function record(i, v, fp)
-  local a, b, c, d = string.byte(v, 1, 4)
-  if d == 58 and c == 67 and b == 49 and a == 105 then
-    if string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp then
+  if record_is_short(v) then
+    if record_short_of(v, fp) then
       -- A result that is a marker's (see claim.lua's marked) answers as
       -- a marker.
-      local at, _, untl = string.find(v, '\1m(%d+)$', math.max(1, #v - 24))
-      if at then
-        local _, e, tok36, cnt = string.find(v, '^i1C:[%w_%-]*:([%da-z]+):(%d+):[01]:')
-        if e and e + 1 == at then
-          if now < tonumber(untl) then
-            return compactClaimMarked, tonumber(tok36, 36), tonumber(cnt)
-          end
-          return compactClaimMarkedExpired, tonumber(tok36, 36), tonumber(cnt)
+      local tok36, cnt, untl = record_marked(v)
+      if tok36 then
+        if now < tonumber(untl) then
+          return compactClaimMarked, tonumber(tok36, 36), tonumber(cnt)
         end
+        return compactClaimMarkedExpired, tonumber(tok36, 36), tonumber(cnt)
       end
       return compactClaimCompleted, v
     end
-    if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
+    if record_short(v) then
       return compactClaimMismatch
     end
     return replyNotOurs, 'unknown format'
   end
-  local _, hdr, st, tok, cnt, rec, until_us, att, rfp =
-    string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+  local hdr, st, tok, cnt, rec, until_us, att, rfp = record_long(v)
   if not st then
     return replyNotOurs, 'unknown format'
   end
-  if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
+  if not record_in_range(tok, cnt, until_us) then
     return replyNotOurs, 'token or attempt count out of range'
   end
   if rfp ~= fp and (st ~= 'R' or hdr < #v) then
@@ -232,7 +212,7 @@ local function record(i, v, fp)
     return compactClaimCompleted, v
   end
   local checkpoints, recovered = string.sub(v, hdr + 1), 0
-  if not readable(checkpoints) then
+  if not checkpoints_readable(checkpoints) then
     return replyNotOurs, 'checkpoints unreadable'
   end
   if st == 'P' then
@@ -589,7 +569,7 @@ end
 
 if claimed then
   redis.call('SET', cbase .. token_s,
-    'i2B' .. until_s .. ':0:0:' .. attempt .. ':' .. fpw .. ':' .. table.concat(states) .. table.concat(fps),
+    call_head(until_s, 0, 0, attempt, fpw) .. table.concat(states) .. table.concat(fps),
     'PX', callkeep)
 else
   token = 0

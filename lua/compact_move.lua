@@ -55,12 +55,7 @@ local function moved(j)
   if type(v) ~= 'string' then
     return false
   end
-  local st, tok = string.match(v, '^i1([PCR])(%d+):')
-  if st then
-    return tok == token
-  end
-  local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):')
-  return tok36 ~= nil and tonumber(tok36, 36) == tonumber(token)
+  return record_of(v, token)
 end
 
 local v = redis.pcall('GET', ck)
@@ -93,8 +88,8 @@ if mode == 'E' then
     if keep < tonumber(ARGV[5]) then
       keep = ARGV[5]
     end
-    redis.call('SET', ck, 'i2B' .. string.format('%d', now + tonumber(ARGV[4]) * 1000) .. ':' .. done .. ':' ..
-      runtil .. ':' .. att .. ':' .. w .. ':' .. string.sub(v, at), 'PX', keep)
+    redis.call('SET', ck, call_head(string.format('%d', now + tonumber(ARGV[4]) * 1000), done, runtil, att, w) ..
+      string.sub(v, at), 'PX', keep)
     if redis.call('PTTL', ikey) < tonumber(keep) then
       redis.call('PEXPIRE', ikey, keep)
     end
@@ -107,7 +102,7 @@ for j = 1, k do
   local p = tonumber(ARGV[4 + 2 * j])
   if st[p] == 80 then
     local fp = call_fp(v, e, places, w, p)
-    redis.call('SET', KEYS[2 + j], 'i1P' .. token .. ':1:0:' .. u .. ':' .. att .. ':' .. fp .. ':', 'PX', ARGV[5])
+    redis.call('SET', KEYS[2 + j], record_head('P', token, 1, 0, u, att, fp), 'PX', ARGV[5])
     -- Its entry leaves the index.
     index_remove(ikey, ARGV[5 + 2 * j])
     st[p], changed = 77, true -- 'M'

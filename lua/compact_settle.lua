@@ -89,8 +89,8 @@ if changed then
   -- A release in the call record's last millisecond keeps it for that
   -- millisecond: PX takes no 0.
   keep = math.max(keep, 1)
-  redis.call('SET', ck, 'i2B' .. u .. ':' .. done .. ':' .. runtil .. ':' .. att .. ':' .. fpw .. ':' ..
-    string.char(unpack(st)) .. string.sub(v, at + places), 'PX', keep)
+  redis.call('SET', ck, call_head(u, done, runtil, att, fpw) .. string.char(unpack(st)) .. string.sub(v, at + places),
+    'PX', keep)
   -- The markers last as long as their call record: so must their entries.
   if target == 'C' and redis.call('PTTL', ikey) < tonumber(keep) then
     redis.call('PEXPIRE', ikey, keep)

@@ -25,37 +25,36 @@ local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
 if not v then
-  return 0
+  return transitionLost
 end
 if type(v) ~= 'string' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
 
--- The hot path: the pending record of this token, "i1P" TOKEN ":" ...
-if string.sub(v, 1, #token + 4) == 'i1P' .. token .. ':' then
-  local head, fp = string.match(v, '^(%d+:[01]:)%d+:[%w_%-]*:([%w_%-]*):', #token + 5)
-  if head then
-    redis.call('SET', key, 'i1C:' .. fp .. ':' .. ARGV[2] .. ':' .. head .. ARGV[4], 'PX', ARGV[3])
-    return 1
-  end
-  return {5, 'unknown format'}
+-- The hot path: the pending record of this token.
+local head, fp = record_pending_of(v, token)
+if head then
+  redis.call('SET', key, record_completed(fp, ARGV[2], head, ARGV[4]), 'PX', ARGV[3])
+  return transitionDone
+elseif head == nil then
+  return {replyNotOurs, 'unknown format'}
 end
 
 -- A completed record of the short form: completed by this token (a retried
 -- call) or by another.
-local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):%d+:[01]:')
-if tok36 then
+local e, _, tok36 = record_short(v)
+if e then
   if tok36 == ARGV[2] then
-    return 2
+    return completeDoneBefore
   end
-  return 0
+  return transitionLost
 end
 
-local st, tok = string.match(v, '^i1([PCR])(%d+):%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:')
+local _, st, tok = record_long(v)
 if not st then
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 if st == 'C' and tok == token then
-  return 2
+  return completeDoneBefore
 end
-return 0
+return transitionLost

@@ -16,26 +16,25 @@ local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
 if not v then
-  return 0
+  return transitionLost
 end
 if type(v) ~= 'string' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
-local _, hdr, st, tok, cnt, rec, att, fp =
-  string.find(v, '^i1([PCR])(%d+):(%d+):([01]):%d+:([%w_%-]*):([%w_%-]*):')
+local hdr, st, tok, cnt, rec, _, att, fp = record_long(v)
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
-  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
-    return 0
+  if record_short(v) then
+    return transitionLost
   end
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 if st ~= 'P' or tok ~= token then
-  return 0
+  return transitionLost
 end
 local t = redis.call('TIME')
 redis.call('SET', key,
-  'i1P' .. tok .. ':' .. cnt .. ':' .. rec .. ':' ..
-  string.format('%d', t[1] * 1000000 + t[2] + ARGV[2] * 1000) .. ':' .. att .. ':' .. fp .. ':' .. string.sub(v, hdr + 1),
+  record_head('P', tok, cnt, rec, string.format('%d', t[1] * 1000000 + t[2] + ARGV[2] * 1000), att, fp) ..
+  string.sub(v, hdr + 1),
   'PX', ARGV[3])
-return 1
+return transitionDone

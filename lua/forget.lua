@@ -72,18 +72,19 @@ if not v then
   index_drop(ikey, name, blk, pos)
   return reply
 end
-local head, st, tok, until_us = string.match(v, '^(i1([PCR])(%d+):%d+:[01]:(%d+):[%w_%-]*:[%w_%-]*:)')
+local hdr, st, tok, _, _, until_us = record_long(v)
 local mine
-if head then
+if hdr then
   mine = tok == token
 else
   local tok36
-  head, tok36 = string.match(v, '^(i1C:[%w_%-]*:([%da-z]+):%d+:[01]:)')
-  if not head then
+  hdr, _, tok36 = record_short(v)
+  if not hdr then
     return {replyNotOurs, 'unknown format'}
   end
   st, mine = 'C', tok36 == token36
 end
+local head = string.sub(v, 1, hdr)
 if not mine then
   return {recordNone, t[1], t[2]}
 end

@@ -74,11 +74,11 @@ if not v then
   end
   return {recordNone, t[1], t[2]}
 end
-local head = string.match(v, '^i1[PCR]%d+:%d+:[01]:%d+:[%w_%-]*:[%w_%-]*:') or
-  string.match(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:')
-if not head then
+local hdr = record_long(v) or record_short(v)
+if not hdr then
   return {replyNotOurs, 'unknown format'}
 end
+local head = string.sub(v, 1, hdr)
 local reply = record_reply(recordDone, key, v, head, t)
 -- The checkpoints of a pending or released record. What cannot be read as
 -- checkpoints (written by a later version, say) is left out, and left to the

@@ -2,8 +2,10 @@
 -- (every script of compact claims and markers, claim.lua and the operator
 -- scripts): finding a compact claim or a marker in the index (see
 -- compact_claim.lua), growing and shrinking the index, reading a call
--- record, and describing a record. It is put before each of them, so that
--- they are one script each; it only defines functions and constants.
+-- record's place, and describing a record. It goes after format.lua, whose
+-- formats it reads, before each of them, so that they are one script each
+-- (each with the definitions it uses: see format.lua); it only defines
+-- functions and constants.
 --
 -- The operator scripts take the index from their arguments after their own:
 -- KEYS[2] is the index key of the record's entry, IX[1] the first 8 bytes of
@@ -14,80 +16,15 @@
 -- every script with the error "IDEMLAYOUT " and what the field holds, before
 -- anything is written.
 
--- The reply codes: the number a script's answer starts with, named as
--- format.go names them, with the same values (a Go test holds them
--- together). Each script's header says the shape of its answers.
--- Codes more than one script answers, with one meaning: the value is not a
--- record of ours; ask again with the call record key of the token answered.
-local replyNotOurs = 5
-local replyAskAgain = 10
--- complete.lua, release.lua, extend.lua (whose answers, and their batch
--- forms', are bare numbers: they go without this prelude),
--- checkpoint.lua, compact_settle.lua and compact_move.lua.
-local transitionLost = 0
-local transitionDone = 1
-local completeDoneBefore = 2
-local checkpointFull = 6
-local compactSettleDoneBefore = 2
-local compactSettleMoved = 3
-local compactMoveMoved = 3
-local compactMoveCompleted = 4
--- claim.lua.
-local claimExisting = 1
-local claimMismatch = 4
-local claimMarker = 8
-local claimMarkerExpired = 9
-local claimCallMissing = 11
--- compact_claim.lua, for each record of its flat reply.
-local compactClaimRecord = 1
-local compactClaimCompleted = 2
-local compactClaimInProgress = 3
-local compactClaimMismatch = 4
-local compactClaimed = 6
-local compactClaimRefused = 7
-local compactClaimMarker = 8
-local compactClaimMarkerExpired = 9
-local compactClaimedBefore = 10
-local compactClaimMarked = 11
-local compactClaimMarkedExpired = 12
-local compactClaimNewRecord = 13
--- inspect.lua, forget.lua and abandon.lua, the operator scripts.
-local recordNone = 0
-local recordDone = 1
-local recordUnchanged = 2
-local recordRefused = 3
-local recordCompact = 6
-
 -- The id index of compact claims and markers (see compact_claim.lua) is a
 -- hash that sizes itself by linear hashing. Its field "" holds its layout
 -- and state, "v2 L S N": L and S place a digest's block (of the 2^L + S
 -- blocks, block h mod 2^L, or h mod 2^(L+1) when that is below S, for h the
 -- digest's bytes 5 to 8), N is how many entries it holds. Every other field
--- is a block of entries of 16 bytes: DIGEST8 PLACE2 TOKEN6, the record's
--- digest, its place in the call that holds it and that call's token (Redis's
--- clock in microseconds) modulo 2^48, all big-endian. Blocks are split one
+-- is a block of entries (see format.lua). Blocks are split one
 -- at a time as entries come (N above INDEX_FILL per block) and merged as they
 -- go (N below a quarter of that): no block holds many more than INDEX_FILL.
 local INDEX_FILL = 16
-
--- index_state reads the index's state from its field "" (raw, or nil for a
--- new index): a table {l, s, n}, or nil and raw when raw is another layout
--- (an index written by another version), which nothing may touch.
-local function index_state(raw)
-  if not raw then
-    return {l = 0, s = 0, n = 0}
-  end
-  local l, s, n = string.match(raw, '^v2 (%d+) (%d+) (%d+)$')
-  if not l then
-    return nil, raw
-  end
-  return {l = tonumber(l), s = tonumber(s), n = tonumber(n)}
-end
-
--- index_format is the field "" that holds state m.
-local function index_format(m)
-  return string.format('v2 %d %d %d', m.l, m.s, m.n)
-end
 
 -- index_blocks is how many blocks an index of state m has.
 local function index_blocks(m)
@@ -110,36 +47,6 @@ local function index_place(m, str, at)
     blk = h % (2 * half)
   end
   return blk
-end
-
--- index_find returns the position in the block blk of the entry whose
--- digest is d8 (entries are 16 bytes, so it starts at 1 modulo 16), or nil.
-local function index_find(blk, d8)
-  local pos = string.find(blk, d8, 1, true)
-  while pos and pos % 16 ~= 1 do
-    pos = string.find(blk, d8, pos + 1, true)
-  end
-  return pos
-end
-
--- index_token reads the token (a number) and the place of the entry at pos
--- of block blk; now is Redis's clock: a token is never later than a few
--- microseconds past it, and never 2^48 microseconds (8.9 years) before it.
-local function index_token(blk, pos, now)
-  local p1, p2, a, b, c, d, e, f = string.byte(blk, pos + 8, pos + 15)
-  local t48 = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-  local ref = now + 4294967296
-  return ref - (ref - t48) % 281474976710656, p1 * 256 + p2
-end
-
--- index_tok6 is token in the 6 bytes of an entry.
-local function index_tok6(token)
-  local b = {}
-  for j = 6, 1, -1 do
-    b[j] = token % 256
-    token = (token - b[j]) / 256
-  end
-  return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
 end
 
 -- index_now is Redis's clock in microseconds.
@@ -196,30 +103,6 @@ local function index_remove(ikey, d8)
   end
 end
 
--- call_header reads the header of the call record v (see compact_claim.lua):
--- its lease end, when it last completed a claim, when the retention of its
--- markers' results ends (microseconds, decimal), its attempt id, its
--- fingerprint width (a number), where its header ends and how many places
--- it has; nil when v is not a call record.
-local function call_header(v)
-  local _, e, u, done, runtil, att, fpw = string.find(v, '^i2B(%d+):(%d+):(%d+):([%w_%-]*):(%d+):')
-  if not e then
-    return nil
-  end
-  fpw = tonumber(fpw)
-  return u, done, runtil, att, fpw, e, (#v - e) / (1 + fpw)
-end
-
--- call_fp reads the fingerprint of place p of the call record v, whose
--- header ends at e, with places places of fingerprints fpw bytes wide.
-local function call_fp(v, e, places, fpw, p)
-  if fpw == 0 then
-    return ''
-  end
-  local from = e + 1 + places + (p - 1) * fpw
-  return (string.gsub(string.sub(v, from, from + fpw - 1), '%.+$', ''))
-end
-
 -- call_place reads place p of the call record at key ck: a table with the
 -- place's state byte as a letter (st), the call's lease end (until_us),
 -- when it last completed a claim (done_us), when its markers' retention
@@ -260,11 +143,11 @@ end
 local function index_reply(code, c, tok, t)
   local head, rest = nil, ''
   if c.st == 'P' then
-    head = 'i1P' .. tok .. ':1:0:' .. c.until_us .. ':' .. c.att .. ':' .. c.fp .. ':'
+    head = record_head('P', tok, 1, 0, c.until_us, c.att, c.fp)
   elseif c.st == 'R' then
-    head = 'i1R' .. tok .. ':1:0:0:' .. c.att .. ':' .. c.fp .. ':'
+    head = record_head('R', tok, 1, 0, 0, c.att, c.fp)
   elseif c.st == 'C' then
-    head, rest = 'i1C' .. tok .. ':1:0:0:' .. c.att .. ':' .. c.fp .. ':', '\1b'
+    head, rest = record_head('C', tok, 1, 0, 0, c.att, c.fp), '\1b'
   else
     return nil
   end
@@ -282,21 +165,17 @@ local function checkpoint_list(v, from)
   end
   local cps, pos, n = {}, from, 0
   while pos <= #v do
-    local len = string.match(v, '^(%d+):', pos)
-    if not len or #len > 9 then
-      return false
-    end
-    local start = pos + #len + 1
-    pos = start + tonumber(len)
-    if pos > #v + 1 then
+    local start, after = checkpoint_field(v, pos)
+    if not start or after > #v + 1 then
       return false
     end
     n = n + 1
     if n % 2 == 1 then
-      cps[#cps + 1] = string.sub(v, start, pos - 1)
+      cps[#cps + 1] = string.sub(v, start, after - 1)
     else
-      cps[#cps + 1] = tonumber(len)
+      cps[#cps + 1] = after - start
     end
+    pos = after
   end
   if n % 2 ~= 0 then
     return false

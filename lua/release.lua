@@ -18,31 +18,31 @@ local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
 if not v then
-  return 0
+  return transitionLost
 end
 if type(v) ~= 'string' then
-  return {5, 'wrong type'}
+  return {replyNotOurs, 'wrong type'}
 end
-local _, hdr, st, tok, cnt, fp = string.find(v, '^i1([PCR])(%d+):(%d+):[01]:%d+:[%w_%-]*:([%w_%-]*):')
+local hdr, st, tok, cnt, _, _, _, fp = record_long(v)
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
-  if string.find(v, '^i1C:[%w_%-]*:[%da-z]+:%d+:[01]:') then
-    return 0
+  if record_short(v) then
+    return transitionLost
   end
-  return {5, 'unknown format'}
+  return {replyNotOurs, 'unknown format'}
 end
 if tok ~= token then
-  return 0
+  return transitionLost
 end
 if st == 'R' then
-  return 1
+  return transitionDone
 end
 if st ~= 'P' then
-  return 0
+  return transitionLost
 end
 if hdr < #v then
-  redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0::' .. fp .. ':' .. string.sub(v, hdr + 1), 'KEEPTTL')
-  return 1
+  redis.call('SET', key, record_head('R', tok, cnt, 0, 0, '', fp) .. string.sub(v, hdr + 1), 'KEEPTTL')
+  return transitionDone
 end
-redis.call('SET', key, 'i1R' .. tok .. ':' .. cnt .. ':0:0:::', 'PX', ARGV[2])
-return 1
+redis.call('SET', key, record_head('R', tok, cnt, 0, 0, '', ''), 'PX', ARGV[2])
+return transitionDone

@@ -1,0 +1,280 @@
+-- format.lua: the formats the scripts read and write, and the codes they
+-- answer by, each defined once; no other script spells a format out.
+-- format.go holds the same in Go: TestReplyCodesInLua holds the codes of
+-- the two together, and the golden tests of format_test.go pin the formats.
+--
+-- It goes before every script, and lib.lua after it: each script is sent
+-- with the definitions of the two that it uses, in their order, and no
+-- other (see luaScript in redis_script.go), so that a script pays for no
+-- function it does not call. A definition is a top-level "local" and what
+-- follows it up to the next top-level "local" or comment.
+
+-- The reply codes: the number a script's answer starts with, named as
+-- format.go names them, with the same values. Each script's header says
+-- the shape of its answers.
+-- Codes more than one script answers, with one meaning: the value is not a
+-- record of ours; ask again with the call record key of the token answered.
+local replyNotOurs = 5
+local replyAskAgain = 10
+-- complete.lua, release.lua, extend.lua and their batch forms (whose
+-- answers are bare numbers, one a record, or the reason a value is not
+-- ours), checkpoint.lua, compact_settle.lua and compact_move.lua.
+local transitionLost = 0
+local transitionDone = 1
+local completeDoneBefore = 2
+local checkpointFull = 6
+local compactSettleDoneBefore = 2
+local compactSettleMoved = 3
+local compactMoveMoved = 3
+local compactMoveCompleted = 4
+-- claim.lua.
+local claimExisting = 1
+local claimMismatch = 4
+local claimMarker = 8
+local claimMarkerExpired = 9
+local claimCallMissing = 11
+-- compact_claim.lua, for each record of its flat reply.
+local compactClaimRecord = 1
+local compactClaimCompleted = 2
+local compactClaimInProgress = 3
+local compactClaimMismatch = 4
+local compactClaimed = 6
+local compactClaimRefused = 7
+local compactClaimMarker = 8
+local compactClaimMarkerExpired = 9
+local compactClaimedBefore = 10
+local compactClaimMarked = 11
+local compactClaimMarkedExpired = 12
+local compactClaimNewRecord = 13
+-- inspect.lua, forget.lua and abandon.lua, the operator scripts.
+local recordNone = 0
+local recordDone = 1
+local recordUnchanged = 2
+local recordRefused = 3
+local recordCompact = 6
+
+-- The record: one Redis string at the record key, of two forms. The long
+-- form is
+--   "i1" STATE TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" REST
+-- STATE P (pending), C (completed) or R (released); TOKEN the fencing token
+-- (decimal); ATTEMPT the claims the record has had; REC 1 when this claim
+-- took over a lease that ran out; UNTIL the lease end (Redis's clock,
+-- microseconds; 0 once released); ATTEMPT_ID the claiming attempt's id and
+-- FP the request's fingerprint (base64url, either may be empty). REST is
+-- the checkpoints of a pending or released record, LEN ":" BYTES fields, a
+-- name and a value each (see checkpoint.lua), or a completed record's
+-- payload. The short form is a completed record's, as complete.lua writes
+-- it:
+--   "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD
+-- with the token in base 36, lower case. A payload whose envelope is a
+-- marker's ends "\1m" and, in decimal, when its result's retention ends (a
+-- message Consume handled in a record of its own).
+
+-- record_long reads the long header at the start of v: where it ends, then
+-- STATE, TOKEN, ATTEMPT, REC, UNTIL, ATTEMPT_ID and FP (strings); nil when v
+-- does not start with one.
+local function record_long(v)
+  local _, e, st, tok, cnt, rec, untl, att, fp =
+    string.find(v, '^i1([PCR])(%d+):(%d+):([01]):(%d+):([%w_%-]*):([%w_%-]*):')
+  return e, st, tok, cnt, rec, untl, att, fp
+end
+
+-- record_short reads the short header at the start of v: where it ends,
+-- then FP, TOKEN36, ATTEMPT and REC; nil when v does not start with one.
+local function record_short(v)
+  local _, e, fp, tok36, cnt, rec = string.find(v, '^i1C:([%w_%-]*):([%da-z]+):(%d+):([01]):')
+  return e, fp, tok36, cnt, rec
+end
+
+-- record_is_short reports whether v starts "i1C:", as only the short form
+-- does, from its first 4 bytes.
+local function record_is_short(v)
+  local a, b, c, d = string.byte(v, 1, 4)
+  return d == 58 and c == 67 and b == 49 and a == 105
+end
+
+-- record_short_of reports whether v, of the short form, is of fingerprint
+-- fp, from the bytes fp takes.
+local function record_short_of(v, fp)
+  return string.byte(v, #fp + 5) == 58 and string.sub(v, 5, #fp + 4) == fp
+end
+
+-- record_pending_of reads v as the pending record of token (decimal): false
+-- when it is not; its ATTEMPT ":" REC ":" and its FP when it is; nil when
+-- it starts as one but the rest of its header is not of the format.
+local function record_pending_of(v, token)
+  if string.sub(v, 1, #token + 4) ~= 'i1P' .. token .. ':' then
+    return false
+  end
+  return string.match(v, '^(%d+:[01]:)%d+:[%w_%-]*:([%w_%-]*):', #token + 5)
+end
+
+-- record_of reports whether v is a record of token (decimal), in any state
+-- and either form, from the start of its header.
+local function record_of(v, token)
+  local tok = string.match(v, '^i1[PCR](%d+):')
+  if tok then
+    return tok == token
+  end
+  local tok36 = string.match(v, '^i1C:[%w_%-]*:([%da-z]+):')
+  return tok36 ~= nil and tonumber(tok36, 36) == tonumber(token)
+end
+
+-- record_in_range reports whether a long header's TOKEN, ATTEMPT and UNTIL
+-- are numbers a double (a Lua number) holds exactly.
+local function record_in_range(tok, cnt, untl)
+  return #tok <= 16 and #cnt <= 9 and #untl <= 16 and tonumber(tok) <= 9007199254740991
+end
+
+-- record_head is the long header of those fields; numbers among them must
+-- be under 10^14 or already strings ('%d').
+local function record_head(st, tok, cnt, rec, untl, att, fp)
+  return 'i1' .. st .. tok .. ':' .. cnt .. ':' .. rec .. ':' .. untl .. ':' .. att .. ':' .. fp .. ':'
+end
+
+-- record_completed is the short form of a completed record: fp, tok36, head
+-- (ATTEMPT ":" REC ":") and payload.
+local function record_completed(fp, tok36, head, payload)
+  return 'i1C:' .. fp .. ':' .. tok36 .. ':' .. head .. payload
+end
+
+-- record_marked reads a completed record of the short form whose payload is
+-- a marker's: its TOKEN36, ATTEMPT and when its result's retention ends;
+-- nil for any other record. Only its last bytes are looked at past the
+-- header, however large its payload.
+local function record_marked(v)
+  local at, _, untl = string.find(v, '\1m(%d+)$', math.max(1, #v - 24))
+  if not at then
+    return nil
+  end
+  local e, _, tok36, cnt = record_short(v)
+  if not e or e + 1 ~= at then
+    return nil
+  end
+  return tok36, cnt, untl
+end
+
+-- checkpoint_field reads the field LEN ":" BYTES at pos of v: where its
+-- bytes start and the position after them; nil when no field can be read
+-- there (the position after may be past the end of v).
+local function checkpoint_field(v, pos)
+  local len = string.match(v, '^(%d+):', pos)
+  if not len or #len > 9 then
+    return nil
+  end
+  local start = pos + #len + 1
+  return start, start + tonumber(len)
+end
+
+-- checkpoint_pair is the checkpoint of name and value: two fields.
+local function checkpoint_pair(name, value)
+  return #name .. ':' .. name .. #value .. ':' .. value
+end
+
+-- checkpoints_readable reports whether s reads as checkpoints: whole
+-- fields, a name and a value each.
+local function checkpoints_readable(s)
+  local pos, fields = 1, 0
+  while pos <= #s do
+    local _, after = checkpoint_field(s, pos)
+    if not after then
+      return false
+    end
+    pos, fields = after, fields + 1
+  end
+  return pos == #s + 1 and fields % 2 == 0
+end
+
+-- The call record, one Redis string per compact claim call, at the start of
+-- the call record keys and the call's token:
+--   "i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
+-- STATES holds one byte per place of the call (see compact_claim.lua), FPS
+-- FPW bytes per place, its fingerprint '.' padded.
+
+-- call_header reads the header of the call record v: its lease end, when it
+-- last completed a claim, when the retention of its markers' results ends
+-- (microseconds, decimal), its attempt id, its fingerprint width (a
+-- number), where its header ends and how many places it has; nil when v is
+-- not a call record.
+local function call_header(v)
+  local _, e, u, done, runtil, att, fpw = string.find(v, '^i2B(%d+):(%d+):(%d+):([%w_%-]*):(%d+):')
+  if not e then
+    return nil
+  end
+  fpw = tonumber(fpw)
+  return u, done, runtil, att, fpw, e, (#v - e) / (1 + fpw)
+end
+
+-- call_head is the header of a call record of those fields (strings, or
+-- numbers under 10^14).
+local function call_head(u, done, runtil, att, fpw)
+  return 'i2B' .. u .. ':' .. done .. ':' .. runtil .. ':' .. att .. ':' .. fpw .. ':'
+end
+
+-- call_fp reads the fingerprint of place p of the call record v, whose
+-- header ends at e, with places places of fingerprints fpw bytes wide.
+local function call_fp(v, e, places, fpw, p)
+  if fpw == 0 then
+    return ''
+  end
+  local from = e + 1 + places + (p - 1) * fpw
+  return (string.gsub(string.sub(v, from, from + fpw - 1), '%.+$', ''))
+end
+
+-- An entry of the id index (see lib.lua), 16 bytes:
+--   DIGEST8 PLACE2 TOKEN6
+-- the first 8 bytes of the record's digest, its place in the call that
+-- holds it and that call's token (Redis's clock in microseconds) modulo
+-- 2^48, both big-endian. A block of the index is entries end to end.
+
+-- The index's field "" holds its layout and state, "v2 L S N" (see
+-- lib.lua).
+
+-- index_state reads the index's state from its field "" (raw, or nil for a
+-- new index): a table {l, s, n}, or nil and raw when raw is another layout
+-- (an index written by another version), which nothing may touch.
+local function index_state(raw)
+  if not raw then
+    return {l = 0, s = 0, n = 0}
+  end
+  local l, s, n = string.match(raw, '^v2 (%d+) (%d+) (%d+)$')
+  if not l then
+    return nil, raw
+  end
+  return {l = tonumber(l), s = tonumber(s), n = tonumber(n)}
+end
+
+-- index_format is the field "" that holds state m.
+local function index_format(m)
+  return string.format('v2 %d %d %d', m.l, m.s, m.n)
+end
+
+-- index_find returns the position in the block blk of the entry whose
+-- digest is d8 (entries are 16 bytes, so it starts at 1 modulo 16), or nil.
+local function index_find(blk, d8)
+  local pos = string.find(blk, d8, 1, true)
+  while pos and pos % 16 ~= 1 do
+    pos = string.find(blk, d8, pos + 1, true)
+  end
+  return pos
+end
+
+-- index_token reads the token (a number) and the place of the entry at pos
+-- of block blk; now is Redis's clock: a token is never later than a few
+-- microseconds past it, and never 2^48 microseconds (8.9 years) before it.
+local function index_token(blk, pos, now)
+  local p1, p2, a, b, c, d, e, f = string.byte(blk, pos + 8, pos + 15)
+  local t48 = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+  local ref = now + 4294967296
+  return ref - (ref - t48) % 281474976710656, p1 * 256 + p2
+end
+
+-- index_tok6 is token in the 6 bytes of an entry.
+local function index_tok6(token)
+  local b = {}
+  for j = 6, 1, -1 do
+    b[j] = token % 256
+    token = (token - b[j]) / 256
+  end
+  return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
+end

@@ -1,0 +1,85 @@
+package idem
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// formatSpelling matches a literal that spells out a format of format.lua:
+// a record's or a call record's start, a marker's envelope, the index's
+// layout.
+var formatSpelling = regexp.MustCompile(`['"]\^?i[12]|\\1m|['"]\^?v2 `)
+
+// TestScriptsSpellNoFormat holds every format in format.lua: no other
+// script, lib.lua included, writes or matches a record, a call record, a
+// marker or the index's layout with a literal of its own.
+func TestScriptsSpellNoFormat(t *testing.T) {
+	files, err := filepath.Glob("lua/*.lua")
+	require.NoError(t, err)
+	require.Greater(t, len(files), 10)
+	inFormat := 0
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(src), "\n") {
+			code, _, _ := strings.Cut(line, "--")
+			if !formatSpelling.MatchString(code) {
+				continue
+			}
+			if filepath.Base(f) == "format.lua" {
+				inFormat++
+				continue
+			}
+			t.Errorf("%s:%d spells a format out: %s", f, i+1, strings.TrimSpace(line))
+		}
+	}
+	assert.Greater(t, inFormat, 5, "format.lua spells the formats out")
+}
+
+// TestLuaScriptSendsWhatItUses: a script is sent with the shared
+// definitions it uses, through others too, in their order, and without the
+// rest.
+func TestLuaScriptSendsWhatItUses(t *testing.T) {
+	has := func(script, name string) bool {
+		return regexp.MustCompile(`(?m)^local (function )?` + name + `\b`).MatchString(script)
+	}
+	// complete.lua reads records only.
+	assert.True(t, has(completeLua, "record_pending_of"))
+	assert.True(t, has(completeLua, "transitionDone"))
+	assert.False(t, has(completeLua, "index_entry"))
+	assert.False(t, has(completeLua, "claimExisting"))
+	assert.False(t, has(completeLua, "call_header"))
+
+	// index_entry uses index_state and index_find (format.lua), which come
+	// first, though the body names neither.
+	s := luaScript("return index_entry(KEYS[1], ARGV)\n")
+	for _, name := range []string{"index_entry", "index_state", "index_find", "index_token", "index_now"} {
+		assert.True(t, has(s, name), name)
+	}
+	assert.Less(t, strings.Index(s, "local function index_state"), strings.Index(s, "local function index_entry"))
+	assert.False(t, has(s, "record_long"))
+	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
+
+	// A name in a comment does not count.
+	assert.Equal(t, "-- record_long\nreturn 1\n", luaScript("-- record_long\nreturn 1\n"))
+}
+
+// TestLuaDefsRefuseAStatement: the shared Lua only defines; anything else
+// at its top level stops the program at its start, not a script at run
+// time.
+func TestLuaDefsRefuseAStatement(t *testing.T) {
+	assert.Panics(t, func() { parseLuaDefs("local a = 1\n\nredis.call('DEL', 'x')\n") })
+	assert.Panics(t, func() { parseLuaDefs("local = 1\n") })
+	defs := parseLuaDefs("-- a\nlocal a, b = 1, 2\n-- f\nlocal function f(x)\n  return a + x\nend\n")
+	require.Len(t, defs, 2)
+	assert.Equal(t, []string{"a", "b"}, defs[0].names)
+	assert.Equal(t, "local a, b = 1, 2\n", defs[0].code)
+	assert.Equal(t, []string{"f"}, defs[1].names)
+	assert.Contains(t, defs[1].uses, "a")
+}
