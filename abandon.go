@@ -2,17 +2,6 @@ package idem
 
 import (
 	"context"
-	_ "embed"
-
-	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed lua/abandon.lua
-	abandonBody string
-	// abandonLua is abandon.lua after lib.lua, whose functions it uses.
-	abandonLua    = luaScript(abandonBody)
-	abandonScript = redis.NewScript(abandonLua)
 )
 
 // Abandon ends the lease of the claim of (scope, key) whose fencing token is
@@ -68,34 +57,4 @@ func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (R
 	}
 	r, err := k.store.Abandon(ctx, k.RecordID(scope, key), token)
 	return r, storeError(ctx, "abandon", err)
-}
-
-// Abandon implements Store with one script, one round trip. id is a
-// record id (Record.ID, or what the Keeper makes of a scope and key). Its
-// contract is Keeper.Abandon's; an id that is not one is refused with
-// ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
-func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
-	if err := checkRecordID(id); err != nil {
-		return Record{}, err
-	}
-	if err := checkToken("abandon", token); err != nil {
-		return Record{}, err
-	}
-	if ctx.Err() != nil {
-		return Record{}, canceled(ctx, "abandon")
-	}
-	rk := s.key(id)
-	keys, args, err := s.withIndex(ctx, id, rk, token, token)
-	if err != nil {
-		return Record{ID: id, Key: rk}, err
-	}
-	res, err := s.runIndexed(ctx, abandonScript, keys, args)
-	if err != nil {
-		return Record{ID: id, Key: rk}, storeError(ctx, "abandon", s.layoutError(err))
-	}
-	code, r, err := parseRecordReply(id, rk, res)
-	if err == nil && code == recordRefused { // forget.lua's, never abandon.lua's
-		err = unexpected(res)
-	}
-	return r, err
 }

@@ -2,15 +2,9 @@ package idem
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Limits of the checkpoints of one claim; Checkpoint refuses more with an
@@ -162,96 +156,4 @@ func withoutCheckpoint(cps []Checkpoint, name string) []Checkpoint {
 		}
 	}
 	return out
-}
-
-//go:embed lua/checkpoint.lua
-var checkpointBody string
-
-// checkpointLua is checkpoint.lua after lib.lua, whose functions it uses.
-var checkpointLua = luaScript(checkpointBody)
-
-var checkpointScript = redis.NewScript(checkpointLua)
-
-// Checkpoint implements Store: one script, one round trip. With
-// WithReplicas it waits for the replicas as a completion does.
-func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
-	if claim.Ref > 0 {
-		return s.checkpointCompact(ctx, claim, name, value, keep)
-	}
-	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})
-}
-
-// checkpointCompact records a checkpoint of the compact claim f, moving it to
-// a record of its own kept for keep (see checkpoint.lua).
-func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
-	key := s.key(f.ID)
-	e := s.entryAt(f.ID, key)
-	return s.checkpoint(ctx, []string{key, e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10)},
-		[]any{f.Token, name, value, MaxCheckpoints, f.Ref, string(e.d8[:]), millis(keep)})
-}
-
-// checkpoint runs checkpoint.lua on keys with args.
-func (s *RedisStore) checkpoint(ctx context.Context, keys []string, args []any) error {
-	var cmd *redis.Cmd
-	if s.durable != nil {
-		cmd = s.durable.run(ctx, s.client, "checkpoint", checkpointScript, keys, args...)
-	} else {
-		cmd = checkpointScript.Run(ctx, s.client, keys, args...)
-	}
-	res, err := cmd.Slice()
-	if err != nil {
-		return err
-	}
-	if replyCode(res) == checkpointFull {
-		return fmt.Errorf("%w: the record holds %d checkpoints, the most it may", ErrInvalidCheckpoint, MaxCheckpoints)
-	}
-	return transitionReply(res)
-}
-
-// withCheckpoints sets r's checkpoints from the rest of a claim reply: none,
-// or the record's checkpoints as checkpoint.lua writes them.
-func withCheckpoints(r ClaimReply, rest []any) (ClaimReply, error) {
-	if len(rest) == 0 {
-		return r, nil
-	}
-	tail, ok := rest[0].(string)
-	if !ok {
-		return ClaimReply{}, unexpected(rest)
-	}
-	cps, err := parseCheckpoints(tail)
-	if err != nil {
-		return ClaimReply{}, err
-	}
-	r.Checkpoints = cps
-	return r, nil
-}
-
-// parseCheckpoints reads the checkpoints that follow a pending record's
-// header: LEN ":" NAME LEN ":" VALUE, for each, oldest first.
-func parseCheckpoints(tail string) ([]Checkpoint, error) {
-	var cps []Checkpoint
-	for tail != "" {
-		name, rest, ok1 := cutField(tail)
-		value, rest, ok2 := cutField(rest)
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("%w: checkpoints unreadable", ErrCorrupt)
-		}
-		cps = append(cps, Checkpoint{Name: name, Value: []byte(value)})
-		tail = rest
-	}
-	return cps, nil
-}
-
-// cutField cuts LEN ":" BYTES off the front of s; LEN is 1 to 9 decimal
-// digits, as the scripts read it.
-func cutField(s string) (field, rest string, ok bool) {
-	l, rest, ok := strings.Cut(s, ":")
-	if !ok || l == "" || len(l) > 9 || strings.Trim(l, "0123456789") != "" {
-		return "", "", false
-	}
-	n, _ := strconv.Atoi(l)
-	if n > len(rest) {
-		return "", "", false
-	}
-	return rest[:n], rest[n:], true
 }

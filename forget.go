@@ -2,22 +2,11 @@ package idem
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed lua/forget.lua
-	forgetBody string
-	// forgetLua is forget.lua after lib.lua, whose functions it uses.
-	forgetLua    = luaScript(forgetBody)
-	forgetScript = redis.NewScript(forgetLua)
 )
 
 // ForgetRefusedError is the error of a Forget without force whose record
@@ -175,48 +164,4 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 		err = storeError(ctx, "forget", err)
 	}
 	return r, err
-}
-
-// Forget implements Store with one script, one round trip. id is a record
-// id (Record.ID, or what the Keeper makes of a scope and key). Its contract
-// is Keeper.ForgetToken's; an id that is not one is refused with
-// ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
-func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
-	if err := checkRecordID(id); err != nil {
-		return Record{}, err
-	}
-	if err := checkToken("forget", token); err != nil {
-		return Record{}, err
-	}
-	if ctx.Err() != nil {
-		return Record{}, canceled(ctx, "forget")
-	}
-	mode := ""
-	if force {
-		mode = "force"
-	}
-	rk := s.key(id)
-	keys, args, err := s.withIndex(ctx, id, rk, token, token, strconv.FormatInt(token, 36), mode)
-	if err != nil {
-		return Record{ID: id, Key: rk}, err
-	}
-	res, err := forgetScript.Run(ctx, s.client, keys, args...).Slice()
-	if err != nil {
-		return Record{ID: id, Key: rk}, storeError(ctx, "forget", s.layoutError(err))
-	}
-	code, r, err := parseRecordReply(id, rk, res)
-	if err != nil {
-		return r, err
-	}
-	switch code {
-	case recordNone, recordDone:
-		return r, nil
-	case recordRefused:
-		refused := &ForgetRefusedError{Checkpoints: r.Checkpoints}
-		if r.State == StatePending && r.LeaseLeft > 0 {
-			refused.LeaseLeft = r.LeaseLeft
-		}
-		return r, refused
-	}
-	return r, unexpected(res)
 }

@@ -388,3 +388,51 @@ func parseShortHeader(s string) (header, error) {
 	}
 	return header{token: tok, attempt: n, recovered: f[3] == "1", fingerprint: f[0]}, nil
 }
+
+// withCheckpoints sets r's checkpoints from the rest of a claim reply: none,
+// or the record's checkpoints as checkpoint.lua writes them.
+func withCheckpoints(r ClaimReply, rest []any) (ClaimReply, error) {
+	if len(rest) == 0 {
+		return r, nil
+	}
+	tail, ok := rest[0].(string)
+	if !ok {
+		return ClaimReply{}, unexpected(rest)
+	}
+	cps, err := parseCheckpoints(tail)
+	if err != nil {
+		return ClaimReply{}, err
+	}
+	r.Checkpoints = cps
+	return r, nil
+}
+
+// parseCheckpoints reads the checkpoints that follow a pending record's
+// header: LEN ":" NAME LEN ":" VALUE, for each, oldest first.
+func parseCheckpoints(tail string) ([]Checkpoint, error) {
+	var cps []Checkpoint
+	for tail != "" {
+		name, rest, ok1 := cutField(tail)
+		value, rest, ok2 := cutField(rest)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("%w: checkpoints unreadable", ErrCorrupt)
+		}
+		cps = append(cps, Checkpoint{Name: name, Value: []byte(value)})
+		tail = rest
+	}
+	return cps, nil
+}
+
+// cutField cuts LEN ":" BYTES off the front of s; LEN is 1 to 9 decimal
+// digits, as the scripts read it.
+func cutField(s string) (field, rest string, ok bool) {
+	l, rest, ok := strings.Cut(s, ":")
+	if !ok || l == "" || len(l) > 9 || strings.Trim(l, "0123456789") != "" {
+		return "", "", false
+	}
+	n, _ := strconv.Atoi(l)
+	if n > len(rest) {
+		return "", "", false
+	}
+	return rest[:n], rest[n:], true
+}

@@ -1,0 +1,55 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The checkpoint step of RedisStore: lua/checkpoint.lua.
+var (
+	//go:embed lua/checkpoint.lua
+	checkpointBody   string
+	checkpointLua    = luaScript(checkpointBody)
+	checkpointScript = redis.NewScript(checkpointLua)
+)
+
+// Checkpoint implements Store: one script, one round trip. With
+// WithReplicas it waits for the replicas as a completion does.
+func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+	if claim.Ref > 0 {
+		return s.checkpointCompact(ctx, claim, name, value, keep)
+	}
+	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})
+}
+
+// checkpointCompact records a checkpoint of the compact claim f, moving it to
+// a record of its own kept for keep (see checkpoint.lua).
+func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
+	key := s.key(f.ID)
+	e := s.entryAt(f.ID, key)
+	return s.checkpoint(ctx, []string{key, e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10)},
+		[]any{f.Token, name, value, MaxCheckpoints, f.Ref, string(e.d8[:]), millis(keep)})
+}
+
+// checkpoint runs checkpoint.lua on keys with args.
+func (s *RedisStore) checkpoint(ctx context.Context, keys []string, args []any) error {
+	var cmd *redis.Cmd
+	if s.durable != nil {
+		cmd = s.durable.run(ctx, s.client, "checkpoint", checkpointScript, keys, args...)
+	} else {
+		cmd = checkpointScript.Run(ctx, s.client, keys, args...)
+	}
+	res, err := cmd.Slice()
+	if err != nil {
+		return err
+	}
+	if replyCode(res) == checkpointFull {
+		return fmt.Errorf("%w: the record holds %d checkpoints, the most it may", ErrInvalidCheckpoint, MaxCheckpoints)
+	}
+	return transitionReply(res)
+}
