@@ -49,9 +49,12 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 	has := func(script, name string) bool {
 		return regexp.MustCompile(`(?m)^local (function )?` + name + `\b`).MatchString(script)
 	}
-	// complete.lua reads records only.
-	assert.True(t, has(completeLua, "record_pending_of"))
+	// complete.lua, the step every Do ends with, reads records only, by
+	// patterns, and writes by one function.
+	assert.True(t, has(completeLua, "RECORD_PENDING"))
+	assert.True(t, has(completeLua, "record_completed"))
 	assert.True(t, has(completeLua, "transitionDone"))
+	assert.Equal(t, 1, strings.Count(completeLua, "function"))
 	assert.False(t, has(completeLua, "index_entry"))
 	assert.False(t, has(completeLua, "claimExisting"))
 	assert.False(t, has(completeLua, "call_header"))

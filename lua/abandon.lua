@@ -76,7 +76,7 @@ if not v then
   if tonumber(c.until_us) < tonumber(now) then
     now = c.until_us
   end
-  local head = record_head('P', tok, 1, 0, now, c.att, c.fp)
+  local head = record_head('P', tok, '1', '0', now, c.att, c.fp)
   local keep = redis.call('PTTL', c.ck)
   if keep <= 0 then
     keep = 86400000
@@ -86,9 +86,9 @@ if not v then
   index_drop(ikey, name, blk, pos)
   return {recordDone, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
-local hdr, st, tok, cnt, rec, until_us, att, fp = record_long(v)
+local _, hdr, st, tok, cnt, rec, until_us, att, fp = string.find(v, RECORD_LONG)
 if not hdr then
-  hdr = record_short(v)
+  _, hdr = string.find(v, RECORD_SHORT)
   if not hdr then
     return {replyNotOurs, 'unknown format'}
   end

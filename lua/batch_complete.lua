@@ -21,21 +21,19 @@ local function complete(key, token, token36, keep, payload)
     return 'wrong type'
   end
   -- head is ATTEMPT ":" RECOVERED ":", kept as it is.
-  local head, fp = record_pending_of(v, token)
-  if head then
+  local ptok, head, fp = string.match(v, RECORD_PENDING)
+  if ptok == token then
     redis.call('SET', key, record_completed(fp, token36, head, payload), 'PX', keep)
     return transitionDone
-  elseif head == nil then
-    return 'unknown format'
   end
-  local e, _, tok36 = record_short(v)
+  local _, e, _, tok36 = string.find(v, RECORD_SHORT)
   if e then
     if tok36 == token36 then
       return transitionDone
     end
     return transitionLost
   end
-  local _, st, tok = record_long(v)
+  local _, _, st, tok = string.find(v, RECORD_LONG)
   if not st then
     return 'unknown format'
   end

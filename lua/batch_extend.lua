@@ -21,10 +21,10 @@ local function extend(key, token)
   if type(v) ~= 'string' then
     return 'wrong type'
   end
-  local hdr, st, tok, cnt, rec, _, att, fp = record_long(v)
+  local _, hdr, st, tok, cnt, rec, _, att, fp = string.find(v, RECORD_LONG)
   if not st then
     -- A completed record of the short form (see complete.lua) is no claim's.
-    if record_short(v) then
+    if string.find(v, RECORD_SHORT) then
       return transitionLost
     end
     return 'unknown format'

@@ -43,7 +43,7 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   if not c or c.st ~= 'P' then
     return {transitionLost}
   end
-  v = record_head('P', token, 1, 0, c.until_us, c.att, c.fp)
+  v = record_head('P', token, '1', '0', c.until_us, c.att, c.fp)
   redis.call('SETRANGE', ck, c.at - 1, 'M')
   index_remove(ikey, d8)
   ttl = nil
@@ -54,10 +54,10 @@ end
 if not v then
   return {transitionLost}
 end
-local hdr, st, tok = record_long(v)
+local _, hdr, st, tok = string.find(v, RECORD_LONG)
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
-  if record_short(v) then
+  if string.find(v, RECORD_SHORT) then
     return {transitionLost}
   end
   return {replyNotOurs, 'unknown format'}
@@ -67,11 +67,16 @@ if st ~= 'P' or tok ~= token then
 end
 
 local function field(pos)
-  local from, after = checkpoint_field(v, pos)
-  if not from or after > #v + 1 then
+  local len = string.match(v, CHECKPOINT_FIELD, pos)
+  if not len or #len > 9 then
     return nil
   end
-  return string.sub(v, from, after - 1), after
+  local from = pos + #len + 1
+  local to = from + tonumber(len) - 1
+  if to > #v then
+    return nil
+  end
+  return string.sub(v, from, to), to + 1
 end
 
 local kept, count, pos = {}, 1, hdr + 1

@@ -132,7 +132,7 @@ if not v then
   local now = t[1] * 1000000 + t[2]
   if cnt == 0 then
     redis.call('SET', key,
-      record_head('P', string.format('%d', now), 1, 0, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
+      record_head('P', string.format('%d', now), '1', '0', string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
       'PX', ARGV[4])
     return now
   end
@@ -141,7 +141,7 @@ if not v then
     token = prev + 1
   end
   redis.call('SET', key,
-    record_head('P', string.format('%d', token), 2, rec, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
+    record_head('P', string.format('%d', token), '2', rec, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
     'PX', ARGV[4])
   return {claimExisting, token, 2, rec}
 end
@@ -149,14 +149,21 @@ if type(v) ~= 'string' then
   return {replyNotOurs, 'wrong type'}
 end
 
--- marked answers a completed record whose result is a marker's (see
--- format.lua's record_marked: a message handled by Consume in a record of
--- its own) as a marker, with its attempt count: {8, token, attempt} within
--- that retention, {9, token, attempt} after; nil for any other record.
-local function marked(v)
-  local tok36, cnt, untl = record_marked(v)
-  if not tok36 then
-    return nil
+if string.sub(v, 1, #RECORD_SHORT_START) == RECORD_SHORT_START then
+  -- A completed record of the short form.
+  local _, e, sfp, tok36, cnt = string.find(v, RECORD_SHORT)
+  if not e then
+    return {replyNotOurs, 'unknown format'}
+  end
+  if sfp ~= fp then
+    return {claimMismatch}
+  end
+  -- A result that is a marker's (a message handled by Consume in a record
+  -- of its own) answers as a marker, with its attempt count: {8, token,
+  -- attempt} within its retention, {9, token, attempt} after.
+  local untl = string.match(v, RECORD_MARKER, e + 1)
+  if not untl then
+    return v
   end
   local t = redis.call('TIME')
   if t[1] * 1000000 + t[2] < tonumber(untl) then
@@ -165,23 +172,12 @@ local function marked(v)
   return {claimMarkerExpired, tonumber(tok36, 36), tonumber(cnt)}
 end
 
-if record_is_short(v) then
-  -- A completed record of the short form.
-  if record_short_of(v, fp) then
-    return marked(v) or v
-  end
-  if record_short(v) then
-    return {claimMismatch}
-  end
-  return {replyNotOurs, 'unknown format'}
-end
-
-local hdr, st, tok, cnt, rec, until_us, att, rfp = record_long(v)
+local _, hdr, st, tok, cnt, rec, until_us, att, rfp = string.find(v, RECORD_LONG)
 if not st then
   return {replyNotOurs, 'unknown format'}
 end
 -- Lua numbers are doubles: refuse what they cannot hold exactly.
-if not record_in_range(tok, cnt, until_us) then
+if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
   return {replyNotOurs, 'token or attempt count out of range'}
 end
 if rfp ~= fp and (st ~= 'R' or hdr < #v) then
@@ -194,7 +190,16 @@ end
 -- The checkpoints: LEN ":" BYTES fields, a name and a value each (see
 -- checkpoint.lua).
 local checkpoints = string.sub(v, hdr + 1)
-if not checkpoints_readable(checkpoints) then
+local pos, fields = 1, 0
+while pos <= #checkpoints do
+  local len = string.match(checkpoints, CHECKPOINT_FIELD, pos)
+  if not len or #len > 9 then
+    return {replyNotOurs, 'checkpoints unreadable'}
+  end
+  pos = pos + #len + 1 + tonumber(len)
+  fields = fields + 1
+end
+if pos ~= #checkpoints + 1 or fields % 2 ~= 0 then
   return {replyNotOurs, 'checkpoints unreadable'}
 end
 

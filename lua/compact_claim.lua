@@ -128,6 +128,20 @@ local function calltok6()
   return tok6
 end
 
+-- readable reports whether s reads as checkpoints (see checkpoint.lua).
+local function readable(s)
+  local pos, fields = 1, 0
+  while pos <= #s do
+    local len = string.match(s, CHECKPOINT_FIELD, pos)
+    if not len or #len > 9 then
+      return false
+    end
+    pos = pos + #len + 1 + tonumber(len)
+    fields = fields + 1
+  end
+  return pos == #s + 1 and fields % 2 == 0
+end
+
 -- refused answers a write that Redis refused: a value that is not ours is
 -- corrupt; anything else (OOM, READONLY, ...) is Redis's to answer.
 local function refused(e)
@@ -168,7 +182,7 @@ end
 -- and answers compactClaimNewRecord; NX, so that a value of another type there is refused
 -- rather than overwritten.
 local function newfresh(i, fp)
-  local ok = redis.pcall('SET', KEYS[i], record_head('P', now_s, 1, 0, until_s, attempt, fp), 'PX', keep, 'NX')
+  local ok = redis.pcall('SET', KEYS[i], record_head('P', now_s, '1', '0', until_s, attempt, fp), 'PX', keep, 'NX')
   if not ok then
     return replyNotOurs, 'wrong type'
   end
@@ -180,29 +194,29 @@ end
 
 -- record answers for KEYS[i], whose value v is a record (see claim.lua).
 local function record(i, v, fp)
-  if record_is_short(v) then
-    if record_short_of(v, fp) then
-      -- A result that is a marker's (see claim.lua's marked) answers as
-      -- a marker.
-      local tok36, cnt, untl = record_marked(v)
-      if tok36 then
-        if now < tonumber(untl) then
-          return compactClaimMarked, tonumber(tok36, 36), tonumber(cnt)
-        end
-        return compactClaimMarkedExpired, tonumber(tok36, 36), tonumber(cnt)
-      end
-      return compactClaimCompleted, v
+  if string.sub(v, 1, #RECORD_SHORT_START) == RECORD_SHORT_START then
+    local _, e, sfp, tok36, cnt = string.find(v, RECORD_SHORT)
+    if not e then
+      return replyNotOurs, 'unknown format'
     end
-    if record_short(v) then
+    if sfp ~= fp then
       return compactClaimMismatch
     end
-    return replyNotOurs, 'unknown format'
+    -- A result that is a marker's (see claim.lua) answers as a marker.
+    local untl = string.match(v, RECORD_MARKER, e + 1)
+    if untl then
+      if now < tonumber(untl) then
+        return compactClaimMarked, tonumber(tok36, 36), tonumber(cnt)
+      end
+      return compactClaimMarkedExpired, tonumber(tok36, 36), tonumber(cnt)
+    end
+    return compactClaimCompleted, v
   end
-  local hdr, st, tok, cnt, rec, until_us, att, rfp = record_long(v)
+  local _, hdr, st, tok, cnt, rec, until_us, att, rfp = string.find(v, RECORD_LONG)
   if not st then
     return replyNotOurs, 'unknown format'
   end
-  if not record_in_range(tok, cnt, until_us) then
+  if #tok > 16 or #cnt > 9 or #until_us > 16 or tonumber(tok) > 9007199254740991 then
     return replyNotOurs, 'token or attempt count out of range'
   end
   if rfp ~= fp and (st ~= 'R' or hdr < #v) then
@@ -212,7 +226,7 @@ local function record(i, v, fp)
     return compactClaimCompleted, v
   end
   local checkpoints, recovered = string.sub(v, hdr + 1), 0
-  if not checkpoints_readable(checkpoints) then
+  if not readable(checkpoints) then
     return replyNotOurs, 'checkpoints unreadable'
   end
   if st == 'P' then
@@ -569,7 +583,7 @@ end
 
 if claimed then
   redis.call('SET', cbase .. token_s,
-    call_head(until_s, 0, 0, attempt, fpw) .. table.concat(states) .. table.concat(fps),
+    call_head(until_s, '0', '0', attempt, fpw) .. table.concat(states) .. table.concat(fps),
     'PX', callkeep)
 else
   token = 0

@@ -55,7 +55,12 @@ local function moved(j)
   if type(v) ~= 'string' then
     return false
   end
-  return record_of(v, token)
+  local tok = string.match(v, RECORD_TOKEN)
+  if tok then
+    return tok == token
+  end
+  local tok36 = string.match(v, RECORD_TOKEN36)
+  return tok36 ~= nil and tonumber(tok36, 36) == tonumber(token)
 end
 
 local v = redis.pcall('GET', ck)
@@ -102,7 +107,7 @@ for j = 1, k do
   local p = tonumber(ARGV[4 + 2 * j])
   if st[p] == 80 then
     local fp = call_fp(v, e, places, w, p)
-    redis.call('SET', KEYS[2 + j], record_head('P', token, 1, 0, u, att, fp), 'PX', ARGV[5])
+    redis.call('SET', KEYS[2 + j], record_head('P', token, '1', '0', u, att, fp), 'PX', ARGV[5])
     -- Its entry leaves the index.
     index_remove(ikey, ARGV[5 + 2 * j])
     st[p], changed = 77, true -- 'M'

@@ -32,17 +32,15 @@ if type(v) ~= 'string' then
 end
 
 -- The hot path: the pending record of this token.
-local head, fp = record_pending_of(v, token)
-if head then
+local ptok, head, fp = string.match(v, RECORD_PENDING)
+if ptok == token then
   redis.call('SET', key, record_completed(fp, ARGV[2], head, ARGV[4]), 'PX', ARGV[3])
   return transitionDone
-elseif head == nil then
-  return {replyNotOurs, 'unknown format'}
 end
 
 -- A completed record of the short form: completed by this token (a retried
 -- call) or by another.
-local e, _, tok36 = record_short(v)
+local _, e, _, tok36 = string.find(v, RECORD_SHORT)
 if e then
   if tok36 == ARGV[2] then
     return completeDoneBefore
@@ -50,7 +48,7 @@ if e then
   return transitionLost
 end
 
-local _, st, tok = record_long(v)
+local _, _, st, tok = string.find(v, RECORD_LONG)
 if not st then
   return {replyNotOurs, 'unknown format'}
 end

@@ -72,13 +72,13 @@ if not v then
   index_drop(ikey, name, blk, pos)
   return reply
 end
-local hdr, st, tok, _, _, until_us = record_long(v)
+local _, hdr, st, tok, _, _, until_us = string.find(v, RECORD_LONG)
 local mine
 if hdr then
   mine = tok == token
 else
   local tok36
-  hdr, _, tok36 = record_short(v)
+  _, hdr, _, tok36 = string.find(v, RECORD_SHORT)
   if not hdr then
     return {replyNotOurs, 'unknown format'}
   end

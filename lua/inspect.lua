@@ -74,7 +74,10 @@ if not v then
   end
   return {recordNone, t[1], t[2]}
 end
-local hdr = record_long(v) or record_short(v)
+local _, hdr = string.find(v, RECORD_LONG)
+if not hdr then
+  _, hdr = string.find(v, RECORD_SHORT)
+end
 if not hdr then
   return {replyNotOurs, 'unknown format'}
 end

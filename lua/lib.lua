@@ -143,11 +143,11 @@ end
 local function index_reply(code, c, tok, t)
   local head, rest = nil, ''
   if c.st == 'P' then
-    head = record_head('P', tok, 1, 0, c.until_us, c.att, c.fp)
+    head = record_head('P', tok, '1', '0', c.until_us, c.att, c.fp)
   elseif c.st == 'R' then
-    head = record_head('R', tok, 1, 0, 0, c.att, c.fp)
+    head = record_head('R', tok, '1', '0', '0', c.att, c.fp)
   elseif c.st == 'C' then
-    head, rest = record_head('C', tok, 1, 0, 0, c.att, c.fp), '\1b'
+    head, rest = record_head('C', tok, '1', '0', '0', c.att, c.fp), '\1b'
   else
     return nil
   end
@@ -165,17 +165,21 @@ local function checkpoint_list(v, from)
   end
   local cps, pos, n = {}, from, 0
   while pos <= #v do
-    local start, after = checkpoint_field(v, pos)
-    if not start or after > #v + 1 then
+    local len = string.match(v, CHECKPOINT_FIELD, pos)
+    if not len or #len > 9 then
+      return false
+    end
+    local start = pos + #len + 1
+    pos = start + tonumber(len)
+    if pos > #v + 1 then
       return false
     end
     n = n + 1
     if n % 2 == 1 then
-      cps[#cps + 1] = string.sub(v, start, after - 1)
+      cps[#cps + 1] = string.sub(v, start, pos - 1)
     else
-      cps[#cps + 1] = after - start
+      cps[#cps + 1] = tonumber(len)
     end
-    pos = after
   end
   if n % 2 ~= 0 then
     return false

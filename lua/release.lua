@@ -23,10 +23,10 @@ end
 if type(v) ~= 'string' then
   return {replyNotOurs, 'wrong type'}
 end
-local hdr, st, tok, cnt, _, _, _, fp = record_long(v)
+local _, hdr, st, tok, cnt, _, _, _, fp = string.find(v, RECORD_LONG)
 if not st then
   -- A completed record of the short form (see complete.lua) is no claim's.
-  if record_short(v) then
+  if string.find(v, RECORD_SHORT) then
     return transitionLost
   end
   return {replyNotOurs, 'unknown format'}
@@ -41,8 +41,8 @@ if st ~= 'P' then
   return transitionLost
 end
 if hdr < #v then
-  redis.call('SET', key, record_head('R', tok, cnt, 0, 0, '', fp) .. string.sub(v, hdr + 1), 'KEEPTTL')
+  redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', fp) .. string.sub(v, hdr + 1), 'KEEPTTL')
   return transitionDone
 end
-redis.call('SET', key, record_head('R', tok, cnt, 0, 0, '', ''), 'PX', ARGV[2])
+redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', ''), 'PX', ARGV[2])
 return transitionDone
