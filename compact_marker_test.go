@@ -581,3 +581,88 @@ func TestMarkerEntryIsKnownByAllItsBytes(t *testing.T) {
 		assert.Equal(t, StatusClaimed, got[1].Reply.Status, "c is not a")
 	})
 }
+
+// TestConsumeReplaysAMarkerPastTheRetention: a message handled by Consume
+// leaves a marker kept for the marker retention; its redelivery after the
+// retention, and within the marker retention, is "done before": Consume
+// answers MessageReplayed, acknowledged, and the handler does not run (the
+// contract: "a redelivery within it is answered done before, as from a full
+// record"; WithMarkerRetention: "for that long a redelivery is answered
+// handled before (MessageReplayed)"). Begin answers ErrResultExpired then.
+func TestConsumeReplaysAMarkerPastTheRetention(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const retention = time.Second
+		k := newKeeper(t, b, WithLease(retention), WithRetention(retention), WithMarkerRetention(time.Hour))
+		ctx := context.Background()
+		ran := 0
+		handle := func(context.Context, msg) error { ran++; return nil }
+		res, err := Consume(ctx, k, "s", msgs("m1"), msgID, handle)
+		require.NoError(t, err)
+		require.Equal(t, MessageHandled, res[0].Status)
+
+		b.Advance(retention + retention/2)
+		_, err = k.Begin(ctx, "s", "m1")
+		require.ErrorIs(t, err, ErrResultExpired, "Begin past the retention, within the marker retention")
+
+		res, err = Consume(ctx, k, "s", msgs("m1"), msgID, handle)
+		require.NoError(t, err)
+		assert.Equal(t, 1, ran, "the handler ran again")
+		assert.Equal(t, MessageReplayed, res[0].Status,
+			"a redelivery past the retention and within the marker retention must be answered done before; got %s (Ack %v, %v): the broker redelivers it until the marker retention ends, and then it runs again",
+			res[0].Status, res[0].Ack, res[0].Err)
+		assert.True(t, res[0].Ack, "not acknowledged")
+	})
+}
+
+// TestConsumeRemembersARetriedMessageForTheMarkerRetention: a message that
+// took more than one delivery to handle (its first handler failed and
+// released it, or its first consumer died holding it and a redelivery took
+// it over) is remembered as long as one handled at the first try: for the
+// marker retention, past the result retention (WithMarkerRetention: "a
+// message handled by Consume ... is remembered: for that long a redelivery
+// is answered handled before"). Begin past the retention answers
+// ErrResultExpired, never a claim; Consume never runs it again.
+func TestConsumeRemembersARetriedMessageForTheMarkerRetention(t *testing.T) {
+	const retention = time.Second
+	cases := map[string]func(t *testing.T, b *redistest.Backend, k *Keeper){
+		"failed first": func(t *testing.T, b *redistest.Backend, k *Keeper) {
+			res, err := Consume(context.Background(), k, "s", msgs("m1"), msgID, func(context.Context, msg) error { return errFlaky })
+			require.NoError(t, err)
+			require.Equal(t, MessageRetry, res[0].Status)
+		},
+		"its consumer died": func(t *testing.T, b *redistest.Backend, k *Keeper) {
+			res, err := k.BeginBatch(context.Background(), "s", []string{"m1"}, WithCompactClaims())
+			require.NoError(t, err)
+			require.NotNil(t, res[0].Outcome.Claim) // and never settled
+			b.Advance(retention + 10*time.Millisecond)
+		},
+		"first try": func(t *testing.T, b *redistest.Backend, k *Keeper) {},
+	}
+	for name, before := range cases {
+		t.Run(name, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				k := newKeeper(t, b, WithLease(retention), WithRetention(retention), WithMarkerRetention(time.Hour))
+				ctx := context.Background()
+				before(t, b, k)
+				ran := 0
+				handle := func(context.Context, msg) error { ran++; return nil }
+				res, err := Consume(ctx, k, "s", msgs("m1"), msgID, handle)
+				require.NoError(t, err)
+				require.Equal(t, MessageHandled, res[0].Status, "%v", res[0].Err)
+
+				b.Advance(retention + retention/2)
+				out, err := k.Begin(ctx, "s", "m1")
+				if out.Claim != nil {
+					assert.Fail(t, "forgotten", "Begin past the retention, within the marker retention, claimed a message Consume handled (attempt %d, token %d): it is no longer remembered, and its redelivery runs again",
+						out.Claim.Attempt(), out.Claim.Token())
+					require.NoError(t, out.Claim.Release(ctx))
+				} else {
+					assert.ErrorIs(t, err, ErrResultExpired)
+				}
+				_, err = Consume(ctx, k, "s", msgs("m1"), msgID, handle)
+				require.NoError(t, err)
+				assert.Equal(t, 1, ran, "the handler ran again within the marker retention")
+			})
+		})
+	}
+}

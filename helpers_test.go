@@ -238,3 +238,10 @@ func sumValues(m map[string]int) (n int) {
 	}
 	return n
 }
+
+// markerModes runs f with markers on (the default) and WithoutMarkers: the
+// batch scripts of both.
+func markerModes(t *testing.T, f func(t *testing.T, opts ...Option)) {
+	t.Run("markers", func(t *testing.T) { f(t) })
+	t.Run("records", func(t *testing.T) { f(t, WithoutMarkers()) })
+}
