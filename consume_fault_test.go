@@ -1364,3 +1364,18 @@ func TestConsumeFaultsCatchABrokenStore(t *testing.T) {
 	assert.True(t, slices.ContainsFunc(e.led.violations, func(v string) bool { return strings.Contains(v, "two live runs") }),
 		"no two live runs among %v", e.led.violations)
 }
+
+// unreachableAnswer reports whether Consume's error err is its answer to a
+// batch none of whose claims reached the store: wrapping ErrUnavailable,
+// every message answered, none acknowledged.
+func unreachableAnswer(res []MessageResult, err error) bool {
+	if !errors.Is(err, ErrUnavailable) || res == nil {
+		return false
+	}
+	for _, r := range res {
+		if r.Ack || r.Ran {
+			return false
+		}
+	}
+	return true
+}

@@ -588,3 +588,43 @@ func TestConsumeEmptyBatch(t *testing.T) {
 		assert.Empty(t, k.CompleteBatch(context.Background(), nil))
 	}), "nothing to ask Redis")
 }
+
+// TestConsumeRepeatedKeyWithOtherFingerprintIsRejected: two messages with
+// one key and different bodies (fingerprints) in one batch. The first is
+// handled; the second is another request under a used key, which the README
+// answers MessageRejected ("used with another fingerprint (WithFingerprints)
+// ... MessageRejected, false") and which Consume does answer so when it comes
+// in the next batch. In the same batch it is acknowledged as a duplicate:
+// its content is dropped without running and without being dead-lettered.
+func TestConsumeRepeatedKeyWithOtherFingerprintIsRejected(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k := newKeeper(t, b)
+		ctx := context.Background()
+		var mu sync.Mutex
+		handled := map[string]int{}
+		handle := func(ctx context.Context, m msg) error {
+			mu.Lock()
+			handled[m.Body]++
+			mu.Unlock()
+			return nil
+		}
+		batch := []msg{{ID: "order-1", Body: "charge 10"}, {ID: "order-1", Body: "charge 99"}}
+		fps := [][]byte{[]byte(batch[0].Body), []byte(batch[1].Body)}
+		res, err := Consume(ctx, k, "orders", batch, msgID, handle, WithFingerprints(fps))
+		require.NoError(t, err)
+		require.Equal(t, MessageHandled, res[0].Status)
+		assert.Equal(t, 1, handled["charge 10"])
+		assert.Equal(t, 0, handled["charge 99"], "the other body never ran")
+
+		// The same second message, in the next batch: rejected.
+		again, err := Consume(ctx, k, "orders", batch[1:], msgID, handle, WithFingerprints(fps[1:]))
+		require.NoError(t, err)
+		require.Equal(t, MessageRejected, again[0].Status, "next batch: another fingerprint is rejected")
+		assert.ErrorIs(t, again[0].Err, ErrMismatch)
+		assert.False(t, again[0].Ack)
+
+		// In the first batch it must not be acknowledged either.
+		assert.False(t, res[1].Ack, "a message with another fingerprint was acknowledged without running (status %s, err %v)", res[1].Status, res[1].Err)
+		assert.NotEqual(t, MessageDuplicate, res[1].Status, "another fingerprint is no duplicate")
+	})
+}

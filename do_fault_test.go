@@ -1220,3 +1220,45 @@ func TestRestartWithAOF(t *testing.T) {
 	assert.Greater(t, again.Token, released.Token)
 	assert.Equal(t, 2, again.Claim.Attempt())
 }
+
+// lateClaims is a RedisStore whose claim answers come back only after late
+// has run: a reply held up (a slow network, a resend after a lost reply, a
+// paused process) while the lease goes on running in Redis.
+type lateClaims struct {
+	*RedisStore
+	late func()
+}
+
+func (s *lateClaims) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+	r, err := s.RedisStore.Claim(ctx, id, req)
+	s.late()
+	return r, err
+}
+
+func (s *lateClaims) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+	r := s.RedisStore.ClaimBatch(ctx, req)
+	s.late()
+	return r
+}
+
+func lateKeeper(t *testing.T, b *redistest.Backend, key string) (*Keeper, **Claim) {
+	rs, err := NewRedisStore(b.Client)
+	require.NoError(t, err)
+	var other *Claim
+	s := &lateClaims{RedisStore: rs, late: func() { other = takeOver(t, b, "s", key) }}
+	k, err := New(s, WithLease(300*time.Millisecond), WithRetention(time.Minute))
+	require.NoError(t, err)
+	return k, &other
+}
+
+// TestDoDoesNotRunALateClaimTakenOver: the single-key reference of
+// TestConsumeDoesNotRunALateClaimTakenOver (consume_run_lease_test.go).
+func TestDoDoesNotRunALateClaimTakenOver(t *testing.T) {
+	b := redistest.Real(t)
+	k, other := lateKeeper(t, b, "single")
+	var ran atomic.Bool
+	_, err := Do(context.Background(), k, "s", "single", func(ctx context.Context) (int, error) { ran.Store(true); return 1, nil })
+	assert.ErrorIs(t, err, ErrLeaseLost)
+	assert.False(t, ran.Load(), "Do ran a function whose claim was taken over before its answer came")
+	require.NotNil(t, *other)
+}

@@ -3,12 +3,14 @@ package idem
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -237,4 +239,24 @@ func sumValues(m map[string]int) (n int) {
 		n += v
 	}
 	return n
+}
+
+// markerModes runs f with markers on (the default) and WithoutMarkers: the
+// batch scripts of both.
+func markerModes(t *testing.T, f func(t *testing.T, opts ...Option)) {
+	t.Run("markers", func(t *testing.T) { f(t) })
+	t.Run("records", func(t *testing.T) { f(t, WithoutMarkers()) })
+}
+
+// badInputBackends returns a client of a fresh miniredis, and of a fresh
+// redis-server when one is installed.
+func badInputBackends(t *testing.T) map[string]*redis.Client {
+	m := miniredis.RunT(t)
+	mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { mc.Close() })
+	backends := map[string]*redis.Client{"miniredis": mc}
+	if _, err := exec.LookPath("redis-server"); err == nil || redistest.Required() {
+		backends["redis"] = redistest.Start(t).Client(t)
+	}
+	return backends
 }

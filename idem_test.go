@@ -363,42 +363,6 @@ func TestStoredKeyLayout(t *testing.T) {
 	assert.NotEqual(t, recordID("ab", "c"), recordID("a", "bc"))
 }
 
-func TestInvalidKeys(t *testing.T) {
-	for _, key := range []string{"", strings.Repeat("k", MaxKeyLen+1), "a\nb", "tab\there", "nul\x00", "del\x7f"} {
-		require.ErrorIs(t, ValidateKey(key), ErrInvalidKey, "%q", key)
-	}
-	for _, key := range []string{"k", strings.Repeat("k", MaxKeyLen), "order-42/ünïcode ok", "a b"} {
-		require.NoError(t, ValidateKey(key), "%q", key)
-	}
-}
-
-func TestConstructorsRefuseMisuse(t *testing.T) {
-	b := redistest.Miniredis(t)
-	s, err := NewRedisStore(b.Client)
-	require.NoError(t, err)
-	cases := map[string]func() error{
-		"nil client":   func() error { _, err := NewRedisStore(nil); return err },
-		"brace prefix": func() error { _, err := NewRedisStore(b.Client, WithPrefix("a{b")); return err },
-		"nil store":    func() error { _, err := New(nil); return err },
-		"zero lease":   func() error { _, err := New(s, WithLease(0)); return err },
-		"neg lease":    func() error { _, err := New(s, WithLease(-time.Second)); return err },
-		"short retention": func() error {
-			_, err := New(s, WithLease(time.Minute), WithRetention(time.Second))
-			return err
-		},
-		"neg error retention": func() error { _, err := New(s, WithErrorRetention(-1)); return err },
-		"nil codec":           func() error { _, err := New(s, WithCodec(nil)); return err },
-	}
-	for name, f := range cases {
-		assert.ErrorIs(t, f(), ErrInvalidConfig, name)
-	}
-	k, err := New(s)
-	require.NoError(t, err)
-	assert.Equal(t, DefaultLease, k.Lease())
-	assert.Equal(t, DefaultRetention, k.Retention())
-	assert.Equal(t, DefaultRetention, k.ErrorRetention())
-}
-
 func TestErrorsReleaseFinalErrorsReplay(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
@@ -557,54 +521,6 @@ func TestWaitGetsTheResult(t *testing.T) {
 	})
 }
 
-func TestCorruptRecords(t *testing.T) {
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		k := newKeeper(t, b)
-		ctx := context.Background()
-		key := func(name string) string { return k.store.(*RedisStore).key(recordID("s", name)) }
-		fn := func(ctx context.Context) (receipt, error) {
-			assert.Fail(t, "must not run on a corrupt record")
-			return receipt{}, nil
-		}
-		tok := "1795987179415205"
-		cases := []struct {
-			name string
-			put  func(k string) error
-		}{
-			{"plain string", func(k string) error { return b.Client.Set(ctx, k, "hello", 0).Err() }},
-			{"hash", func(k string) error { return b.Client.HSet(ctx, k, "s", "C", "t", "zz").Err() }},
-			{"list", func(k string) error { return b.Client.RPush(ctx, k, "a").Err() }},
-			{"garbage header", func(k string) error { return b.Client.Set(ctx, k, "i1C12:x:0:0:::", 0).Err() }},
-			{"unknown envelope", func(k string) error {
-				return b.Client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x09v\x01", 0).Err()
-			}},
-			{"truncated msgpack", func(k string) error {
-				return b.Client.Set(ctx, k, "i1C"+tok+":1:0:0:::\x01v\x83\xa2ID", 0).Err()
-			}},
-		}
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				rk := key(c.name)
-				require.NoError(t, c.put(rk))
-				before := snapshot(t, b.Client, rk)
-				_, err := Do(ctx, k, "s", c.name, fn)
-				require.ErrorIs(t, err, ErrCorrupt)
-				assert.Equal(t, before, snapshot(t, b.Client, rk), "nothing is overwritten")
-			})
-		}
-		// Complete, Release and Extend on a record that turned corrupt.
-		out, err := k.Begin(ctx, "s", "turned")
-		require.NoError(t, err)
-		require.NoError(t, b.Client.Set(ctx, key("turned"), "not ours", 0).Err())
-		require.ErrorIs(t, out.Claim.Complete(ctx, []byte("x"), 0), ErrCorrupt)
-		require.ErrorIs(t, out.Claim.Release(ctx), ErrCorrupt)
-		require.ErrorIs(t, out.Claim.Extend(ctx), ErrCorrupt)
-		v, err := b.Client.Get(ctx, key("turned")).Result()
-		require.NoError(t, err)
-		assert.Equal(t, "not ours", v)
-	})
-}
-
 func TestUnavailableIsTyped(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
@@ -651,22 +567,4 @@ func TestEncodingFailureIsStoredAsFinal(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	assert.True(t, fe.Replayed)
 	assert.Equal(t, 1, runs, "the operation ran once; its outcome is replayed")
-}
-
-// snapshot returns the type and content of the value at key.
-func snapshot(t *testing.T, c *redis.Client, key string) string {
-	ctx := context.Background()
-	typ, err := c.Type(ctx, key).Result()
-	require.NoError(t, err)
-	var v any
-	switch typ {
-	case "string":
-		v, err = c.Get(ctx, key).Result()
-	case "hash":
-		v, err = c.HGetAll(ctx, key).Result()
-	case "list":
-		v, err = c.LRange(ctx, key, 0, -1).Result()
-	}
-	require.NoError(t, err)
-	return fmt.Sprintf("%s %v", typ, v)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,4 +198,52 @@ func TestKeepAliveStopsWhileARetryWaits(t *testing.T) {
 		require.NoError(t, otherKA.stop())
 		assert.Equal(t, n, s.renewals(out.Claim.id), "a renewal after stop")
 	})
+}
+
+// extendCounter counts a store's lease extensions.
+type extendCounter struct {
+	Store
+	n atomic.Int32
+}
+
+func (s *extendCounter) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+	s.n.Add(1)
+	return s.Store.Extend(ctx, id, token, lease, keep)
+}
+
+// TestKeepAliveRenewsUntilStopped guards Do's lease renewal, which runs on a
+// timer so that short operations cost no goroutine: a long operation's lease
+// is renewed, the result is stored, and renewals end with the operation.
+func TestKeepAliveRenewsUntilStopped(t *testing.T) {
+	b := redistest.Miniredis(t)
+	s, err := NewRedisStore(b.Client)
+	require.NoError(t, err)
+	ext := &extendCounter{Store: s}
+	// The Keeper's clock stands still, so that a renewal slowed down by a busy
+	// machine never lets the lease run out by this process's clock.
+	k, err := New(ext, WithLease(300*time.Millisecond), WithRetention(time.Minute), WithClock(newTestClock().Now))
+	require.NoError(t, err)
+	ctx := context.Background()
+	v, err := Do(ctx, k, "s", "long", func(ctx context.Context) (string, error) {
+		eventually(t, "three renewals", func() bool { return ext.n.Load() >= 3 })
+		_, err := k.Begin(ctx, "s", "long")
+		require.ErrorIs(t, err, ErrInProgress, "the renewed lease is held")
+		return "done", ctx.Err()
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "done", v)
+	after := ext.n.Load()
+	time.Sleep(300 * time.Millisecond) // several renewal periods
+	assert.Equal(t, after, ext.n.Load(), "no renewal after the operation")
+
+	// stop waits for a renewal under way.
+	out, err := k.Begin(ctx, "s", "stop")
+	require.NoError(t, err)
+	_, stop := out.Claim.KeepAlive(ctx)
+	eventually(t, "a renewal", func() bool { return ext.n.Load() > after })
+	require.NoError(t, stop())
+	n := ext.n.Load()
+	require.NoError(t, stop(), "stop may be called again")
+	time.Sleep(150 * time.Millisecond)
+	assert.Equal(t, n, ext.n.Load())
 }

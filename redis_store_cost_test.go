@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -386,4 +387,31 @@ func medianMin(samples []costSample, f func(costSample) float64) string {
 	}
 	slices.Sort(xs)
 	return fmt.Sprintf("%.2f (%.2f)", xs[len(xs)/2], xs[0])
+}
+
+// TestRecordMemory holds a completed record with a 200-byte result to at most
+// 350 bytes of Redis memory, as MEMORY USAGE counts it (value, key and the
+// keyspace entry). It needs a real redis-server: miniredis has no MEMORY.
+func TestRecordMemory(t *testing.T) {
+	b := redistest.Real(t)
+	k := newKeeper(t, b)
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("x"), 200)
+	usage := func(key string) int64 {
+		t.Helper()
+		n, err := b.Client.MemoryUsage(ctx, DefaultPrefix+"{"+recordID("tenant-42", key)+"}").Result()
+		require.NoError(t, err)
+		t.Logf("%s: %d bytes", key, n)
+		return n
+	}
+	fp := WithFingerprint([]byte(`{"amount":1000,"currency":"EUR"}`))
+
+	_, err := Do(ctx, k, "tenant-42", "do-bytes", func(ctx context.Context) ([]byte, error) { return body, nil }, fp)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, usage("do-bytes"), int64(350))
+
+	out, err := k.Begin(ctx, "tenant-42", "complete", fp)
+	require.NoError(t, err)
+	require.NoError(t, out.Claim.Complete(ctx, body, 0))
+	assert.LessOrEqual(t, usage("complete"), int64(350))
 }
