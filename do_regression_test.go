@@ -2,7 +2,7 @@ package idem
 
 // Regression tests for the findings of the adversarial review: each failed
 // before its fix. The cluster finding (WithReplicas and ASK) is in
-// replicas_cluster_test.go.
+// redis_replicas_cluster_test.go.
 
 import (
 	"bytes"
