@@ -222,3 +222,36 @@ func TestCompactClaimCompletedTwiceKeepsItsFirstResult(t *testing.T) {
 		})
 	})
 }
+
+// TestCompactCompletionWithValueAfterScriptFlush: a completion with a value
+// moves a compact claim to a record of its own and completes that record,
+// the move first, in one pipeline. A Redis that lost its scripts (a
+// restart, a failover to a replica that never ran them, SCRIPT FLUSH)
+// refuses the move NOSCRIPT while a completion script it has again runs:
+// the completion must wait for the move, not answer ErrLeaseLost and leave
+// the claim held until its lease runs out and its handler runs again.
+func TestCompactCompletionWithValueAfterScriptFlush(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		k := newKeeper(t, b, WithPrefix("flushed-move:"))
+		ctx := context.Background()
+		res, err := k.BeginBatch(ctx, "s", []string{"a", "b"}, WithCompactClaims())
+		require.NoError(t, err)
+		a, bc := res[0].Outcome.Claim, res[1].Outcome.Claim
+		require.NotNil(t, a)
+		require.NotNil(t, bc)
+		require.NotZero(t, a.fence().Ref, "the claim is compact")
+
+		require.NoError(t, b.Client.ScriptFlush(ctx).Err())
+		require.NoError(t, b.Client.ScriptLoad(ctx, batchCompleteLua).Err())
+		errs := k.CompleteBatch(ctx, []Completion{{Claim: a, Value: []byte("va")}, {Claim: bc, Value: []byte("vb")}})
+		for i, err := range errs {
+			assert.NoError(t, err, "completion %d", i)
+		}
+		for key, want := range map[string]string{"a": "va", "b": "vb"} {
+			out, err := k.Begin(ctx, "s", key)
+			if assert.NoError(t, err, key) && assert.True(t, out.Replayed, "%s is completed", key) {
+				assert.Equal(t, want, string(out.Value), key)
+			}
+		}
+	})
+}

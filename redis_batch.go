@@ -99,7 +99,8 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 // ClaimBatch's do. A compact claim (Fence.Ref) completed with an empty
 // result leaves a marker: one call per call record completes all of its
 // claims. One completed with a value is first moved to a record of its own,
-// in the same pipeline.
+// in the same pipeline (and completed in a second round trip when the move
+// ran after the completion, sent again after NOSCRIPT).
 func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
 	errs := make([]error, len(items))
 	calls, after := s.completeCalls(items, errs)
@@ -163,12 +164,18 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	}
 	return calls, func() {
 		for _, j := range moving {
-			switch moveErrs[j] {
-			case nil:
-			case errCompletedAsMarker:
+			switch {
+			case moveErrs[j] == errCompletedAsMarker:
 				errs[j] = nil // completed before: the first result stays
-			default:
+			case moveErrs[j] != nil:
 				errs[j] = moveErrs[j]
+			case errors.Is(errs[j], ErrLeaseLost):
+				// Moved, but the completion ran first and found no
+				// record: the move was refused NOSCRIPT (a Redis that
+				// lost its scripts) and sent again by EVAL after the
+				// pipeline (sendOnce). The completion goes again, to
+				// the record now there, fenced by the claim's token.
+				errs[j] = errMoved
 			}
 		}
 	}
