@@ -309,21 +309,13 @@ func (sc *scanner) readCalls(ctx context.Context, node scanClient, keys []string
 // in, pending, completed (markers) and released, in that order.
 func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error) {
 	tok, err := strconv.ParseInt(key[strings.LastIndexByte(key, ':')+1:], 10, 64)
-	rest, ok := strings.CutPrefix(v, "i2B")
-	fields := strings.SplitN(rest, ":", 6)
-	if err != nil || !ok || len(fields) != 6 {
+	h, ok := parseCallRecord(v)
+	if err != nil || !ok {
 		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
 	}
-	until, err1 := strconv.ParseInt(fields[0], 10, 64)
-	done, err2 := strconv.ParseInt(fields[1], 10, 64)
-	fpw, err3 := strconv.Atoi(fields[4])
-	tail := fields[5]
-	if err1 != nil || err2 != nil || err3 != nil || fpw < 0 || len(tail)%(1+fpw) != 0 {
-		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
-	}
-	states := tail[:len(tail)/(1+fpw)]
+	until, done, states := h.until, h.done, h.states
 	base := Record{
-		Key: key, Token: tok, Attempt: 1, Compact: true, Fingerprint: fpw > 0,
+		Key: key, Token: tok, Attempt: 1, Compact: true, Fingerprint: h.fpw > 0,
 		ExpiresIn: ttl, Age: max(0, now.Sub(time.UnixMicro(tok))), ReadAt: now,
 	}
 	var out []Record
