@@ -2,9 +2,10 @@
 --
 -- KEYS[1]  the record key
 -- KEYS[2]  its index key, in the id index of compact claims (see
---          compact_claim.lua and lib.lua, which goes before this), absent
---          when the store keeps none: an index key of another layout is
---          refused with the error "IDEMLAYOUT " and what its field "" holds
+--          compact_claim.lua and lib.lua, which go before this with
+--          format.lua), absent when the store keeps none: an index key of
+--          another layout is refused with the error "IDEMLAYOUT " and what
+--          its field "" holds
 -- KEYS[3]  the call record key of the record's entry in the index, when
 --          the caller knows it (it asked before and was answered {10}), or
 --          absent

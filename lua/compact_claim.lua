@@ -1,8 +1,8 @@
 -- compact_claim.lua: claim many records at once, looking at the records and at
 -- the id index of compact claims, and keeping the new claims compactly or
--- each in a record of its own. lib.lua goes before it.
+-- each in a record of its own. format.lua and lib.lua go before it.
 --
--- A compact claim is an entry of 16 bytes in the id index (see lib.lua) and
+-- A compact claim is an entry of 16 bytes in the id index (see format.lua) and
 -- a place in one call record, instead of a Redis key: what a consumer's
 -- message handled that way leaves is that entry and one byte of the call
 -- record, a marker.
@@ -257,7 +257,7 @@ local function call(tok)
   return v
 end
 
--- header reads the call record of tok (see lib.lua's call_header).
+-- header reads the call record of tok (see format.lua's call_header).
 local function header(tok, v)
   local h = headers[tok]
   if not h then

@@ -1,6 +1,6 @@
 -- compact_move.lua: renew the compact claims of one call (see
--- compact_claim.lua), or move some to records of their own. lib.lua goes
--- before it.
+-- compact_claim.lua), or move some to records of their own. format.lua and
+-- lib.lua go before it.
 --
 -- KEYS[1]      the call record key
 -- KEYS[2]      the index key of the claims' entries (see compact_claim.lua)

@@ -1,6 +1,6 @@
 -- compact_settle.lua: complete or release compact claims of one call (see
--- compact_claim.lua), in one write of its call record. lib.lua goes before
--- it.
+-- compact_claim.lua), in one write of its call record. format.lua and
+-- lib.lua go before it.
 --
 -- KEYS[1]    the call record key
 -- KEYS[2]    the index key of the claims' entries: completing keeps it at
