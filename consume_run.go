@@ -389,8 +389,9 @@ func (b *consumption) windowFull() bool {
 	return b.unsettled >= b.settleCount
 }
 
-// lose marks h's lease lost, with cause: a handler running is cancelled,
-// and the outcome will not be stored.
+// lose marks h's lease lost, with cause: a handler running is cancelled, a
+// waiting one does not start; one whose handler returned is left to its
+// settling.
 func (b *consumption) lose(h *heldMessage, cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -400,7 +401,13 @@ func (b *consumption) lose(h *heldMessage, cause error) {
 // loseLocked is lose with b.mu held.
 func (b *consumption) loseLocked(h *heldMessage, cause error) {
 	switch h.state {
-	case heldSettling, heldSettled, heldLost:
+	case heldFinished, heldSettling, heldSettled, heldLost:
+		// A message whose handler returned is not lost: its settling
+		// tells. The store answers a renewal of a claim it completed
+		// "lease lost", and a settling whose reply was lost
+		// (ErrUnavailable) may have completed it; sent again, the
+		// settling is answered as the first was (stored), or lease lost
+		// when another attempt took the key over, nothing written then.
 		return
 	case heldRunning:
 		h.cancel(cause)

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,4 +153,97 @@ func TestConsumeWaitsForTheHolder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// replyLostOnSettle is a Store whose first SettleBatch with outcomes to
+// store stores them and then loses its reply (answered ErrUnavailable, as
+// when the connection drops after Redis ran the script); renewed is closed
+// once an ExtendBatch sent after that has returned.
+type replyLostOnSettle struct {
+	Store
+	mu       sync.Mutex
+	lost     bool
+	once     sync.Once
+	renewed  chan struct{}
+	extended [][]error // the answers of the ExtendBatches after the lost reply
+}
+
+func (s *replyLostOnSettle) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+	done, given = s.Store.SettleBatch(ctx, items, release, keep)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.lost && len(items) > 0 {
+		s.lost = true
+		for j, err := range done {
+			if err == nil {
+				done[j] = fmt.Errorf("%w: the reply was lost", ErrUnavailable)
+			}
+		}
+	}
+	return done, given
+}
+
+func (s *replyLostOnSettle) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+	s.mu.Lock()
+	after := s.lost
+	s.mu.Unlock()
+	errs := s.Store.ExtendBatch(ctx, claims, lease, keep)
+	if after {
+		s.mu.Lock()
+		s.extended = append(s.extended, slices.Clone(errs))
+		s.mu.Unlock()
+		s.once.Do(func() { close(s.renewed) })
+	}
+	return errs
+}
+
+// TestConsumeSettlingInDoubtIsSentAgain: an outcome whose storing was in
+// doubt (the store ran it, its reply was lost) is stored again at the next
+// settling, which the store answers as the first; a renewal in between,
+// which the store answers "lease lost" for a claim already completed, does
+// not lose the message: it is handled, acknowledged, and ran once.
+func TestConsumeSettlingInDoubtIsSentAgain(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for name, opts := range map[string][]Option{"markers": nil, "records": {WithoutMarkers()}} {
+			t.Run(name, func(t *testing.T) {
+				rs, err := NewRedisStore(b.Client, append([]Option{WithPrefix("doubt " + name + ":")}, opts...)...)
+				require.NoError(t, err)
+				s := &replyLostOnSettle{Store: rs, renewed: make(chan struct{})}
+				k, err := New(s, append([]Option{WithLease(3 * time.Second), WithRetention(time.Hour)}, opts...)...)
+				require.NoError(t, err)
+				runs := map[string]int{}
+				var mu sync.Mutex
+				res, err := Consume(context.Background(), k, "s", msgs("first", "last"), msgID, func(ctx context.Context, m msg) error {
+					mu.Lock()
+					runs[m.ID]++
+					mu.Unlock()
+					if m.ID == "last" {
+						// Returns once a renewal came after the first
+						// message's settling in doubt.
+						select {
+						case <-s.renewed:
+						case <-time.After(30 * time.Second):
+							return errors.New("no renewal after the settling in doubt")
+						}
+					}
+					return nil
+				})
+				require.NoError(t, err)
+				s.mu.Lock()
+				require.True(t, s.lost, "the first settling's reply was lost")
+				t.Logf("renewals after the lost reply answered %v", s.extended)
+				s.mu.Unlock()
+				assert.Equal(t, []string{"handled ack=true", "handled ack=true"}, statuses(res))
+				for _, r := range res {
+					assert.NoError(t, r.Err)
+				}
+				assert.Equal(t, map[string]int{"first": 1, "last": 1}, runs)
+				for _, id := range []string{"first", "last"} {
+					out, err := k.Begin(context.Background(), "s", id)
+					require.NoError(t, err, id)
+					assert.True(t, out.Replayed, "%s is stored", id)
+				}
+			})
+		}
+	})
 }
