@@ -63,7 +63,7 @@ func TestAbandonIsSafeToRunTwice(t *testing.T) {
 		k := newKeeper(t, b, WithLease(time.Hour))
 		dead, err := k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
-		resend := resendingKeeper(t, b, abandonScript, abandonLua, func() {})
+		resend := resendingKeeper(t, b, abandonScript, func() {})
 		r, err := resend.Abandon(ctx, "s", "k", dead.Claim.Token())
 		require.NoError(t, err)
 		assert.Equal(t, dead.Claim.Token(), r.Token)
@@ -75,7 +75,7 @@ func TestAbandonIsSafeToRunTwice(t *testing.T) {
 		assert.Equal(t, r.LeaseLeft, r2.LeaseLeft+r2.ReadAt.Sub(r.ReadAt), "the second run did not move the lease end")
 
 		var next *Claim
-		operator := resendingKeeper(t, b, abandonScript, abandonLua, func() {
+		operator := resendingKeeper(t, b, abandonScript, func() {
 			out, err := k.Begin(ctx, "s", "k")
 			require.NoError(t, err)
 			next = out.Claim

@@ -242,7 +242,7 @@ func TestCompactCompletionWithValueAfterScriptFlush(t *testing.T) {
 		require.NotZero(t, a.fence().Ref, "the claim is compact")
 
 		require.NoError(t, b.Client.ScriptFlush(ctx).Err())
-		require.NoError(t, b.Client.ScriptLoad(ctx, batchCompleteLua).Err())
+		require.NoError(t, b.Client.ScriptLoad(ctx, batchCompleteScript.src).Err())
 		errs := k.CompleteBatch(ctx, []Completion{{Claim: a, Value: []byte("va")}, {Claim: bc, Value: []byte("vb")}})
 		for i, err := range errs {
 			assert.NoError(t, err, "completion %d", i)

@@ -300,9 +300,9 @@ func (r resendBetween) Eval(ctx context.Context, script string, keys []string, a
 
 // resendingKeeper is a Keeper on b whose store runs script twice for each
 // call, calling between() in between.
-func resendingKeeper(t *testing.T, b *redistest.Backend, script *redis.Script, src string, between func()) *Keeper {
+func resendingKeeper(t *testing.T, b *redistest.Backend, sc *luaScript, between func()) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(resendBetween{Scripter: b.Client, script: script, src: src, between: between})
+	s, err := NewRedisStore(resendBetween{Scripter: b.Client, script: sc.Script, src: sc.src, between: between})
 	require.NoError(t, err)
 	k, err := New(s, WithLease(time.Hour))
 	require.NoError(t, err)
@@ -322,7 +322,7 @@ func TestResentForcedForgetNeverRemovesANewerLiveClaim(t *testing.T) {
 		require.NoError(t, err)
 
 		var live *Claim
-		operator := resendingKeeper(t, b, forgetScript, forgetLua, func() {
+		operator := resendingKeeper(t, b, forgetScript, func() {
 			out, err := k.Begin(ctx, "s", "stuck")
 			require.NoError(t, err, "a client claims the forgotten key")
 			require.NotNil(t, out.Claim)
@@ -348,7 +348,7 @@ func TestResentForgetIsNotAnError(t *testing.T) {
 		k := newKeeper(t, b, WithLease(time.Hour))
 		_, err := Do(ctx, k, "s", "done", func(context.Context) (int, error) { return 1, nil })
 		require.NoError(t, err)
-		operator := resendingKeeper(t, b, forgetScript, forgetLua, func() {
+		operator := resendingKeeper(t, b, forgetScript, func() {
 			_, err := k.Begin(ctx, "s", "done")
 			require.NoError(t, err)
 		})

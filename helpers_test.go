@@ -55,7 +55,7 @@ if not cv then return 0 end
 redis.call('SET', ck, 'i2B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
 return 1`
 
-var expireLeaseLua = redis.NewScript(luaScript(expireLeaseSrc))
+var expireLeaseLua = newLuaScript(expireLeaseSrc)
 
 // expireLease makes the lease of the claim of (scope, key) in s run out, by
 // Redis's clock, whether the claim is kept in a record or compactly.

@@ -23,13 +23,9 @@ var (
 	//go:embed lua/batch_extend.lua
 	batchExtendBody string
 
-	batchCompleteLua = luaScript(batchCompleteBody)
-	batchReleaseLua  = luaScript(batchReleaseBody)
-	batchExtendLua   = luaScript(batchExtendBody)
-
-	batchCompleteScript = redis.NewScript(batchCompleteLua)
-	batchReleaseScript  = redis.NewScript(batchReleaseLua)
-	batchExtendScript   = redis.NewScript(batchExtendLua)
+	batchCompleteScript = newLuaScript(batchCompleteBody)
+	batchReleaseScript  = newLuaScript(batchReleaseBody)
+	batchExtendScript   = newLuaScript(batchExtendBody)
 )
 
 var _ Store = (*RedisStore)(nil)
@@ -187,7 +183,7 @@ func (s *RedisStore) completeStep(items []BatchCompletion, errs []error) *batchS
 	var keep time.Duration
 	var keepArg any // millis(keep), boxed once for the items that share it
 	st := &batchStep{
-		op: "complete", script: batchCompleteScript, src: batchCompleteLua, split: splitTransitions,
+		op: "complete", script: batchCompleteScript, split: splitTransitions,
 		key: func(i int) string { return s.key(items[i].ID) },
 		args: func(dst []any, i int) []any {
 			if keepArg == nil || items[i].Keep != keep {
@@ -216,7 +212,7 @@ func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time
 // batch_release.lua; its answers go into errs.
 func (s *RedisStore) releaseStep(claims []Fence, keep time.Duration, errs []error) *batchStep {
 	return &batchStep{
-		script: batchReleaseScript, src: batchReleaseLua, split: splitTransitions,
+		script: batchReleaseScript, split: splitTransitions,
 		head:   []any{millis(keep)},
 		key:    func(i int) string { return s.key(claims[i].ID) },
 		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
@@ -290,7 +286,7 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 // batch_extend.lua; its answers go into errs.
 func (s *RedisStore) extendStep(claims []Fence, lease, keep time.Duration, errs []error) *batchStep {
 	return &batchStep{
-		op: "extend", script: batchExtendScript, src: batchExtendLua, split: splitTransitions,
+		op: "extend", script: batchExtendScript, split: splitTransitions,
 		head:   []any{millis(lease), millis(keep)},
 		key:    func(i int) string { return s.key(claims[i].ID) },
 		args:   func(dst []any, i int) []any { return append(dst, claims[i].Token) },
@@ -304,8 +300,7 @@ type batchStep struct {
 	// op names the step for WithReplicas ("claim", "complete", "extend"), or
 	// is "" for a step that does not wait for replicas.
 	op     string
-	script *redis.Script
-	src    string // the script's source, for EVAL after NOSCRIPT
+	script *luaScript
 	// head are the arguments every call starts with.
 	head []any
 	// key is the Redis key of record i; args appends record i's arguments.
@@ -356,7 +351,7 @@ func (c *batchCall) cmd(ctx context.Context, st *batchStep, eval bool) *redis.Cm
 	step := c.stepOf(st)
 	args := make([]any, 0, 3+len(c.keys)+len(c.args))
 	if eval {
-		args = append(args, "eval", step.src)
+		args = append(args, "eval", step.script.src)
 	} else {
 		args = append(args, "evalsha", step.script.Hash())
 	}
@@ -576,7 +571,7 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 				_ = again.Process(ctx, cmds[j])
 				continue
 			}
-			cmds[j] = again.Eval(ctx, c.stepOf(st).src, c.keys, c.args...)
+			cmds[j] = again.Eval(ctx, c.stepOf(st).script.src, c.keys, c.args...)
 		}
 	}
 	if again != nil {

@@ -14,8 +14,7 @@ import (
 var (
 	//go:embed lua/checkpoint.lua
 	checkpointBody   string
-	checkpointLua    = luaScript(checkpointBody)
-	checkpointScript = redis.NewScript(checkpointLua)
+	checkpointScript = newLuaScript(checkpointBody)
 )
 
 // Checkpoint implements Store: one script, one round trip. With

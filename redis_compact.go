@@ -26,16 +26,10 @@ var (
 	//go:embed lua/compact_settle.lua
 	compactSettleBody string
 	//go:embed lua/compact_move.lua
-	compactMoveBody string
-	// The compact scripts are their files after the definitions of
-	// format.lua and lib.lua they use.
-	compactClaimLua  = luaScript(compactClaimBody)
-	compactSettleLua = luaScript(compactSettleBody)
-	compactMoveLua   = luaScript(compactMoveBody)
-
-	compactClaimScript  = redis.NewScript(compactClaimLua)
-	compactSettleScript = redis.NewScript(compactSettleLua)
-	compactMoveScript   = redis.NewScript(compactMoveLua)
+	compactMoveBody     string
+	compactClaimScript  = newLuaScript(compactClaimBody)
+	compactSettleScript = newLuaScript(compactSettleBody)
+	compactMoveScript   = newLuaScript(compactMoveBody)
 )
 
 // compactLayout is where a RedisStore keeps its index of compact claims
@@ -277,7 +271,7 @@ func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, t
 	// compact claim.
 	placeOf := make([]int32, len(req.IDs))
 	st := &batchStep{
-		op: "claim", script: compactClaimScript, src: compactClaimLua, split: splitCompactClaims,
+		op: "claim", script: compactClaimScript, split: splitCompactClaims,
 		key: func(i int) string { return keys[i] },
 		answer: func(i int, res []any, err error) {
 			out[i].Reply, out[i].Err = batchClaimAnswer(res, s.layoutError(err), int(placeOf[i]))
@@ -472,7 +466,7 @@ func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups
 // when completing, their results' retention ending at until (Unix
 // microseconds; 0: keep from now); their answers go into errs.
 func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
-	st := &batchStep{script: compactSettleScript, src: compactSettleLua, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	st := &batchStep{script: compactSettleScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
 	if s.durable != nil && target == "C" {
 		st.op = "complete"
 	}
@@ -519,7 +513,7 @@ var errCompletedAsMarker = errors.New("idem: compact claim completed already")
 // or move them ("M") to records of their own kept for keep; their answers
 // go into errs.
 func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
-	st := &batchStep{script: compactMoveScript, src: compactMoveLua, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	st := &batchStep{script: compactMoveScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
 	if s.durable != nil && mode == "E" {
 		st.op = "extend"
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The operator steps of RedisStore: Inspect, Forget and Abandon, a script
@@ -16,26 +14,20 @@ import (
 
 var (
 	//go:embed lua/inspect.lua
-	inspectBody string
-	// inspectLua is inspect.lua after lib.lua, whose functions it uses.
-	inspectLua    = luaScript(inspectBody)
-	inspectScript = redis.NewScript(inspectLua)
+	inspectBody   string
+	inspectScript = newLuaScript(inspectBody)
 )
 
 var (
 	//go:embed lua/forget.lua
-	forgetBody string
-	// forgetLua is forget.lua after lib.lua, whose functions it uses.
-	forgetLua    = luaScript(forgetBody)
-	forgetScript = redis.NewScript(forgetLua)
+	forgetBody   string
+	forgetScript = newLuaScript(forgetBody)
 )
 
 var (
 	//go:embed lua/abandon.lua
-	abandonBody string
-	// abandonLua is abandon.lua after lib.lua, whose functions it uses.
-	abandonLua    = luaScript(abandonBody)
-	abandonScript = redis.NewScript(abandonLua)
+	abandonBody   string
+	abandonScript = newLuaScript(abandonBody)
 )
 
 // Inspect implements Store with one read-only script, one round trip.
@@ -87,7 +79,7 @@ func (s *RedisStore) withIndex(ctx context.Context, id, rk string, token int64, 
 // made, and, while it answers {10, token} (the record's entry is held by a
 // call whose call record it was not given), again with that call record
 // as its third key: every key the script reads is one of its keys.
-func (s *RedisStore) runIndexed(ctx context.Context, sc *redis.Script, keys []string, args []any) ([]any, error) {
+func (s *RedisStore) runIndexed(ctx context.Context, sc *luaScript, keys []string, args []any) ([]any, error) {
 	calls := args[len(args)-1].(string)
 	for asked := 0; ; asked++ {
 		res, err := sc.Run(ctx, s.client, keys, args...).Slice()

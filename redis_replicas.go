@@ -146,7 +146,7 @@ func (d *durability) check(client redis.Scripter) error {
 
 // waitsAfter returns the name of the step sc writes, if WithReplicas waits
 // after it, or "".
-func waitsAfter(sc *redis.Script) string {
+func waitsAfter(sc *luaScript) string {
 	switch sc {
 	case claimScript:
 		return "claim"
@@ -165,7 +165,7 @@ const maxClusterRedirects = 4
 
 // run sends sc and WAIT for the step op, and turns a write that too few
 // replicas acknowledged into a *ReplicationError.
-func (d *durability) run(ctx context.Context, client redis.Scripter, op string, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (d *durability) run(ctx context.Context, client redis.Scripter, op string, sc *luaScript, keys []string, args ...any) *redis.Cmd {
 	var script *redis.Cmd
 	var wait *redis.IntCmd
 	if cc, ok := client.(*redis.ClusterClient); ok {
@@ -181,7 +181,7 @@ func (d *durability) run(ctx context.Context, client redis.Scripter, op string, 
 // imports the key's slot, named by an ASK redirect. When p has lost the script
 // (NOSCRIPT: a restart, SCRIPT FLUSH, a node that never saw it), send loads it
 // on p and sends once more; the script did not run.
-func (d *durability) send(ctx context.Context, p onePipeliner, asking bool, sc *redis.Script, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
+func (d *durability) send(ctx context.Context, p onePipeliner, asking bool, sc *luaScript, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
 	for loaded := false; ; loaded = true {
 		pipe := p.Pipeline()
 		if asking {
@@ -200,7 +200,7 @@ func (d *durability) send(ctx context.Context, p onePipeliner, asking bool, sc *
 // sendCluster sends sc and WAIT to the master of the key's slot, and follows
 // the Cluster's redirects itself: go-redis follows them for the commands it
 // routes, but the pipeline goes to a node's own client, which does not.
-func (d *durability) sendCluster(ctx context.Context, cc *redis.ClusterClient, sc *redis.Script, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
+func (d *durability) sendCluster(ctx context.Context, cc *redis.ClusterClient, sc *luaScript, keys []string, args []any) (*redis.Cmd, *redis.IntCmd) {
 	node, err := cc.MasterForKey(ctx, keys[0])
 	if err != nil {
 		cmd := redis.NewCmd(ctx)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The definitions the scripts share: lua/format.lua (the formats and the
@@ -93,11 +95,26 @@ func luaNames(code string) []string {
 	return names
 }
 
-// luaScript is the script body after the definitions of format.lua and
+// luaScript is one of the store's scripts: the go-redis Script that runs it
+// (EVALSHA, then EVAL on NOSCRIPT) and its source, for the calls that send
+// EVAL themselves.
+type luaScript struct {
+	*redis.Script
+	src string
+}
+
+// newLuaScript is the script of the file body of lua/, sent as luaSource
+// makes it.
+func newLuaScript(body string) *luaScript {
+	src := luaSource(body)
+	return &luaScript{Script: redis.NewScript(src), src: src}
+}
+
+// luaSource is the script body after the definitions of format.lua and
 // lib.lua that it uses, directly or through other definitions, in their
 // order there: a script pays for no definition it does not use (a Lua
 // function is made anew each time a script runs).
-func luaScript(body string) string {
+func luaSource(body string) string {
 	byName := map[string]int{}
 	for i, d := range luaDefs {
 		for _, n := range d.names {

@@ -51,17 +51,17 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 	}
 	// complete.lua, the step every Do ends with, reads records only, by
 	// patterns, and writes by one function.
-	assert.True(t, has(completeLua, "RECORD_PENDING"))
-	assert.True(t, has(completeLua, "record_completed"))
-	assert.True(t, has(completeLua, "transitionDone"))
-	assert.Equal(t, 1, strings.Count(completeLua, "function"))
-	assert.False(t, has(completeLua, "index_entry"))
-	assert.False(t, has(completeLua, "claimExisting"))
-	assert.False(t, has(completeLua, "call_header"))
+	assert.True(t, has(completeScript.src, "RECORD_PENDING"))
+	assert.True(t, has(completeScript.src, "record_completed"))
+	assert.True(t, has(completeScript.src, "transitionDone"))
+	assert.Equal(t, 1, strings.Count(completeScript.src, "function"))
+	assert.False(t, has(completeScript.src, "index_entry"))
+	assert.False(t, has(completeScript.src, "claimExisting"))
+	assert.False(t, has(completeScript.src, "call_header"))
 
 	// index_entry uses index_state and index_find (format.lua), which come
 	// first, though the body names neither.
-	s := luaScript("return index_entry(KEYS[1], ARGV)\n")
+	s := luaSource("return index_entry(KEYS[1], ARGV)\n")
 	for _, name := range []string{"index_entry", "index_state", "index_find", "index_token", "index_now"} {
 		assert.True(t, has(s, name), name)
 	}
@@ -70,7 +70,7 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
 
 	// A name in a comment does not count.
-	assert.Equal(t, "-- record_long\nreturn 1\n", luaScript("-- record_long\nreturn 1\n"))
+	assert.Equal(t, "-- record_long\nreturn 1\n", luaSource("-- record_long\nreturn 1\n"))
 }
 
 // TestLuaDefsRefuseAStatement: the shared Lua only defines; anything else

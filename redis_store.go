@@ -13,7 +13,7 @@ import (
 )
 
 // The scripts, one per state transition: each is its file in lua/ after the
-// definitions of lua/format.lua and lua/lib.lua it uses (see luaScript),
+// definitions of lua/format.lua and lua/lib.lua it uses (see luaSource),
 // wrapped once in a redis.Script: Run sends EVALSHA and falls back to EVAL
 // on NOSCRIPT.
 var (
@@ -26,15 +26,10 @@ var (
 	//go:embed lua/extend.lua
 	extendBody string
 
-	claimLua    = luaScript(claimBody)
-	completeLua = luaScript(completeBody)
-	releaseLua  = luaScript(releaseBody)
-	extendLua   = luaScript(extendBody)
-
-	claimScript    = redis.NewScript(claimLua)
-	completeScript = redis.NewScript(completeLua)
-	releaseScript  = redis.NewScript(releaseLua)
-	extendScript   = redis.NewScript(extendLua)
+	claimScript    = newLuaScript(claimBody)
+	completeScript = newLuaScript(completeBody)
+	releaseScript  = newLuaScript(releaseBody)
+	extendScript   = newLuaScript(extendBody)
 )
 
 // The go-redis clients RedisStore works with.
@@ -174,7 +169,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
 		args := make([]any, 0, 12)
-		args = append(args, "evalsha", claimEval.sha, 2, key, index)
+		args = append(args, "evalsha", claimEval.shaArg, 2, key, index)
 		if call != "" {
 			args[2] = 3
 			args = append(args, call)
@@ -373,26 +368,26 @@ func transitionReply(res []any) error {
 // arguments start with its hash, boxed once, as is its source, which EVAL
 // sends after NOSCRIPT.
 type evalScript struct {
-	*redis.Script
-	sha, src any
+	*luaScript
+	shaArg, srcArg any
 }
 
-func newEvalScript(sc *redis.Script, src string) *evalScript {
-	return &evalScript{Script: sc, sha: sc.Hash(), src: src}
+func newEvalScript(sc *luaScript) *evalScript {
+	return &evalScript{luaScript: sc, shaArg: sc.Hash(), srcArg: sc.src}
 }
 
 var (
-	claimEval    = newEvalScript(claimScript, claimLua)
-	completeEval = newEvalScript(completeScript, completeLua)
-	releaseEval  = newEvalScript(releaseScript, releaseLua)
-	extendEval   = newEvalScript(extendScript, extendLua)
+	claimEval    = newEvalScript(claimScript)
+	completeEval = newEvalScript(completeScript)
+	releaseEval  = newEvalScript(releaseScript)
+	extendEval   = newEvalScript(extendScript)
 )
 
 // evalArgs returns the start of an EVALSHA of sc on the record id (the
 // command, the hash, one key, the key), with room for n arguments more.
 func (s *RedisStore) evalArgs(sc *evalScript, id string, n int) []any {
 	args := make([]any, 4, 4+n)
-	args[0], args[1], args[2], args[3] = "evalsha", sc.sha, 1, s.key(id)
+	args[0], args[1], args[2], args[3] = "evalsha", sc.shaArg, 1, s.key(id)
 	return args
 }
 
@@ -408,9 +403,9 @@ type processor interface {
 // have go-redis copy them into a command of its own.
 func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redis.Cmd {
 	if s.durable != nil {
-		if op := waitsAfter(sc.Script); op != "" {
+		if op := waitsAfter(sc.luaScript); op != "" {
 			keys, rest := evalKeys(args)
-			return s.durable.run(ctx, s.client, op, sc.Script, keys, rest...)
+			return s.durable.run(ctx, s.client, op, sc.luaScript, keys, rest...)
 		}
 	}
 	p, ok := s.client.(processor)
@@ -420,7 +415,7 @@ func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redi
 	}
 	cmd := process(ctx, p, args)
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", sc.src
+		args[0], args[1] = "eval", sc.srcArg
 		cmd = process(ctx, p, args)
 	}
 	return cmd
@@ -486,7 +481,7 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVAL that fails is the call's error; nothing is tried a third time.
 
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
+	for _, sc := range []*luaScript{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
 		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
 		compactClaimScript, compactSettleScript, compactMoveScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
