@@ -179,62 +179,29 @@ const (
 //	"i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" PAYLOAD   (complete.lua writes it)
 //	"i1C" TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP ":" PAYLOAD
 //
-// The script has compared the fingerprint; the rest of the header is checked
-// here. The Value is the payload, sharing the memory of rec: rec must be a
-// reply go-redis read, which nothing else holds (go-redis makes the string of
-// a bulk reply from a buffer of its own).
+// The script has compared the fingerprint; the header is checked here. The
+// Value is the payload, sharing the memory of rec: rec must be a reply
+// go-redis read, which nothing else holds (go-redis makes the string of a
+// bulk reply from a buffer of its own).
 func parseCompleted(rec string) (ClaimReply, error) {
 	r := ClaimReply{Status: StatusCompleted}
 	rest, ok := strings.CutPrefix(rec, "i1C")
 	if !ok {
 		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
 	}
+	var h header
 	var err error
 	if short, ok := strings.CutPrefix(rest, ":"); ok {
-		rest, err = r.shortHeader(short)
+		h, rest, err = readShortHeader(short)
 	} else {
-		rest, err = r.longHeader(rest)
+		h, rest, err = readLongHeader(rest)
 	}
 	if err != nil {
-		return ClaimReply{Status: StatusCompleted}, err
+		return r, err
 	}
+	r.Token, r.Attempt = h.token, h.attempt
 	r.Value = unsafe.Slice(unsafe.StringData(rest), len(rest))
 	return r, nil
-}
-
-// shortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" off the front of
-// s into r and returns what follows.
-func (r *ClaimReply) shortHeader(s string) (string, error) {
-	var f [4]string // fingerprint, token, attempt, recovered
-	s, ok := cutFields(s, f[:])
-	if !ok || !isBase64URL(f[0]) || !isBase36(f[1]) || !isDigits(f[2]) || f[3] != "0" && f[3] != "1" {
-		return "", fmt.Errorf("%w: unknown format", ErrCorrupt)
-	}
-	tok, err1 := parseToken36(f[1])
-	n, err2 := strconv.Atoi(f[2])
-	if err1 != nil || err2 != nil || len(f[2]) > 9 || n < 1 {
-		return "", fmt.Errorf("%w: token or attempt count out of range", ErrCorrupt)
-	}
-	r.Token, r.Attempt = tok, n
-	return s, nil
-}
-
-// longHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":" FP
-// ":" off the front of s into r and returns what follows; the script has
-// matched it already.
-func (r *ClaimReply) longHeader(s string) (string, error) {
-	var f [6]string
-	s, ok := cutFields(s, f[:])
-	if !ok {
-		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
-	}
-	tok, err1 := strconv.ParseInt(f[0], 10, 64)
-	n, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
-		return "", fmt.Errorf("%w: completed record header", ErrCorrupt)
-	}
-	r.Token, r.Attempt = tok, n
-	return s, nil
 }
 
 // cutFields cuts len(f) fields, each ended by ':', off the front of s.
@@ -307,9 +274,12 @@ func parseHeader(r Record, head string, now int64) (Record, error) {
 	var h header
 	var err error
 	if short, ok := strings.CutPrefix(rest, "C:"); ok {
-		h, err = parseShortHeader(short)
+		h, rest, err = readShortHeader(short)
 	} else {
-		h, err = parseLongHeader(rest[1:])
+		h, rest, err = readLongHeader(rest[1:])
+	}
+	if err == nil && rest != "" {
+		err = badHeader("trailing bytes")
 	}
 	if err != nil {
 		return r, err
@@ -336,57 +306,46 @@ func badHeader(what string) error {
 	return fmt.Errorf("%w: record header: %s", ErrCorrupt, what)
 }
 
-// parseLongHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID ":"
-// FP ":", the whole of s.
-func parseLongHeader(s string) (header, error) {
+// readLongHeader reads TOKEN ":" ATTEMPT ":" REC ":" UNTIL ":" ATTEMPT_ID
+// ":" FP ":" off the front of s and returns what follows.
+func readLongHeader(s string) (header, string, error) {
 	var f [6]string // token, attempt, recovered, lease end, attempt id, fingerprint
 	rest, ok := cutFields(s, f[:])
 	if !ok {
-		return header{}, badHeader("too few fields")
+		return header{}, "", badHeader("too few fields")
 	}
 	tok, err1 := strconv.ParseInt(f[0], 10, 64)
 	n, err2 := strconv.Atoi(f[1])
 	until, err3 := strconv.ParseInt(f[3], 10, 64)
 	switch {
-	case rest != "":
-		return header{}, badHeader("trailing bytes")
 	case err1 != nil || tok < 1 || len(f[0]) > 16:
-		return header{}, badHeader("token out of range")
+		return header{}, "", badHeader("token out of range")
 	case err2 != nil || n < 1 || len(f[1]) > 9:
-		return header{}, badHeader("attempt count out of range")
+		return header{}, "", badHeader("attempt count out of range")
 	case f[2] != "0" && f[2] != "1":
-		return header{}, badHeader("recovered flag")
+		return header{}, "", badHeader("recovered flag")
 	case err3 != nil || len(f[3]) > 16:
-		return header{}, badHeader("lease end out of range")
+		return header{}, "", badHeader("lease end out of range")
 	case !isBase64URL(f[4]) || !isBase64URL(f[5]):
-		return header{}, badHeader("attempt id or fingerprint")
+		return header{}, "", badHeader("attempt id or fingerprint")
 	}
-	return header{token: tok, attempt: n, recovered: f[2] == "1", until: until, fingerprint: f[5]}, nil
+	return header{token: tok, attempt: n, recovered: f[2] == "1", until: until, fingerprint: f[5]}, rest, nil
 }
 
-// parseShortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":", the whole of
-// s.
-func parseShortHeader(s string) (header, error) {
+// readShortHeader reads FP ":" TOKEN36 ":" ATTEMPT ":" REC ":" off the front
+// of s and returns what follows.
+func readShortHeader(s string) (header, string, error) {
 	var f [4]string // fingerprint, token, attempt, recovered
 	rest, ok := cutFields(s, f[:])
-	if !ok {
-		return header{}, badHeader("too few fields")
+	if !ok || !isBase64URL(f[0]) || !isBase36(f[1]) || !isDigits(f[2]) || f[3] != "0" && f[3] != "1" {
+		return header{}, "", fmt.Errorf("%w: unknown format", ErrCorrupt)
 	}
 	tok, err1 := parseToken36(f[1])
 	n, err2 := strconv.Atoi(f[2])
-	switch {
-	case rest != "":
-		return header{}, badHeader("trailing bytes")
-	case err1 != nil:
-		return header{}, badHeader("token out of range")
-	case err2 != nil || n < 1 || len(f[2]) > 9 || !isDigits(f[2]):
-		return header{}, badHeader("attempt count out of range")
-	case f[3] != "0" && f[3] != "1":
-		return header{}, badHeader("recovered flag")
-	case !isBase64URL(f[0]):
-		return header{}, badHeader("attempt id or fingerprint")
+	if err1 != nil || err2 != nil || len(f[2]) > 9 || n < 1 {
+		return header{}, "", fmt.Errorf("%w: token or attempt count out of range", ErrCorrupt)
 	}
-	return header{token: tok, attempt: n, recovered: f[3] == "1", fingerprint: f[0]}, nil
+	return header{token: tok, attempt: n, recovered: f[3] == "1", fingerprint: f[0]}, rest, nil
 }
 
 // withCheckpoints sets r's checkpoints from the rest of a claim reply: none,
