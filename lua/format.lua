@@ -5,7 +5,7 @@
 --
 -- It goes before every script, and lib.lua after it: each script is sent
 -- with the definitions of the two that it uses, in their order, and no
--- other (see luaScript in redis_script.go), so that a script pays for no
+-- other (see luaSource in redis_script.go), so that a script pays for no
 -- function it does not call. A definition is a top-level "local" and what
 -- follows it up to the next top-level "local" or comment.
 
