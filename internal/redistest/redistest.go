@@ -1,5 +1,7 @@
 // Package redistest starts real redis-server processes for tests: each on a
-// free loopback port, in a temporary directory, stopped in t.Cleanup.
+// free loopback port, in a temporary directory, stopped in t.Cleanup, and
+// killed with the test binary if it dies without running its cleanups
+// (internal/proc).
 //
 // Without redis-server on PATH, tests that need one are skipped with a
 // message; with IDEM_REQUIRE_REDIS=1 in the environment they fail instead.
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -102,7 +105,7 @@ func (s *Server) start() error {
 	cmd := exec.Command(s.bin, argv...)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := proc.Start(cmd); err != nil {
 		log.Close()
 		return err
 	}
