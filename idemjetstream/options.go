@@ -16,8 +16,8 @@ const (
 	DefaultBatch = 500
 	// DefaultRetryDelay is the delay of NakWithDelay for a message that is
 	// to come again for any reason but another holder's live lease (a
-	// handler's error, Redis unreachable, a lease lost), and the pause
-	// after a failed Fetch.
+	// handler's error, Redis unreachable, a lease lost), and Run's pause
+	// after a failed Fetch or a batch none of whose claims reached Redis.
 	DefaultRetryDelay = time.Second
 	// MinInProgressDelay is the shortest delay of NakWithDelay for a
 	// message whose key another consumer holds: the time left on its lease,
@@ -102,10 +102,11 @@ func WithLease(d time.Duration) Option {
 
 // WithRetryDelay sets the delay of NakWithDelay for a message that is to
 // come again because its handler failed, Redis could not answer or the
-// lease was lost, and the pause after a Fetch that failed. A message whose
-// key another consumer holds is delayed by the time left on that lease
-// instead. Zero redelivers at once (Nak). Default: 1s (DefaultRetryDelay).
-// It must not be negative.
+// lease was lost, and Run's pause after a Fetch that failed or a batch none
+// of whose claims reached Redis. A message whose key another consumer holds
+// is delayed by the time left on that lease instead. Zero redelivers at once
+// (Nak), and Run then does not pause. Default: 1s (DefaultRetryDelay). It
+// must not be negative.
 func WithRetryDelay(d time.Duration) Option {
 	return func(s *settings) error {
 		if d < 0 {
@@ -117,11 +118,13 @@ func WithRetryDelay(d time.Duration) Option {
 }
 
 // WithErrorHandler sets a function told of every error Run does not
-// return: a Fetch that failed (Run pauses for the retry delay and fetches
-// again), an Ack, Nak, Term or InProgress that could not be sent (the
-// message then comes again after the AckWait, and is answered as handled
-// before). It may be called from several goroutines at once, and must be
-// quick. Default: none.
+// return: a Fetch that failed, and a batch none of whose claims reached
+// Redis (the error wraps idem.ErrUnavailable, or a timeout; the batch's
+// messages are Nak'ed with the retry delay), after either of which Run
+// pauses for the retry delay and fetches again; an Ack, Nak, Term or
+// InProgress that could not be sent (the message then comes again after the
+// AckWait, and is answered as handled before). It may be called from
+// several goroutines at once, and must be quick. Default: none.
 func WithErrorHandler(f func(err error)) Option {
 	return func(s *settings) error {
 		s.onError = f

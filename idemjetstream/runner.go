@@ -77,8 +77,8 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 	return r, nil
 }
 
-// Run fetches and handles batches until ctx is done or the consumer is
-// gone.
+// Run fetches and handles batches until ctx is done or fetching cannot go
+// on.
 //
 // Each round takes the messages waiting, up to the batch size (WithBatch),
 // or, when none is waiting, waits for one and then takes it with those
@@ -101,22 +101,38 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //
 // Every Nak counts as a delivery towards the consumer's MaxDeliver.
 //
+// Redis unreachable does not stop Run. When no claim of a batch reached
+// Redis (Consume's error wraps idem.ErrUnavailable, or is a timeout or
+// cancellation while ctx is alive), no handler of it has run: its messages
+// are settled as above (NakWithDelay by the retry delay; Term for an
+// invalid key), the error is given to the error handler (WithErrorHandler),
+// and Run pauses for the retry delay before it fetches again, so that an
+// outage costs one batch of deliveries per retry delay, not the whole
+// backlog. A Fetch's error is handled the same way (reported, then a pause
+// of the retry delay), unless fetching cannot go on.
+//
 // When ctx is done Run stops fetching; the handlers of the batch in hand
 // that have started run to the end, their contexts not cancelled, and
 // are settled as above; those not started do not start, their keys are
 // released and their messages are Nak'ed without delay, for another
-// consumer to take at once. Run then returns ctx's error. A handler that
-// never returns keeps Run from returning. A pull request that was waiting
-// for a message when ctx ended stays on the server until it expires (within
-// 5s): a message JetStream gives it then comes again after the AckWait.
+// consumer to take at once. A handler that never returns keeps Run from
+// returning. A pull request that was waiting for a message when ctx ended
+// stays on the server until it expires (within 5s): a message JetStream
+// gives it then comes again after the AckWait.
 //
-// Run returns another error when fetching cannot go on: the connection is
-// closed, the consumer deleted (noticed at once by a waiting pull request,
-// otherwise after one wait of 5s that brought nothing). A Fetch's other
-// errors are given to the error handler (WithErrorHandler), and Run
-// fetches again after the retry delay. A handler's panic is raised again in Run's caller once Consume
-// has settled the batch in Redis; its messages, not acknowledged, come
-// again after the AckWait.
+// Run returns only
+//
+//   - ctx's error, once ctx is done;
+//   - the Fetch's error when fetching cannot go on: the connection is
+//     closed, the consumer deleted (noticed at once by a waiting pull
+//     request, otherwise after one wait of 5s that brought nothing);
+//   - Consume's error, wrapping idem.ErrInvalidConfig, when it refuses a
+//     batch (misuse): nothing is claimed, and its messages are Nak'ed with
+//     the retry delay.
+//
+// A handler's panic is raised again in Run's caller once Consume has
+// settled the batch in Redis; its messages, not acknowledged, come again
+// after the AckWait.
 //
 // Run may be called from several goroutines at once: each fetches and
 // handles its own batches.
@@ -126,19 +142,23 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 		msgs, err := r.fetch(ctx)
+		backoff := false
 		if len(msgs) > 0 {
-			if cerr := r.consume(ctx, msgs); cerr != nil {
+			b, cerr := r.consume(ctx, msgs)
+			if cerr != nil {
 				return cerr
 			}
+			backoff = b
 		}
 		if err != nil {
 			if fatal(err) {
 				return err
 			}
 			r.report(fmt.Errorf("idemjetstream: fetch: %w", err))
-			if !sleep(ctx, r.s.retryDelay) {
-				return ctx.Err()
-			}
+			backoff = true
+		}
+		if backoff && !sleep(ctx, r.s.retryDelay) {
+			return ctx.Err()
 		}
 	}
 }

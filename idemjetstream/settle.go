@@ -18,26 +18,53 @@ var errStopped = errors.New("idemjetstream: stopped before the handler started")
 // consume hands msgs to idem.Consume and settles each message as its result
 // says. Consume is given a context that is not cancelled with ctx, so that
 // the handlers that have started run to the end; a handler not started
-// when ctx ends does not start. The error is Consume's, when it refused
-// the call (nothing was claimed).
-func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) error {
+// when ctx ends does not start.
+//
+// When no claim of the batch reached Redis (Consume's error wraps
+// idem.ErrUnavailable, or is a timeout or cancellation while ctx is alive),
+// each message is settled as its result says (MessageRetry: Nak'ed with the
+// retry delay; every message is when there are no results), the error is
+// given to the error handler, and backoff is true: Run pauses the retry
+// delay before it fetches again. The error is Consume's refusal of the call
+// (idem.ErrInvalidConfig): nothing was claimed, and every message is Nak'ed
+// with the retry delay.
+func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) (backoff bool, _ error) {
 	if ctx.Err() != nil {
 		for _, m := range msgs {
 			r.sent(m.Nak())
 		}
-		return nil
+		return false, nil
 	}
 	results, err := r.consumeInProgress(ctx, msgs)
-	if err != nil {
+	outage := err != nil && unreachable(ctx, err)
+	if err != nil && (!outage || len(results) != len(msgs)) {
 		for _, m := range msgs {
-			r.sent(m.NakWithDelay(r.s.retryDelay))
+			r.sent(nak(m, r.s.retryDelay))
 		}
-		return fmt.Errorf("idemjetstream: consume: %w", err)
+	} else {
+		for i, m := range msgs {
+			r.sent(settle(m, results[i], results, r.s.retryDelay))
+		}
 	}
-	for i, m := range msgs {
-		r.sent(settle(m, results[i], results, r.s.retryDelay))
+	switch {
+	case err == nil:
+		return false, nil
+	case outage:
+		r.report(fmt.Errorf("idemjetstream: consume: %w", err))
+		return true, nil
+	default:
+		return false, fmt.Errorf("idemjetstream: consume: %w", err)
 	}
-	return nil
+}
+
+// unreachable tells an error of Consume that says Redis could not be
+// reached: one wrapping idem.ErrUnavailable, or a timeout or cancellation
+// while ctx, Run's own, is alive.
+func unreachable(ctx context.Context, err error) bool {
+	if errors.Is(err, idem.ErrUnavailable) {
+		return true
+	}
+	return ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))
 }
 
 // consumeInProgress is idem.Consume of msgs, with InProgress sent for them
