@@ -274,6 +274,9 @@ func BenchmarkInspect(b *testing.B) {
 
 // FuzzParseHeader: any header is read or refused with ErrCorrupt, never a
 // panic.
+//
+// Fuzz it with -fuzztime as a count (-fuzztime 50000x): without a bound
+// it never ends.
 func FuzzParseHeader(f *testing.F) {
 	for _, row := range formatV1 {
 		f.Add(row.record)

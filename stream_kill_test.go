@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -40,8 +42,10 @@ func TestStreamConsumerKill(t *testing.T) {
 
 	bin := filepath.Join(t.TempDir(), "streamworker")
 	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "./internal/streamworker")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "building the worker: %s", out)
+	var out bytes.Buffer
+	build.Stdout, build.Stderr = &out, &out
+	require.NoError(t, proc.Start(build))
+	require.NoError(t, build.Wait(), "building the worker: %s", out.String())
 
 	// The ids: a fifth repeat an earlier one, half of those within the
 	// last batch's width, half from anywhere before.
@@ -77,7 +81,7 @@ func TestStreamConsumerKill(t *testing.T) {
 		stdout, err := w.StdoutPipe()
 		require.NoError(t, err)
 		w.Stderr = &testWriter{t}
-		require.NoError(t, w.Start())
+		require.NoError(t, proc.Start(w))
 		workers[i] = w
 		t.Cleanup(func() { _ = w.Process.Kill(); _ = w.Wait() })
 		line, err := bufio.NewReader(stdout).ReadString('\n')
@@ -95,7 +99,10 @@ func TestStreamConsumerKill(t *testing.T) {
 	// between two batches, it holds none and is let go on for a moment.
 	// (Killed at once, it sometimes died between batches, and the test had
 	// nothing to check.)
-	var pendingAtKill []redis.XPendingExt
+	var (
+		pendingAtKill []redis.XPendingExt
+		err           error
+	)
 	for {
 		require.True(t, time.Now().Before(deadline), "worker w0 never held entries when stopped")
 		require.NoError(t, workers[0].Process.Signal(syscall.SIGSTOP))

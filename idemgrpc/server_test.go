@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -383,7 +384,7 @@ func TestStoreDownAnswersUnavailable(t *testing.T) {
 		require.NoError(t, call(withKey(t.Context(), "k"), conn, chargeMethod, "x").err)
 	})
 	t.Run("nothing listening", func(t *testing.T) {
-		b := &backend{client: newRedisClient(t, "127.0.0.1:"+itoa(freePort(t)))}
+		b := &backend{client: newRedisClient(t, "127.0.0.1:"+itoa(redistest.FreePort(t)))}
 		var runs ledger
 		check(t, dial(t, serve(t, b.keeper(t), runs.handle), nil, nil), &runs)
 	})

@@ -266,6 +266,9 @@ func TestStoredResponseMemory(t *testing.T) {
 
 // FuzzResponseFormat: whatever a record holds, reading it never panics;
 // what reads as a response is written again as the same response.
+//
+// Fuzz it with -fuzztime as a count (-fuzztime 50000x): without a bound
+// it never ends.
 func FuzzResponseFormat(f *testing.F) {
 	for name := range goldenResponses {
 		p, err := os.ReadFile("testdata/response-v2-" + name + ".bin")

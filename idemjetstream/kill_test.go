@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemjetstream"
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -131,7 +132,7 @@ func startWorker(t *testing.T, natsURL, redisAddr string, victim bool) *worker {
 	w.cmd.Env = append(os.Environ(), "IDEMJS_WORKER=1", "IDEMJS_NATS="+natsURL, "IDEMJS_REDIS="+redisAddr,
 		"IDEMJS_VICTIM="+map[bool]string{true: "1", false: "0"}[victim])
 	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out
-	if err := w.cmd.Start(); err != nil {
+	if err := proc.Start(w.cmd); err != nil {
 		t.Fatal(err)
 	}
 	go func() { w.err = w.cmd.Wait(); close(w.done) }()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -70,7 +71,7 @@ func startServer(tb testing.TB, bin string, args func(port int, dir string) []st
 		}
 		cmd := exec.Command(bin, args(port, dir)...)
 		cmd.Dir, cmd.Stdout, cmd.Stderr = dir, log, log
-		if err := cmd.Start(); err != nil {
+		if err := proc.Start(cmd); err != nil {
 			tb.Fatalf("starting %s: %v", bin, err)
 		}
 		exited := make(chan struct{})

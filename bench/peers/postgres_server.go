@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -163,7 +164,7 @@ func (s *postgresServer) start(binDir string, maxConns int) error {
 		"-c", "port="+strconv.Itoa(pgPort), "-c", "max_connections="+strconv.Itoa(maxConns),
 		"-c", "fsync=on", "-c", "synchronous_commit=on")
 	s.cmd.Stdout, s.cmd.Stderr = log, log
-	if err := s.cmd.Start(); err != nil {
+	if err := proc.Start(s.cmd); err != nil {
 		return fmt.Errorf("starting postgres: %w", err)
 	}
 	s.exited = make(chan struct{})

@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/internal/proc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -65,8 +65,7 @@ func (s *redisServer) start(path string, port int) error {
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no")
 	s.cmd.Stdout, s.cmd.Stderr = log, log
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
+	if err := proc.Start(s.cmd); err != nil { // killed if this program dies
 		return fmt.Errorf("starting redis-server: %w", err)
 	}
 	s.exited = make(chan struct{})

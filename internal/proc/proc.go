@@ -8,8 +8,8 @@ package proc
 import "os/exec"
 
 // Start starts cmd, as cmd.Start does, and ties the child's life to this
-// process: on Linux the child gets SIGKILL when this process ends, whatever
-// ends it. The caller waits for cmd (cmd.Wait) and stops it as it would
+// process: on Linux the child gets SIGKILL (or the signal cmd.SysProcAttr's
+// Pdeathsig names already) when this process ends, whatever ends it. The caller waits for cmd (cmd.Wait) and stops it as it would
 // after cmd.Start. cmd stays in the caller's process group, so an outer
 // `timeout` that signals the group still reaches it.
 //
