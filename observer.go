@@ -76,7 +76,9 @@ const (
 	// StepStream: a StreamConsumer could not read or acknowledge entries
 	// (ResultUnavailable, with the error; it pauses and tries again), or
 	// moved a rejected entry to its dead-letter stream (the Result of the
-	// rejection: ResultInvalid, ResultMismatch, ResultCorrupt).
+	// rejection: ResultInvalid, ResultMismatch, ResultCorrupt), or an entry
+	// whose deliveries ran out (WithMaxDeliveries: ResultReleased, with the
+	// handler's last error).
 	StepStream
 )
 
@@ -122,7 +124,8 @@ const (
 	// ResultLeaseLost: the claim is no longer the holder.
 	ResultLeaseLost
 	// ResultReleased (StepRequest): the operation ran and the key was
-	// released, so that a retry runs it again.
+	// released, so that a retry runs it again. For StepStream: an entry
+	// whose deliveries ran out was moved to the dead-letter stream.
 	ResultReleased
 	// ResultFailOpen (StepRequest): the store could not answer and the
 	// operation ran unguarded, as the layer was told to (idemhttp's

@@ -58,9 +58,12 @@ type settings struct {
 	settleDelay time.Duration
 	settleCount int
 	settleSet   bool
-	// A StreamConsumer (stream.go).
-	batchSize  int
-	deadLetter string
+	// A StreamConsumer (stream.go); maxDeliveriesSet tells a
+	// WithMaxDeliveries.
+	batchSize        int
+	deadLetter       string
+	maxDeliveries    int
+	maxDeliveriesSet bool
 }
 
 func defaultSettings() settings {

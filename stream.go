@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,15 +15,17 @@ import (
 // StreamConsumer is one consumer of a consumer group of a Redis stream: Run
 // reads the group's entries with XREADGROUP, handles each batch with
 // Consume, acknowledges with XACK what Consume says to, moves rejected
-// entries to a dead-letter stream, and takes over with XAUTOCLAIM the
-// entries that other consumers of the group (dead ones) left pending. Make
-// one with NewStreamConsumer; it is safe to Run once at a time.
+// entries and entries that failed too many deliveries to a dead-letter
+// stream, and takes over with XAUTOCLAIM the entries that other consumers
+// of the group (dead ones) left pending, and its own that failed. Make one
+// with NewStreamConsumer; it is safe to Run once at a time.
 type StreamConsumer struct {
 	k                   *Keeper
 	client              redis.Cmdable
 	stream, group, name string
 	scope, deadLetter   string
 	batch               int64
+	maxDeliveries       int64
 	minIdle             time.Duration
 	consume             settings
 }
@@ -31,7 +35,9 @@ type StreamConsumer struct {
 // stream + " " + group, so that each group handles an entry once.
 //
 // Options that apply: WithBatchSize (100), the most entries read and
-// handled at once; WithDeadLetter (stream + ":dead-letter"); and those of
+// handled at once; WithDeadLetter (stream + ":dead-letter");
+// WithMaxDeliveries (5), the deliveries of an entry before it is
+// dead-lettered; and those of
 // Consume: WithConcurrency (1), WithLease (the Keeper's), WithSettleWindow
 // (10 ms, 128), and WithWait (default: the lease), how long a batch waits
 // for the outcome of an entry whose key another consumer holds.
@@ -56,9 +62,16 @@ func NewStreamConsumer(k *Keeper, client redis.Cmdable, stream, group, consumer 
 	if s.batchSize < 0 {
 		return nil, fmt.Errorf("%w: WithBatchSize: %d is negative", ErrInvalidConfig, s.batchSize)
 	}
+	if s.maxDeliveriesSet && s.maxDeliveries < 1 {
+		return nil, fmt.Errorf("%w: WithMaxDeliveries: %d is less than 1", ErrInvalidConfig, s.maxDeliveries)
+	}
 	c := &StreamConsumer{
 		k: k, client: client, stream: stream, group: group, name: consumer,
-		scope: stream + " " + group, deadLetter: s.deadLetter, batch: int64(s.batchSize), consume: s,
+		scope: stream + " " + group, deadLetter: s.deadLetter, batch: int64(s.batchSize),
+		maxDeliveries: int64(s.maxDeliveries), consume: s,
+	}
+	if !s.maxDeliveriesSet {
+		c.maxDeliveries = defaultMaxDeliveries
 	}
 	if c.deadLetter == "" {
 		c.deadLetter = stream + ":dead-letter"
@@ -86,12 +99,35 @@ func WithBatchSize(n int) Option {
 
 // WithDeadLetter sets the stream to which a StreamConsumer moves the entries
 // Consume rejects (MessageRejected: an invalid key, a fingerprint mismatch,
-// a corrupt record): each is added there (XADD) with its fields and three
-// more, idem-stream, idem-id (the entry's id) and idem-error, then
-// acknowledged. Default: the stream's name + ":dead-letter". Applies to a
-// StreamConsumer.
+// a corrupt record) and those whose deliveries ran out (WithMaxDeliveries):
+// each is added there (XADD) with its fields and four more, idem-stream,
+// idem-id (the entry's id), idem-error (why: the rejection, or the
+// handler's last error) and idem-deliveries (how many times the group
+// delivered it, XPENDING's counter; left out when the entry left the
+// consumer's pending entries before it was counted), then acknowledged.
+// Default: the stream's name + ":dead-letter". Applies to a StreamConsumer.
 func WithDeadLetter(stream string) Option {
 	return Option{name: "WithDeadLetter", to: toStream, set: func(s *settings) { s.deadLetter = stream }}
+}
+
+// defaultMaxDeliveries is WithMaxDeliveries' default.
+const defaultMaxDeliveries = 5
+
+// WithMaxDeliveries sets how many times a StreamConsumer lets its group
+// deliver an entry (XPENDING's delivery counter: XREADGROUP and XAUTOCLAIM
+// count one each) before it gives up on it: an entry whose handler fails
+// (an error that is not Final, or a panic) on its n-th delivery or later is
+// moved to the dead-letter stream (WithDeadLetter) and acknowledged (unless
+// its outcome could not be stored: ErrUnavailable), and an entry delivered
+// more than n times (its earlier runs never reported a failure: the process
+// died in them) is moved there without running its handler. Either needs this consumer to hold the entry's key: an entry
+// whose key another consumer holds stays pending for that one to settle,
+// and one handled already is acknowledged. Since a failed entry comes back
+// after a lease idle (XAUTOCLAIM), a handler that keeps failing runs n
+// times, about a lease apart. Default: 5; n must be at least 1. Applies to
+// a StreamConsumer.
+func WithMaxDeliveries(n int) Option {
+	return Option{name: "WithMaxDeliveries", to: toStream, set: func(s *settings) { s.maxDeliveries, s.maxDeliveriesSet = n, true }}
 }
 
 // streamBlock is how long one XREADGROUP waits for entries: it bounds how
@@ -107,14 +143,21 @@ const streamBlock = time.Second
 // the Claim).
 //
 // Run creates the group at the start of the stream (XGROUP CREATE ... 0
-// MKSTREAM) if there is none. It first reads the entries pending for this
-// consumer's name (a restart), then new ones. Every half lease it sweeps
-// the group's entries idle for a lease with XAUTOCLAIM and handles them as
-// a batch. After each batch it acknowledges, in one pipeline, the entries
-// Consume acknowledges and the rejected ones, the latter once added to the
-// dead-letter stream (a crash between the two adds one again: the
-// dead-letter stream is at least once). Entries answered MessageRetry stay
-// pending, for the sweep of whichever consumer comes first.
+// MKSTREAM) if there is none. It first reads, once, the entries pending
+// for this consumer's name (a restart): from "0", then from past the last
+// entry each read returned, until one returns none; then new entries
+// (">"). Every half lease it sweeps the group's entries idle for a lease
+// with XAUTOCLAIM and handles them as a batch. After each batch it
+// acknowledges, in one pipeline, the entries Consume acknowledges and the
+// rejected ones and those whose deliveries ran out (WithMaxDeliveries), the
+// latter once added to the dead-letter stream (a crash between the two
+// adds one again: the dead-letter stream is at least once). Entries
+// answered MessageRetry stay pending, and are not read again by this
+// consumer's first read of its own: they wait for the sweep of whichever
+// consumer comes first, a lease after their delivery, so that a failing
+// entry neither runs in a loop nor holds back new ones. A handler's panic
+// is a failure of its entry (MessageRetry, with an error that holds the
+// panic's value and stack), not of Run: the batch goes on.
 //
 // A stream command or a Consume that fails with ErrUnavailable is reported
 // to the Keeper's Observer (StepStream, ResultUnavailable) and tried again
@@ -136,7 +179,7 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 	}
 	hctx := context.WithoutCancel(ctx)
 	pause := time.Duration(0)
-	backlog := true // this name's own pending entries first
+	backlog := "0" // this name's own pending entries first, read once: the id to read after; "" once read
 	var sweepAt time.Time
 	cursor := "0-0"
 	for ctx.Err() == nil {
@@ -151,6 +194,7 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 		}
 		var msgs []redis.XMessage
 		var err error
+		redelivered := true // delivered before: their delivery counts are asked for
 		switch now := c.k.now(); {
 		case !now.Before(sweepAt):
 			var next string
@@ -164,9 +208,9 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 				}
 			}
 		default:
-			id := ">"
-			if backlog {
-				id = "0"
+			id := backlog
+			if id == "" {
+				id, redelivered = ">", false
 			}
 			var streams []redis.XStream
 			streams, err = c.client.XReadGroup(hctx, &redis.XReadGroupArgs{
@@ -178,12 +222,19 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 			for _, s := range streams {
 				msgs = append(msgs, s.Messages...)
 			}
-			if err == nil && backlog && len(msgs) == 0 {
-				backlog = false
+			if err == nil && backlog != "" {
+				backlog = ""
+				if len(msgs) > 0 {
+					backlog = msgs[len(msgs)-1].ID
+				}
 			}
 		}
+		var deliveries []int64
+		if err == nil && len(msgs) > 0 && redelivered {
+			deliveries, err = c.deliveries(hctx, msgs)
+		}
 		if err == nil && len(msgs) > 0 {
-			err = c.handle(ctx, hctx, msgs, key, handle)
+			err = c.handle(ctx, hctx, msgs, deliveries, key, handle)
 		}
 		if err != nil {
 			c.report(hctx, ResultUnavailable, err)
@@ -195,32 +246,85 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 	return ctx.Err()
 }
 
+// deliveries returns how many times the group delivered each of msgs,
+// entries delivered before (XPENDING's counter, in one pipeline); 0 for
+// one no longer pending for this consumer.
+func (c *StreamConsumer) deliveries(ctx context.Context, msgs []redis.XMessage) ([]int64, error) {
+	pipe := c.client.Pipeline()
+	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	for i, m := range msgs {
+		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: c.stream, Group: c.group, Start: m.ID, End: m.ID, Count: 1, Consumer: c.name})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, storeError(ctx, "xpending", err)
+	}
+	n := make([]int64, len(msgs))
+	for i, cmd := range cmds {
+		if p := cmd.Val(); len(p) == 1 && p[0].ID == msgs[i].ID {
+			n[i] = p[0].RetryCount
+		}
+	}
+	return n, nil
+}
+
 // handle runs Consume on msgs and acknowledges or dead-letters them.
-func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage, key func(redis.XMessage) string, handle func(context.Context, redis.XMessage) error) error {
+// deliveries are their delivery counts; nil for entries read new (one
+// delivery each).
+func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage, deliveries []int64, key func(redis.XMessage) string, handle func(context.Context, redis.XMessage) error) error {
 	keys := make([]string, len(msgs))
 	for i := range msgs {
 		keys[i] = key(msgs[i])
 	}
+	delivered := func(i int) int64 {
+		if deliveries == nil {
+			return 1
+		}
+		return deliveries[i]
+	}
 	s := c.consume
-	res, err := c.k.consume(ctx, stop, c.scope, keys, &s, func(ctx context.Context, i int) error { return handle(ctx, msgs[i]) })
+	res, err := c.k.consume(ctx, stop, c.scope, keys, &s, func(ctx context.Context, i int) (err error) {
+		if n := delivered(i); n > c.maxDeliveries {
+			return fmt.Errorf("idem: not handled: delivered %d times, more than WithMaxDeliveries' %d", n, c.maxDeliveries)
+		}
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("idem: the handler panicked: %v\n%s", p, debug.Stack())
+			}
+		}()
+		return handle(ctx, msgs[i])
+	})
 	if res == nil {
 		return err
 	}
 	var ack []string
 	pipe := c.client.Pipeline()
+	deadLetter := func(i int, why error) {
+		values := make(map[string]any, len(msgs[i].Values)+4)
+		for f, v := range msgs[i].Values {
+			values[f] = v
+		}
+		values["idem-stream"], values["idem-id"], values["idem-error"] = c.stream, msgs[i].ID, fmt.Sprint(why)
+		if n := delivered(i); n > 0 {
+			values["idem-deliveries"] = strconv.FormatInt(n, 10)
+		}
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: c.deadLetter, Values: values})
+		ack = append(ack, msgs[i].ID)
+	}
 	for i, r := range res {
 		switch {
 		case r.Ack:
 			ack = append(ack, msgs[i].ID)
 		case r.Status == MessageRejected:
-			values := make(map[string]any, len(msgs[i].Values)+3)
-			for f, v := range msgs[i].Values {
-				values[f] = v
-			}
-			values["idem-stream"], values["idem-id"], values["idem-error"] = c.stream, msgs[i].ID, fmt.Sprint(r.Err)
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: c.deadLetter, Values: values})
-			ack = append(ack, msgs[i].ID)
+			deadLetter(i, r.Err)
 			c.report(ctx, errorResult(r.Err), r.Err)
+		case r.Status == MessageRetry && r.Ran && delivered(i) >= c.maxDeliveries &&
+			!errors.Is(r.Err, ErrLeaseLost) && !errors.Is(r.Err, ErrUnavailable):
+			// Its handler ran here, holding its key, and failed: its
+			// deliveries have run out. (A lost lease leaves it to the new
+			// holder; an outcome not stored, which may be a success, to
+			// the next delivery.)
+			deadLetter(i, r.Err)
+			c.report(ctx, ResultReleased, r.Err)
 		}
 	}
 	if len(ack) > 0 {

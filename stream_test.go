@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,14 +83,221 @@ func TestStreamConsumerRefusesMisuse(t *testing.T) {
 	b := redistest.Miniredis(t)
 	k := newKeeper(t, b)
 	for name, opts := range map[string][]Option{
-		"WithFingerprints":   {WithFingerprints(nil)},
-		"negative batch":     {WithBatchSize(-1)},
-		"negative wait":      {WithWait(-time.Second)},
-		"WithSettleWindow 0": {WithSettleWindow(0, 0)},
+		"WithFingerprints":    {WithFingerprints(nil)},
+		"negative batch":      {WithBatchSize(-1)},
+		"negative wait":       {WithWait(-time.Second)},
+		"WithSettleWindow 0":  {WithSettleWindow(0, 0)},
+		"WithMaxDeliveries 0": {WithMaxDeliveries(0)},
+		"negative deliveries": {WithMaxDeliveries(-1)},
 	} {
 		_, err := NewStreamConsumer(k, b.Client, "s", "g", "c", opts...)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
 	_, err := NewStreamConsumer(k, b.Client, "s", "", "c")
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewStreamConsumer(k, b.Client, "s", "g", "c", WithMaxDeliveries(1))
+	assert.NoError(t, err, "one delivery is a limit")
+	sc, err := NewStreamConsumer(k, b.Client, "s", "g", "c")
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, sc.maxDeliveries, "WithMaxDeliveries' default")
+}
+
+// TestStreamConsumerReadsItsBacklogOnce: a consumer restarted under its old
+// name reads its own pending entries first, once: an entry of that backlog
+// whose handler fails (a plain error: MessageRetry, left pending) is not
+// read again by it, but left to XAUTOCLAIM, a lease after its delivery
+// (here 10 s); the consumer goes on to new entries. (It used to read its
+// backlog from "0" until a read returned none: the failing entry came back
+// at once, its handler ran 12,641 times in 1.5 s, and no new entry was
+// read.)
+func TestStreamConsumerReadsItsBacklogOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		k := newKeeper(t, b, WithLease(10*time.Second))
+		add := func(id string) {
+			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": id}}).Err())
+		}
+		add("poison")
+		add("a")
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		// The consumer's previous process read both entries and died.
+		got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{"s", ">"}, Count: 10}).Result()
+		require.NoError(t, err)
+		require.Len(t, got[0].Messages, 2)
+
+		sc, err := NewStreamConsumer(k, c, "s", "g", "c1")
+		require.NoError(t, err)
+		var mu sync.Mutex
+		runs := map[string]int{}
+		ran := func(id string) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return runs[id]
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
+				func(ctx context.Context, m redis.XMessage) error {
+					id := m.Values["id"].(string)
+					mu.Lock()
+					runs[id]++
+					mu.Unlock()
+					if id == "poison" {
+						return errors.New("a transient failure")
+					}
+					return nil
+				})
+		}()
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for ran("a") == 0 || ran("poison") == 0 {
+			require.True(t, time.Now().Before(deadline), "the backlog was never handled")
+			time.Sleep(5 * time.Millisecond)
+		}
+		add("b") // a new entry
+		for ran("b") == 0 {
+			require.True(t, time.Now().Before(deadline), "a new entry is never read while a backlog entry fails (poison ran %d times)", ran("poison"))
+			time.Sleep(5 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled)
+
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("handler runs: %v", runs)
+		assert.Equal(t, 1, runs["a"])
+		assert.LessOrEqual(t, runs["poison"], 2, "a failing backlog entry is run again at once, in a loop, not after a lease")
+		assert.Equal(t, 1, runs["b"], "a new entry is never read while a backlog entry fails")
+		// The failing entry is left pending, for XAUTOCLAIM: delivered
+		// twice, by the dead process's read and by the backlog's.
+		p, err := c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: "s", Group: "g", Start: "-", End: "+", Count: 10}).Result()
+		require.NoError(t, err)
+		require.Len(t, p, 1)
+		assert.Equal(t, got[0].Messages[0].ID, p[0].ID)
+		assert.EqualValues(t, 2, p[0].RetryCount)
+	})
+}
+
+// TestStreamConsumerDeadLettersAfterMaxDeliveries: with WithMaxDeliveries(3)
+// an entry whose handler keeps failing, one whose handler panics, and one
+// new entry that keeps failing are moved to the dead-letter stream and
+// acknowledged after their third delivery's failure, with the handler's
+// error and the delivery count; an entry delivered more than 3 times (its
+// runs killed the process) is moved there without running; the panics do
+// not stop Run; and a new entry is handled while the failing ones wait for
+// their next delivery.
+func TestStreamConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		lease := 300 * time.Millisecond
+		k := newKeeper(t, b, WithLease(lease))
+		ids := map[string]string{} // the entries' ids, by their idem key
+		add := func(key string) {
+			id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": key}}).Result()
+			require.NoError(t, err)
+			ids[key] = id
+		}
+		for _, key := range []string{"fails", "panics", "crashes", "a"} {
+			add(key)
+		}
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		// The consumer's previous processes: one read every entry and
+		// died; "crashes" killed two more (a delivery each: XCLAIM).
+		got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{"s", ">"}, Count: 10}).Result()
+		require.NoError(t, err)
+		require.Len(t, got[0].Messages, 4)
+		for range 2 {
+			require.NoError(t, c.XClaim(ctx, &redis.XClaimArgs{Stream: "s", Group: "g", Consumer: "c1", Messages: []string{ids["crashes"]}}).Err())
+		}
+
+		sc, err := NewStreamConsumer(k, c, "s", "g", "c1", WithMaxDeliveries(3))
+		require.NoError(t, err)
+		var mu sync.Mutex
+		runs := map[string]int{}
+		ran := func(key string) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return runs[key]
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
+				func(ctx context.Context, m redis.XMessage) error {
+					key := m.Values["id"].(string)
+					mu.Lock()
+					runs[key]++
+					mu.Unlock()
+					switch key {
+					case "fails", "late-fails":
+						return errors.New("downstream refused")
+					case "panics":
+						panic("boom")
+					}
+					return nil
+				})
+		}()
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for ran("a") == 0 || ran("fails") == 0 || ran("panics") == 0 {
+			require.True(t, time.Now().Before(deadline), "the backlog was never handled: %v", runs)
+			time.Sleep(5 * time.Millisecond)
+		}
+		add("b")
+		add("late-fails")
+		for ran("b") == 0 || ran("late-fails") == 0 {
+			require.True(t, time.Now().Before(deadline), "new entries never handled: %v", runs)
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !b.Real {
+			// miniredis's clock has not moved: no entry was idle for
+			// XAUTOCLAIM yet, so the failing ones ran once, and the new
+			// entries did not wait for them.
+			assert.Equal(t, 1, ran("fails"))
+			assert.Equal(t, 1, ran("panics"))
+		}
+		for {
+			n, err := c.XLen(ctx, "s:dead-letter").Result()
+			require.NoError(t, err)
+			p, err := c.XPending(ctx, "s", "g").Result()
+			require.NoError(t, err)
+			if n == 4 && p.Count == 0 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%d dead letters, %d pending, runs %v", n, p.Count, runs)
+			if !b.Real {
+				b.Advance(50 * time.Millisecond) // miniredis's idle times and leases move with its clock
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled, "Run goes on after a handler's panic")
+
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("handler runs: %v", runs)
+		assert.Equal(t, map[string]int{"fails": 2, "panics": 2, "a": 1, "b": 1, "late-fails": 3}, runs,
+			"the backlog's failing entries ran on their 2nd and 3rd deliveries, the new one on its 1st to 3rd; crashes never")
+		dl, err := c.XRange(ctx, "s:dead-letter", "-", "+").Result()
+		require.NoError(t, err)
+		letters := map[string]map[string]any{}
+		for _, m := range dl {
+			letters[m.Values["id"].(string)] = m.Values
+		}
+		require.Len(t, letters, 4)
+		for key, want := range map[string]struct{ deliveries, err string }{
+			"fails":      {"3", "downstream refused"},
+			"late-fails": {"3", "downstream refused"},
+			"panics":     {"3", "the handler panicked: boom"},
+			"crashes":    {"4", "delivered 4 times, more than WithMaxDeliveries' 3"},
+		} {
+			v := letters[key]
+			require.NotNil(t, v, key)
+			assert.Equal(t, "s", v["idem-stream"], key)
+			assert.Equal(t, ids[key], v["idem-id"], key)
+			assert.Equal(t, want.deliveries, v["idem-deliveries"], key)
+			assert.Contains(t, v["idem-error"], want.err, key)
+		}
+	})
 }
