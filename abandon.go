@@ -55,6 +55,9 @@ func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (R
 	if err := checkToken("abandon", token); err != nil {
 		return Record{}, err
 	}
+	if err := k.placementReady(ctx, false); err != nil {
+		return Record{}, storeError(ctx, "abandon", err)
+	}
 	r, err := k.store.Abandon(ctx, k.RecordID(scope, key), token)
 	return r, storeError(ctx, "abandon", err)
 }

@@ -106,7 +106,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 	req, places := k.batchRequest(scope, keys, fps, results)
 	req.Compact, req.Lease, req.Keep = compact, lease, lease+k.policy.retention
 	started := k.now()
-	replies := k.store.ClaimBatch(ctx, req)
+	replies := k.claimBatch(ctx, req)
 	var claims []Claim // the batch's claims, in one allocation
 	for j, r := range replies {
 		i, id := places[j], req.IDs[j]
@@ -131,6 +131,22 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 		}
 	}
 	return results, nil
+}
+
+// claimBatch is the store's ClaimBatch of req, once the Keeper's placement
+// is known to be its store's (see placementReady); each key is refused with
+// the error otherwise, nothing claimed.
+func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+	if len(req.IDs) > 0 {
+		if err := k.placementReady(ctx, true); err != nil {
+			replies := make([]BatchClaimReply, len(req.IDs))
+			for j := range replies {
+				replies[j].Err = err
+			}
+			return replies
+		}
+	}
+	return k.store.ClaimBatch(ctx, req)
 }
 
 // batchRequest is the store's request for keys: the record of each valid key,

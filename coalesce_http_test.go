@@ -26,9 +26,9 @@ func TestCoalescingBehindTheMiddleware(t *testing.T) {
 		b.Client.AddHook(cnt)
 		s, err := idem.NewRedisStore(b.Client)
 		require.NoError(t, err)
-		require.NoError(t, s.LoadScripts(context.Background()))
 		k, err := idem.New(s, idem.WithCoalescing(true))
 		require.NoError(t, err)
+		require.NoError(t, s.LoadScripts(context.Background()), "the scripts, and the prefix's record for k")
 		mw, err := idemhttp.New(k, idemhttp.WithWait(time.Minute))
 		require.NoError(t, err)
 		const n = 30

@@ -44,7 +44,9 @@ var (
 	ErrCorrupt = errors.New("idem: corrupt record")
 
 	// ErrInvalidConfig reports a constructor argument or option that cannot
-	// work, such as a nil client or a lease shorter than zero.
+	// work, such as a nil client or a lease shorter than zero, or a store
+	// whose keys are written otherwise than the Keeper would: an index of
+	// another layout, or a prefix of another placement (WithScopeShards).
 	ErrInvalidConfig = errors.New("idem: invalid configuration")
 
 	// ErrNoClaim reports a step (Complete, Release, Extend, Checkpoint)

@@ -147,6 +147,9 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
+	if err := k.placementReady(ctx, false); err != nil {
+		return Record{}, storeError(ctx, "forget", err)
+	}
 	id := k.RecordID(scope, key)
 	if token == 0 {
 		r, err := k.store.Inspect(ctx, id)

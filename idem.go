@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,9 @@ type Keeper struct {
 	// scopeShards is WithScopeShards' n: 0, or how many shards of a scope
 	// its record ids place its keys in.
 	scopeShards int
+	// placed is set once the store has said for good that its keys are
+	// placed as this Keeper places them (see placementReady).
+	placed atomic.Bool
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
@@ -85,6 +89,9 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 		k.cache = newReplayCache(s.replayCache)
 	}
 	k.renewals.init(k.policy.lease)
+	if rs, ok := store.(*RedisStore); ok {
+		rs.addKeeper(k.scopeShards)
+	}
 	k.claims = storeClaimer{k}
 	if s.coalesce {
 		k.claims = newFlights(k.claims, func() time.Time { return k.now() })
@@ -333,6 +340,9 @@ type storeClaimer struct{ k *Keeper }
 func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ time.Time) (Outcome, error) {
 	k := s.k
 	started := k.now()
+	if err := k.placementReady(ctx, true); err != nil {
+		return Outcome{}, storeError(ctx, "claim", err)
+	}
 	r, err := k.store.Claim(ctx, id, req)
 	if err != nil {
 		return Outcome{}, storeError(ctx, "claim", err)

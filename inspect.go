@@ -200,6 +200,9 @@ func (k *Keeper) inspect(ctx context.Context, scope, key string) (Record, error)
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err
 	}
+	if err := k.placementReady(ctx, false); err != nil {
+		return Record{}, storeError(ctx, "inspect", err)
+	}
 	r, err := k.store.Inspect(ctx, k.RecordID(scope, key))
 	return r, storeError(ctx, "inspect", err)
 }

@@ -68,9 +68,19 @@ const maxScopeShards = 256
 //
 // The placement is part of each record's id (see Keeper.RecordID) and of
 // its key's name: every Keeper that shares a store's prefix must be made
-// with the same n, as with the same retentions, or a key is claimed once
-// by each. A RedisStore reads any id, placed or not, without an option.
-// Applies to a Keeper. Default: 0.
+// with the same n, or a key would be claimed once by each. A RedisStore
+// holds it to that: the first Keeper that writes under a prefix records
+// its n there (in the key prefix + "layout"), and a Keeper made with
+// another n is refused before it writes anything, with an error that wraps
+// ErrInvalidConfig and names both: Do, Begin, Inspect, Forget and Abandon
+// return it, BeginBatch and Consume answer each key or message with it
+// (Consume runs no handler and acknowledges nothing), and
+// RedisStore.LoadScripts returns it for a store made by NewRedis. To turn
+// the option on, or change n, where a prefix is in use, give the new
+// placement a prefix of its own, after draining the old one (see
+// docs/consumers.md, "Placement on a prefix in use"). A RedisStore reads
+// any id, placed or not, without an option. Applies to a Keeper. Default:
+// 0.
 func WithScopeShards(n int) Option {
 	return Option{name: "WithScopeShards", to: toKeeper, set: func(s *settings) { s.scopeShards = n }}
 }

@@ -207,15 +207,21 @@ func TestClusterScopeShards(t *testing.T) {
 			require.Equal(t, want, r.Status, "%s %s: %v", scope, msgs[i], r.Err)
 		}
 	}
-	for _, k := range []*Keeper{newClusterKeeper(t, cc), newClusterKeeper(t, cc, WithScopeShards(1))} {
-		k.store.(*RedisStore).LoadScripts(ctx)
+	// Each placement on a prefix of its own: one prefix refuses a Keeper
+	// of another placement than its first's. LoadScripts writes each
+	// prefix's record, so that the counts below are of the batches alone.
+	byKey := newClusterKeeper(t, cc)
+	placed := newClusterKeeper(t, cc, WithScopeShards(1), WithPrefix("placed:"))
+	for _, k := range []*Keeper{byKey, placed} {
+		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
 	}
+	_, err := Do(ctx, newClusterKeeper(t, cc, WithScopeShards(1)), "placed", "k", func(context.Context) (int, error) { return 1, nil })
+	require.ErrorIs(t, err, ErrInvalidConfig, "a Keeper of another placement on the Cluster's prefix")
 
-	spread := scripts(func() { consume(newClusterKeeper(t, cc), "spread", MessageHandled) })
+	spread := scripts(func() { consume(byKey, "spread", MessageHandled) })
 	keys, err := clusterKeys(ctx, masters)
 	require.NoError(t, err)
 
-	placed := newClusterKeeper(t, cc, WithScopeShards(1))
 	first := scripts(func() { consume(placed, "placed", MessageHandled) })
 	again := scripts(func() { consume(placed, "placed", MessageReplayed) })
 	all, err := clusterKeys(ctx, masters)
@@ -242,7 +248,7 @@ func TestClusterScopeShards(t *testing.T) {
 	counted := cl.Client(t, nil)
 	nodes := &nodeCounters{byAddr: map[string]*redistest.Counter{}}
 	counted.OnNewNode(func(c *redis.Client) { c.AddHook(nodes.of(c.Options().Addr)) })
-	three := newClusterKeeper(t, counted, WithScopeShards(3))
+	three := newClusterKeeper(t, counted, WithScopeShards(3), WithPrefix("three:"))
 	require.NoError(t, three.store.(*RedisStore).LoadScripts(ctx))
 	msgs := make([]string, 500)
 	for i := range msgs {

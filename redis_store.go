@@ -48,7 +48,11 @@ const DefaultPrefix = "idem:"
 // RedisStore is a Store on Redis. Each record is one Redis string under
 // prefix + "{" + id + "}", or for an id placed by WithScopeShards
 // prefix + "{" + shard + "}" + digest: the hash tag keeps every key of a
-// record in one Cluster slot. It uses the client it is given and never dials its own. It is
+// record in one Cluster slot. Beside them, prefix + "layout" says how the
+// prefix's keys are written (the layout and WithScopeShards' n), so that a
+// Keeper that would write them otherwise is refused: written by the first
+// Keeper that writes under the prefix, read by each store once, never
+// expiring. It uses the client it is given and never dials its own. It is
 // safe for concurrent use.
 type RedisStore struct {
 	client redis.Scripter
@@ -64,6 +68,9 @@ type RedisStore struct {
 	compact   *compactLayout
 	layout    layoutGate
 	noCompact bool
+	// prefixGate holds the prefix's record, how its keys are written,
+	// once read (see checkPlacement).
+	prefixGate prefixGate
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -479,14 +486,22 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // EVALSHA is answered NOSCRIPT runs its script once by EVAL, which also loads
 // it again, so the call costs one more round trip and the next ones none. An
 // EVAL that fails is the call's error; nothing is tried a third time.
-
+//
+// It also reads the prefix's record (see RedisStore), which a store
+// otherwise reads on its first call, and for a store whose Keepers share
+// one WithScopeShards (one made by NewRedis) writes it where there is none:
+// a Keeper of another placement than the prefix's is refused then, with an
+// error that wraps ErrInvalidConfig.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range []*luaScript{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
 		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
-		compactClaimScript, compactSettleScript, compactMoveScript} {
+		compactClaimScript, compactSettleScript, compactMoveScript, prefixScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}
+	}
+	if err := s.learnPrefix(ctx); err != nil {
+		return storeError(ctx, "reading the prefix's record", err)
 	}
 	return nil
 }

@@ -86,9 +86,10 @@ func autoPipelined(t *testing.T, b *redistest.Backend, apo *redis.AutoPipelineOp
 	t.Cleanup(func() { ap.Close() })
 	s, err := NewRedisStore(ap)
 	require.NoError(t, err)
-	require.NoError(t, s.LoadScripts(context.Background()))
 	k, err := New(s, opts...)
 	require.NoError(t, err)
+	// The scripts, and the prefix's record for the Keeper: one EVALSHA.
+	require.NoError(t, s.LoadScripts(context.Background()))
 	return k, cmds
 }
 
@@ -113,7 +114,7 @@ func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
 		}
 		wg.Wait()
 		evalsha, alone := cmds.get("evalsha")
-		assert.Equal(t, 3*n, evalsha, "claim, complete, replay: one script each")
+		assert.Equal(t, 3*n+1, evalsha, "claim, complete, replay: one script each, and the prefix's record once (LoadScripts)")
 		eval, _ := cmds.get("eval")
 		assert.Zero(t, eval, "the scripts were loaded: no fallback")
 		// How deep the batches are depends on timing: logged, not asserted.
@@ -218,6 +219,7 @@ func TestNoScriptFallsBackOncePerCall(t *testing.T) {
 		assert.EqualValues(t, 1, ns.eval.Load(), what)
 	}
 	var out Outcome
+	check("the prefix's record, once a store", func() { require.NoError(t, s.LoadScripts(ctx)) })
 	check("claim", func() { out, err = k.Begin(ctx, "s", "k"); require.NoError(t, err) })
 	check("extend", func() { require.NoError(t, out.Claim.Extend(ctx)) })
 	check("complete", func() { require.NoError(t, out.Claim.Complete(ctx, []byte("v"), 0)) })

@@ -71,8 +71,10 @@ func TestReplayCacheAnswersWithoutARoundTrip(t *testing.T) {
 		assert.NotEqual(t, out.Value, again.Value, "another caller's Value is not touched")
 		assert.EqualValues(t, 1, runs.Load())
 
-		// Another Keeper replays from the store once, then from its cache.
-		k2 := newKeeper(t, b, WithReplayCache(100, 1<<20, time.Hour))
+		// Another Keeper (of the same store, which has read the prefix's
+		// record) replays from the store once, then from its cache.
+		k2, err := New(k.store, WithReplayCache(100, 1<<20, time.Hour))
+		require.NoError(t, err)
 		n = cnt.Count(func() { v, err = Do(ctx, k2, "s", "k", fn) })
 		require.NoError(t, err)
 		assert.Equal(t, "result", v)

@@ -407,7 +407,7 @@ func TestCorruptRecordAnswersInternal(t *testing.T) {
 		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, nil)
 		ctx := withKey(t.Context(), "k")
 		require.NoError(t, call(ctx, conn, chargeMethod, "x").err)
-		keys, err := b.client.Keys(t.Context(), "idem:*").Result()
+		keys, err := b.client.Keys(t.Context(), "idem:{*").Result() // the records, not idem:layout
 		require.NoError(t, err)
 		require.Len(t, keys, 1)
 		require.NoError(t, b.client.Set(t.Context(), keys[0], "not a record", 0).Err())

@@ -212,7 +212,7 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	corruptAll := func(t *testing.T, a *app, value string) {
 		ctx := context.Background()
 		a.do(postKey("k1", "a"))
-		keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"*").Result()
+		keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"{*").Result()
 		require.NoError(t, err)
 		require.Len(t, keys, 1)
 		require.NoError(t, a.env.Client.Set(ctx, keys[0], value, 0).Err())
@@ -318,7 +318,7 @@ func testStatusTable(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 		{name: "record of another type", before: func(t *testing.T, a *app) {
 			ctx := context.Background()
 			a.do(postKey("k1", "a"))
-			keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"*").Result()
+			keys, err := a.env.Client.Keys(ctx, idem.DefaultPrefix+"{*").Result()
 			require.NoError(t, err)
 			require.NoError(t, a.env.Client.Del(ctx, keys...).Err())
 			require.NoError(t, a.env.Client.HSet(ctx, keys[0], "f", "v").Err())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -111,7 +112,11 @@ func ExampleNewEnv() {
 
 	fmt.Println(post("a"))
 	for _, key := range env.Redis.Keys() {
-		fmt.Println(key[:len("payments:{")], env.Redis.TTL(key))
+		// The records; beside them, payments:layout says how the prefix is
+		// written.
+		if strings.HasPrefix(key, "payments:{") {
+			fmt.Println(key[:len("payments:{")], env.Redis.TTL(key))
+		}
 	}
 
 	env.SetError("LOADING Redis is loading the dataset in memory")

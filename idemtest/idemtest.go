@@ -63,9 +63,10 @@ type Env struct {
 	// Clock is the time of both the Keeper and Redis; Advance moves them.
 	Clock *Clock
 	// Redis is the embedded server, to look at (Redis.Keys, Redis.TTL,
-	// Redis.Get) or to break: Env.SetError makes every command answer an
-	// error reply (idem.ErrUnavailable, 503 from idemhttp); Redis.Set on a
-	// record's key (see Redis.Keys) puts a value there that is not a record
+	// Redis.Get; beside the records, whose keys hold a '{', prefix +
+	// "layout" says how they are written) or to break: Env.SetError makes
+	// every command answer an error reply (idem.ErrUnavailable, 503 from
+	// idemhttp); Redis.Set on a record's key (see Redis.Keys) puts a value there that is not a record
 	// (idem.ErrCorrupt, 500); Redis.Close makes it unreachable for good
 	// (idem.ErrUnavailable, after about 0.1s of redialling). Do not call its
 	// SetTime, FastForward or ClockTTL: Clock.Advance moves its time. Its

@@ -190,6 +190,17 @@ local function index_format(m)
   return string.format('v2 %d %d %d', m.l, m.s, m.n)
 end
 
+-- The prefix's record (prefix .. 'layout', see prefix.lua) says how the
+-- prefix is written: "v2 shards=N", the layout of its index (the one
+-- index_state reads) and the scope shards (WithScopeShards, 0 for none) of
+-- the Keepers that write under it.
+
+-- prefix_record is the record of a prefix written by Keepers of shards
+-- scope shards (a decimal string).
+local function prefix_record(shards)
+  return 'v2 shards=' .. shards
+end
+
 -- index_find returns the position in the block blk of the entry whose
 -- digest is d8 (entries are 16 bytes, so it starts at 1 modulo 16), or nil.
 local function index_find(blk, d8)

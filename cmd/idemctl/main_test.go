@@ -353,7 +353,9 @@ func TestUnavailable(t *testing.T) {
 }
 
 // TestScopeShards: the records of a Keeper made WithScopeShards are named
-// by scope and key with -scope-shards, and by the key pending lists.
+// by scope and key with -scope-shards, and by the key pending lists;
+// without -scope-shards, a scope and key are refused, the prefix's
+// placement named.
 func TestScopeShards(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k, err := idem.NewRedis(b.Client, idem.WithLease(time.Hour), idem.WithScopeShards(4))
@@ -369,7 +371,9 @@ func TestScopeShards(t *testing.T) {
 		assert.Equal(t, "pending", got.State)
 		assert.Equal(t, k.RecordID("t", "held"), got.ID)
 		r = ctl("-redis", url(b), "-json", "inspect", "-scope", "t", "held")
-		assert.Equal(t, "absent", decode[jsonRecord](t, r.out)[0].State, "without -scope-shards: another id")
+		assert.Equal(t, 1, r.code, "without -scope-shards: refused, not another id")
+		assert.Contains(t, r.stderr, "WithScopeShards(4)", "the prefix's placement is named")
+		assert.Empty(t, r.out)
 
 		r = ctl("-redis", url(b), "-json", "pending")
 		require.Equal(t, 0, r.code, r.stderr)
