@@ -35,6 +35,10 @@ import (
 // script's cost is given per record. "process" is the server's whole CPU
 // time (INFO cpu) over the same calls, reading and writing the network
 // included.
+//
+// It asserts how many commands (redis.call) the claim and the settle calls
+// of a Consume call make, at batches of 3 and 500 (consumeCommandBounds):
+// counts, exact on a given Redis, not speed.
 func TestScriptCost(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
@@ -60,6 +64,119 @@ func TestScriptCost(t *testing.T) {
 	}
 	t.Logf("Redis CPU per call, µs: %d rounds of %d calls per path, median (min) of the rounds, redis-server %s\n%s",
 		rounds, n, m.version(), m.table())
+	costConsumeCommands(t, c)
+}
+
+// consumeCommandBounds are the most commands (redis.call from a script) that
+// the claim calls and the settle calls of one Consume call may make, by batch
+// size, for a batch of new messages and for one in which a fifth were
+// handled before. They are the counts of a run on Redis 7.0.15
+// (TestScriptCost logs them), so that a change to the scripts that adds a
+// command fails here and one that removes some lowers them.
+// A batch of 500 is three script calls of each (BatchChunk is 200); the
+// index's TTL upkeep (PEXPIRE) is due in some of them only.
+var consumeCommandBounds = map[int]struct{ claimNew, settleNew, claimAgain, settleAgain int64 }{
+	3:   {claimNew: 9, settleNew: 5, claimAgain: 10, settleAgain: 5},
+	500: {claimNew: 27, settleNew: 15, claimAgain: 29, settleAgain: 15},
+}
+
+// costConsumeCommands counts the commands that the two script calls of a
+// Consume call make (INFO commandstats: on Redis 7 a script's commands are
+// counted on their own lines), the claim's apart from the settle's: the
+// count is read again when the first handler runs, after the claim call has
+// returned and before the settle (one settle for the batch: the handlers
+// return within the settle window). It asserts them against
+// consumeCommandBounds.
+func costConsumeCommands(t *testing.T, c *redis.Client) {
+	ctx := context.Background()
+	for _, size := range []int{3, 500} {
+		k, err := NewRedis(c, WithPrefix(fmt.Sprintf("cmds%d:", size)), WithLease(time.Hour))
+		require.NoError(t, err)
+		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		count := func(batch []string) (claim, settle map[string]int64) {
+			before := commandCalls(t, c)
+			var mid map[string]int64
+			_, err := Consume(ctx, k, "s", batch, func(s string) string { return s }, func(context.Context, string) error {
+				if mid == nil {
+					mid = commandCalls(t, c)
+				}
+				return nil
+			}, WithSettleWindow(time.Hour, len(batch)))
+			require.NoError(t, err)
+			after := commandCalls(t, c)
+			return callsBetween(before, mid), callsBetween(mid, after)
+		}
+		// Then a batch of as many, a fifth of them (one at least) handled
+		// by the first.
+		first, again := make([]string, size), make([]string, size)
+		for i := range first {
+			first[i], again[i] = fmt.Sprint("first-", i), fmt.Sprint("again-", i)
+		}
+		done := max(1, size/5)
+		copy(again, first[:done])
+		claimNew, settleNew := count(first)
+		claimAgain, settleAgain := count(again)
+		bound := consumeCommandBounds[size]
+		for _, x := range []struct {
+			what  string
+			calls map[string]int64
+			bound int64
+		}{
+			{fmt.Sprintf("claim of %d new", size), claimNew, bound.claimNew},
+			{fmt.Sprintf("settle of %d new", size), settleNew, bound.settleNew},
+			{fmt.Sprintf("claim of %d, %d handled before", size, done), claimAgain, bound.claimAgain},
+			{fmt.Sprintf("settle of %d, %d handled before", size, done), settleAgain, bound.settleAgain},
+		} {
+			scripts, commands := x.calls["evalsha"]+x.calls["eval"], int64(0)
+			for name, n := range x.calls {
+				if name != "evalsha" && name != "eval" {
+					commands += n
+				}
+			}
+			t.Logf("Consume, batch %d, %s: %d script call(s), %d commands %v", size, x.what, scripts, commands, x.calls)
+			assert.EqualValues(t, (size+BatchChunk-1)/BatchChunk, scripts, "batch %d, %s: a script call a chunk", size, x.what)
+			assert.LessOrEqual(t, commands, x.bound, "batch %d, %s: commands in the script call", size, x.what)
+		}
+	}
+}
+
+// commandCalls reads the calls of each command from INFO commandstats.
+func commandCalls(t *testing.T, c *redis.Client) map[string]int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	calls := map[string]int64{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, fields, ok := strings.Cut(line, ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		for _, f := range strings.Split(fields, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				calls[cmd], _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return calls
+}
+
+// callsBetween is what each command's calls grew by from before to after,
+// the INFO reads themselves and a new connection's commands left out.
+func callsBetween(before, after map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for cmd, n := range after {
+		switch cmd {
+		case "info", "hello", "ping", "auth", "select":
+			continue
+		}
+		if strings.HasPrefix(cmd, "client|") {
+			continue
+		}
+		if d := n - before[cmd]; d > 0 {
+			out[cmd] = d
+		}
+	}
+	return out
 }
 
 // costLease and costKeep are the lease and the pending record's time to live

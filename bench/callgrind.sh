@@ -5,14 +5,21 @@
 #
 # Usage (from anywhere in the repository):
 #
-#	bench/callgrind.sh [-m MESSAGES] [-w WARMUP] [-b BASELINE] [-- IDEMBENCH FLAGS...]
+#	bench/callgrind.sh [-m MESSAGES] [-w WARMUP] [-b BASELINE] [-s SIDE] [-k DIR] [-- IDEMBENCH FLAGS...]
 #
 #	-m MESSAGES  new message ids in the measured window, a side (default 20000)
 #	-w WARMUP    ids handled before the window, a side (idembench -prefill;
 #	             default 20000): the warm-up, and the ids the window finds
 #	             remembered
 #	-b BASELINE  the baseline whose loop is counted (default setnx2)
-#	IDEMBENCH FLAGS replace the workload's (default: -batch 500 -dup 0.2 -c 4)
+#	-s SIDE      count one side only: idem or baseline (default: both, and
+#	             their ratio)
+#	-k DIR       keep each side's callgrind dumps in DIR/SIDE (for
+#	             callgrind_annotate), instead of removing them
+#	IDEMBENCH FLAGS replace the workload's flags, they are not added to
+#	             them: the default is -batch 500 -dup 0.2 -c 4, and
+#	             `-- -batch 10` runs -batch 10 alone (no -dup, -c 1); give
+#	             every flag of the workload you want
 #
 # For each side (idem, then the baseline) it starts
 #
@@ -27,8 +34,8 @@
 # when the measured window ends, before idembench reads and cleans up. It
 # prints the instructions (Ir) of the window over its messages (redeliveries
 # included; the same stream on both sides), and the ratio. The window also
-# holds what idembench does around its slices (INFO reads, about 40): some
-# 6M instructions a side, about 230 a message at the default sizes, less
+# holds what idembench does around its slices (INFO reads, about 40): about
+# 0.4M instructions a side, some 20 a message at the default sizes, less
 # with a larger -m. It stops every process it started, and removes its
 # directory, whatever happens. Redis under valgrind runs some 50 times
 # slower: keep the sizes small. Needs valgrind, redis-server, redis-cli, go
@@ -38,11 +45,23 @@ set -euo pipefail
 messages=20000
 warmup=20000
 baseline=setnx2
-while getopts "m:w:b:h" opt; do
+sides="idem baseline"
+keep=""
+while getopts "m:w:b:s:k:h" opt; do
 	case $opt in
 	m) messages=$OPTARG ;;
 	w) warmup=$OPTARG ;;
 	b) baseline=$OPTARG ;;
+	s)
+		case $OPTARG in
+		idem | baseline) sides=$OPTARG ;;
+		*)
+			echo "callgrind.sh: -s takes idem or baseline, not $OPTARG" >&2
+			exit 2
+			;;
+		esac
+		;;
+	k) keep=$OPTARG ;;
 	*)
 		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 		exit 2
@@ -130,10 +149,26 @@ EOF
 	ir=$(grep -h '^summary:' $dumps | awk '{s += $2} END {printf "%.0f", s}')
 	ops=$(sed -n "s/^  \"$field\": \([0-9]*\),$/\1/p" "$dir/result.json")
 	echo "$ir $ops" >"$dir/counts"
+	if [ -n "$keep" ]; then
+		mkdir -p "$keep/$side"
+		cp $dumps "$keep/$side/"
+		echo "callgrind.sh: $side: dumps kept in $keep/$side" >&2
+	fi
 }
 
-count idem
-count baseline
+for side in $sides; do
+	count "$side"
+done
+if [ "$sides" != "idem baseline" ]; then
+	read -r ir msgs <"$tmp/$sides/counts"
+	name=idem.Consume
+	[ "$sides" = baseline ] && name=$baseline
+	awk -v a="$ir" -v n="$msgs" -v name="$name" -v w="$warmup" 'BEGIN {
+		printf "Redis instructions per message (callgrind Ir over the window; %d ids prefilled before it):\n", w
+		printf "  %-12s  %8.0f  (%.0f instructions, %d messages)\n", name, a / n, a, n
+	}'
+	exit 0
+fi
 read -r idem_ir idem_msgs <"$tmp/idem/counts"
 read -r base_ir base_msgs <"$tmp/baseline/counts"
 awk -v a="$idem_ir" -v n="$idem_msgs" -v b="$base_ir" -v m="$base_msgs" -v name="$baseline" -v w="$warmup" 'BEGIN {
