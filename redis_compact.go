@@ -238,15 +238,6 @@ func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string, n int
 	return []any{req.Attempt, millis(req.Lease), millis(req.Keep), millis(callKeep), s.callBase(recordKey), mode}
 }
 
-// orForever is d, or MaxDuration for zero: a marker of a request that says
-// no retention answers as long as it is kept.
-func orForever(d time.Duration) time.Duration {
-	if d <= 0 {
-		return MaxDuration
-	}
-	return d
-}
-
 // claimCompact is ClaimBatch on a store that keeps compact claims: the
 // records and the index are looked at, and new claims are kept compactly if
 // req asks for it; todo are the records to ask for, out their answers. A
