@@ -105,6 +105,27 @@ func (c *Claim) Key() string {
 	return c.key
 }
 
+// Held reports, by this process's clock alone (no round trip), whether the
+// claim's lease has more than margin left: nil if it has; an error wrapping
+// ErrLeaseLost if it has not, or ErrNoClaim for a nil Claim. Call it just
+// before a side effect: a process paused past its lease (SIGSTOP, a frozen
+// VM, a long stall) may resume before its work's context is cancelled,
+// while another attempt holds the key. The lease end moves only when a
+// renewal succeeds, measured from before the renewal was sent, so it is
+// never later than Redis's; margin covers the time the side effect takes
+// to land. It narrows the gap, it cannot close it: a pause may come after
+// the check. What closes it is the fencing token (Token) written with the
+// side effect, which the downstream system checks (docs/consumers.md).
+func (c *Claim) Held(margin time.Duration) error {
+	if c == nil {
+		return errNoClaim("Held")
+	}
+	if left := c.localLeaseEnd().Sub(c.k.now()); left <= margin {
+		return fmt.Errorf("%w: %v of the lease left by this process's clock, not more than the margin of %v", ErrLeaseLost, left.Round(time.Millisecond), margin)
+	}
+	return nil
+}
+
 // Complete stores value as the operation's result, replayed to every later
 // Begin with the key for retention (zero or less means the Keeper's
 // retention; more than MaxDuration is refused with ErrInvalidConfig, nothing

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
@@ -89,6 +90,7 @@ func TestNilClaim(t *testing.T) {
 		"Release":    c.Release(ctx),
 		"Extend":     c.Extend(ctx),
 		"Checkpoint": c.Checkpoint(ctx, "charged", nil),
+		"Held":       c.Held(0),
 	} {
 		assert.ErrorIs(t, err, ErrNoClaim, step)
 		assert.NotErrorIs(t, err, ErrLeaseLost, step)
@@ -97,4 +99,40 @@ func TestNilClaim(t *testing.T) {
 	require.Error(t, op.Err(), "nothing to keep alive: cancelled before it starts")
 	assert.ErrorIs(t, context.Cause(op), ErrNoClaim)
 	assert.ErrorIs(t, stop(), ErrNoClaim)
+}
+
+// Held answers from the local lease end alone: nil while more than the
+// margin is left, ErrLeaseLost once the lease, less the margin, has run out
+// by the Keeper's clock (a process that was paused), and nil again once a
+// renewal moved the lease end.
+func TestClaimHeld(t *testing.T) {
+	b := redistest.Miniredis(t)
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	k := newKeeper(t, b, WithLease(10*time.Second), WithClock(clock))
+	ctx := context.Background()
+
+	out, err := k.Begin(ctx, "acme", "order-1")
+	require.NoError(t, err)
+	c := out.Claim
+	require.NoError(t, c.Held(0))
+	require.NoError(t, c.Held(9*time.Second))
+	assert.ErrorIs(t, c.Held(10*time.Second), ErrLeaseLost, "no more than the margin left")
+
+	advance(8 * time.Second) // paused, by this process's clock
+	require.NoError(t, c.Held(time.Second))
+	err = c.Held(3 * time.Second)
+	assert.ErrorIs(t, err, ErrLeaseLost)
+	assert.Contains(t, err.Error(), "2s of the lease left")
+
+	advance(3 * time.Second) // past the lease
+	assert.ErrorIs(t, c.Held(0), ErrLeaseLost)
+
+	// Redis's clock has not moved: the claim is still the holder there, and
+	// a renewal from now moves the local lease end.
+	require.NoError(t, c.Extend(ctx))
+	require.NoError(t, c.Held(9*time.Second))
+	require.NoError(t, c.Release(ctx))
 }
