@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,8 +72,8 @@ type Server struct {
 }
 
 // Start starts redis-server on a free loopback port in a temporary directory,
-// with persistence off unless args say otherwise, waits until it answers PING,
-// and stops it in tb.Cleanup. args are extra redis-server options, such as
+// with persistence off unless args say otherwise, waits until it answers PING
+// (and is the process that answers on its port), and stops it in tb.Cleanup. args are extra redis-server options, such as
 // "--appendonly", "yes".
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
@@ -119,9 +120,19 @@ func (s *Server) start() error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		err := c.Ping(ctx).Err() // LOADING until its data is read
+		var info string
+		if err == nil {
+			info, err = c.Info(ctx, "server").Result()
+		}
 		cancel()
 		if err == nil {
+			// The server that answers must be this one: another process
+			// may have taken the port between FreePort and the bind, and
+			// then this one exits while the other answers.
+			if pid := infoField(info, "process_id"); pid != strconv.Itoa(cmd.Process.Pid) {
+				return fmt.Errorf("%s is answered by process %s, not by the redis-server started (%d)", s.Addr, pid, cmd.Process.Pid)
+			}
 			return nil
 		}
 		select {
@@ -167,6 +178,16 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	tb.Cleanup(func() { c.Close() })
 	return c
+}
+
+// infoField is the value of field in an INFO reply, or "".
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func tail(b []byte) string {
