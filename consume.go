@@ -70,7 +70,7 @@ import (
 // On a RedisStore the claims are compact (see WithCompactClaims): a claim
 // of a key that has no record is an entry of 16 bytes in an index, and a
 // message handled without error leaves a marker, about 22 bytes of Redis
-// memory at the index's scale (WithMarkerScale), kept for the marker
+// memory (the index sizes itself as it fills), kept for the marker
 // retention (WithMarkerRetention, 7 days by default), where a record costs
 // more than a hundred. The claims of one batch share one lease. A handler
 // that records a Checkpoint, or whose outcome is a Final error, moves its
