@@ -130,6 +130,20 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 			k.reportClaim(ctx, scope, id, started, nil, res.Outcome, res.Err)
 		}
 	}
+	if k.observer != nil && len(places) < len(keys) {
+		// The keys the store was not asked for are told too: an invalid
+		// key (ResultInvalid), a repeat of an earlier place
+		// (ResultDuplicate), or of it with another fingerprint
+		// (ResultMismatch).
+		asked := 0
+		for i := range keys {
+			if asked < len(places) && places[asked] == i {
+				asked++
+				continue
+			}
+			k.reportClaim(ctx, scope, k.RecordID(scope, keys[i]), started, nil, Outcome{}, results[i].Err)
+		}
+	}
 	return results, nil
 }
 

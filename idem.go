@@ -257,6 +257,8 @@ func errorResult(err error) Result {
 		return ResultInProgress
 	case errors.Is(err, ErrResultExpired):
 		return ResultExpired
+	case errors.Is(err, ErrDuplicate):
+		return ResultDuplicate
 	case errors.Is(err, ErrMismatch):
 		return ResultMismatch
 	case errors.Is(err, ErrCorrupt):

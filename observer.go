@@ -142,6 +142,9 @@ const (
 	// ResultExpired: the operation had completed and its result is no
 	// longer kept (ErrResultExpired): only a marker is left.
 	ResultExpired
+	// ResultDuplicate: the key was given earlier in the same batch
+	// (ErrDuplicate); its answer is that of its first place.
+	ResultDuplicate
 )
 
 var resultNames = [...]string{
@@ -150,7 +153,7 @@ var resultNames = [...]string{
 	ResultCorrupt: "corrupt", ResultUnavailable: "unavailable", ResultCanceled: "canceled",
 	ResultDone: "done", ResultLeaseLost: "lease_lost", ResultReleased: "released",
 	ResultFailOpen: "fail_open", ResultTooLarge: "too_large", ResultRefused: "refused",
-	ResultExpired: "result_expired",
+	ResultExpired: "result_expired", ResultDuplicate: "duplicate",
 }
 
 // String returns the result's name, such as "replayed".

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -200,6 +201,46 @@ func TestResultOf(t *testing.T) {
 	assert.Equal(t, ResultCanceled, ResultOf(context.Canceled))
 	assert.Equal(t, ResultInvalid, ResultOf(ErrInvalidKey))
 	assert.Equal(t, ResultUnavailable, ResultOf(ErrUnavailable))
+	assert.Equal(t, ResultExpired, ResultOf(ErrResultExpired))
+	assert.Equal(t, ResultDuplicate, ResultOf(fmt.Errorf("%w: place 2 repeats the key of place 0", ErrDuplicate)))
+	assert.Equal(t, "duplicate", ResultDuplicate.String())
+}
+
+// A batch tells the Observer of every key, those the store was not asked
+// for included: an invalid key, a repeat of an earlier place, a repeat with
+// another fingerprint; each under the id of its key.
+func TestBatchTellsEveryKey(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rec := &recorder{}
+		k := newKeeper(t, b, WithObserver(rec))
+		keys := []string{"m-1", "", "m-1", "m-2"}
+		res, err := Consume(ctx, k, "orders", keys, func(s string) string { return s },
+			func(context.Context, string) error { return nil })
+		require.NoError(t, err)
+		require.Equal(t, []MessageStatus{MessageHandled, MessageRejected, MessageDuplicate, MessageHandled},
+			[]MessageStatus{res[0].Status, res[1].Status, res[2].Status, res[3].Status})
+		claims := map[string]Result{}
+		for _, ev := range rec.take() {
+			if ev.Step == StepClaim {
+				claims[ev.ID+" "+ev.Result.String()] = ev.Result
+			}
+		}
+		assert.Contains(t, claims, k.RecordID("orders", "m-1")+" claimed")
+		assert.Contains(t, claims, k.RecordID("orders", "")+" invalid")
+		assert.Contains(t, claims, k.RecordID("orders", "m-1")+" duplicate")
+		assert.Contains(t, claims, k.RecordID("orders", "m-2")+" claimed")
+		assert.Len(t, claims, 4)
+
+		fps := WithFingerprints([][]byte{[]byte("a"), []byte("b")})
+		_, err = k.BeginBatch(ctx, "orders", []string{"m-3", "m-3"}, fps)
+		require.NoError(t, err)
+		var got []string
+		for _, ev := range rec.take() {
+			got = append(got, ev.Step.String()+":"+ev.Result.String())
+		}
+		assert.ElementsMatch(t, []string{"claim:claimed", "claim:mismatch"}, got)
+	})
 }
 
 // A Request is told to the Observer once, at End, with what the layer
