@@ -15,7 +15,8 @@ import (
 // format, and the codes by the same names and values: TestReplyCodesInLua
 // holds the codes together). The golden tests pin the formats: a release
 // reads every format an earlier one wrote (format_test.go for records,
-// format_marker_test.go for the index and call records).
+// format_marker_test.go for the index and call records, format_v3_test.go
+// for the v3 layout, which nothing writes yet: see its section below).
 //
 // The record, one Redis string at the record key, of two forms:
 //
@@ -420,4 +421,366 @@ func parseCallRecord(v string) (callRecord, bool) {
 		return callRecord{}, false
 	}
 	return callRecord{until: until, done: done, fpw: fpw, states: tail[:len(tail)/(1+fpw)]}, true
+}
+
+// The v3 layout of compact claims and markers (issue 42, "the marker
+// floor"): an index of 13-byte entries in blocks of about 8, a call record
+// of fixed offsets and an index state that also hands out tokens. Nothing
+// writes or reads it yet: the default path is v2's, above. Its names start
+// with v3; every number here has a twin of the same name and value in
+// lua/format.lua (TestReplyCodesInLua holds them together), where the
+// scripts read them as constants (no function of the layout is in
+// format.lua: a script would make it anew at every call).
+//
+// Its keys are its own, so that v2 and v3 data never meet (v3IndexKey,
+// v3CallBase): on one server the index key prefix + "i3" and the call
+// records prefix + "c3:" + TOKEN; on a Cluster prefix + "{" + TAG + "}i3"
+// and prefix + "{" + TAG + "}c3:" + TOKEN, TAG a hash tag of the slot;
+// TOKEN is decimal.
+//
+// The digest. A record id's index digest (indexDigest: the 16 bytes of a
+// Keeper's id, or of the SHA-256 of any other id, uniform either way) gives
+// the entry its digest and its block from bytes of its own:
+//
+//	bytes 0-4   DIGEST5, kept in the entry (40 bits)
+//	bytes 5-7   H, the block hash, 24 bits big-endian; not kept
+//
+// so an entry's 40 bits are independent of the block it is in, and every
+// one of them tells it from the other entries of its block.
+//
+// The false-match rate. A claim looks for its id's DIGEST5 in its block
+// (at the entries' starts only). A new id is taken for another id when an
+// entry of its block holds the same 40 bits: with k entries in the block,
+// probability 1 - (1 - 2^-40)^k, about k / 2^40 = k * 9.09e-13, a lookup. An
+// id's block is chosen by H, so for N entries in an index of state (L, S)
+// the block of a new id holds on average k = N * (2^L - S/2) / 4^L entries
+// (a block not yet split is twice as likely and holds twice as many). At
+// the design fill (the index splits a block whenever it holds more than
+// v3IndexFill = 8 entries a block on average), uniform digests:
+//
+//	ids held   blocks (L, S)            k     false match a lookup
+//	1M         125,000 (16, 59,464)     8.34  7.6e-12
+//	20M        2,500,000 (21, 402,848)  8.62  7.8e-12
+//	100M       12,500,000 (23, 4.11M)   9.00  8.2e-12
+//
+// (ids held: entries in the index, the ids handled within the marker
+// retention). The rate does not grow with the ids held while the index can
+// split: expected false matches are lookups * 7.6e-12 to 8.2e-12, one in
+// about 1.2 to 1.3 * 10^11 claims of new ids, or one every 140 to 150 days
+// at 10,000 new ids a second. (A repeated id can be taken for an earlier
+// entry of its block with the same 40 bits: the same odds.) Past 2^24
+// blocks (134M entries at the fill) the index stops splitting and k grows
+// as N / 2^24. A false match answers the new id as the matching entry's:
+// handled before (acked without running) or in progress.
+//
+// The index entry, 13 bytes, entries end to end in a block:
+//
+//	DIGEST5 PLACE2 TOKEN6
+//
+// DIGEST5 as above; PLACE2 the entry's place in the call that holds it (1
+// to 65535), big-endian; TOKEN6 that call's token modulo 2^48, big-endian.
+// A token is Redis's clock in microseconds or a little above it (below
+// 2^53); a reader makes it whole again from Redis's clock now: the token
+// within [now + 2^32 - 2^48, now + 2^32] (v3WholeToken).
+//
+// A block is a field of the index key named by its number in 3 bytes,
+// big-endian (v3AppendBlockName): of the 2^L + S blocks of state (L, S),
+// the block of hash H is H mod 2^L, or H mod 2^(L+1) when that is below S
+// (v3Block). L is at most 24, and S is 0 at 24: at most 2^24 blocks.
+//
+// The index's state, its field "", 21 bytes:
+//
+//	"v3" L1 S3 N4 TOKEN7 DUE4
+//
+// bytes 0-1 "v3"; byte 2 L, the level (0 to 24); bytes 3-5 S, the split
+// point (below 2^L); bytes 6-9 N, the entries the index holds; bytes 10-16
+// TOKEN, the last token the index gave a call; bytes 17-20 DUE, Redis's
+// clock in seconds when the index key's expiry is next to be pushed out (0:
+// at the next call); every number big-endian. A call's token is the larger
+// of TOKEN + 1 and Redis's clock in microseconds, and becomes TOKEN: above
+// every token the index gave, and, as the clock, above every token a
+// record of its own had before (a record's token is the clock at its
+// claim), after the index key expired too; no EXISTS loop.
+//
+// The call record, one Redis string per claim call, at v3CallBase + TOKEN:
+//
+//	"i3B" UNTIL16 DONE16 RESULT_UNTIL16 CALL_ID11 FPW1 AW1 STATES ATTEMPTS FPS
+//
+// bytes 0-2 "i3B"; bytes 3-18 UNTIL, the lease end of the call's claims;
+// bytes 19-34 DONE, when the call last completed a claim (0 never); bytes
+// 35-50 RESULT_UNTIL, when the retention its completions asked for ends (0
+// never): each Redis's clock in microseconds, 16 decimal digits,
+// zero-padded. Bytes 51-61 CALL_ID, the call's id (11 characters of
+// base64url: 64 random bits), by which a call sent again knows its own
+// record. Byte 62 FPW, the width of each place's fingerprint (0 to 64, a
+// byte); byte 63 AW, of each place's attempt (0 or 2, a byte). Then, for n
+// places (n = (len - 64) / (1 + AW + FPW)): STATES, a byte a place (P held
+// by the call, C completed: a marker, R released, X not claimed by the
+// call, T taken over by a later call after the lease ran out: the call's
+// settle of it is refused, M moved to a record of its own, F forgotten);
+// ATTEMPTS, AW bytes a place: the claim's attempt count (1 to 32767)
+// big-endian, plus 32768 when it took over a lease that ran out (AW 0:
+// every place attempt 1, not recovered); FPS, FPW bytes a place: its
+// fingerprint, '.' padded.
+const (
+	v3EntrySize     = 13
+	v3DigestSize    = 5
+	v3EntryPlaceAt  = 6 // positions count from 1, as Lua's string.sub
+	v3EntryTokenAt  = 8
+	v3BlockNameSize = 3
+	v3MaxLevel      = 24
+	v3IndexFill     = 8
+	v3TokenModulus  = 1 << 48
+	v3TokenAhead    = 1 << 32
+
+	v3StateSize    = 21
+	v3StateLevelAt = 3
+	v3StateSplitAt = 4
+	v3StateCountAt = 7
+	v3StateTokenAt = 11
+	v3StateDueAt   = 18
+
+	v3CallHeadSize      = 64
+	v3CallUntilAt       = 4
+	v3CallDoneAt        = 20
+	v3CallResultUntilAt = 36
+	v3CallIDAt          = 52
+	v3CallIDSize        = 11
+	v3CallFPWAt         = 63
+	v3CallAWAt          = 64
+	v3TimeDigits        = 16
+	v3AttemptSize       = 2
+	v3MaxAttempts       = 32767
+	v3RecoveredBit      = 32768
+	v3MaxFingerprint    = 64
+
+	// The states of a place in a call record.
+	v3Held       = 'P'
+	v3Completed  = 'C'
+	v3Released   = 'R'
+	v3NotClaimed = 'X'
+	v3TakenOver  = 'T'
+	v3Moved      = 'M'
+	v3Forgotten  = 'F'
+)
+
+// v3IndexKey is the name of the v3 index key under prefix: on one server
+// (cluster false) the one, on a Cluster that of slot.
+func v3IndexKey(prefix string, cluster bool, slot uint16) string {
+	if !cluster {
+		return prefix + "i3"
+	}
+	return prefix + "{" + slotTag(slot) + "}i3"
+}
+
+// v3CallBase is the start of the v3 call record keys under prefix, as
+// v3IndexKey: a call record's key is it and the call's token in decimal.
+func v3CallBase(prefix string, cluster bool, slot uint16) string {
+	if !cluster {
+		return prefix + "c3:"
+	}
+	return prefix + "{" + slotTag(slot) + "}c3:"
+}
+
+// v3Key is what the v3 index knows a record id by: the digest its entry
+// holds and the hash that chooses its block.
+type v3Key struct {
+	d5 [v3DigestSize]byte
+	h  uint32
+}
+
+// v3KeyOf returns the v3 key of record id: bytes 0-4 of its index digest,
+// and bytes 5-7 as the block hash.
+func v3KeyOf(id string) v3Key {
+	var d [16]byte
+	indexDigest(&d, id)
+	return v3Key{d5: [v3DigestSize]byte(d[:v3DigestSize]), h: uint32(d[5])<<16 | uint32(d[6])<<8 | uint32(d[7])}
+}
+
+// v3Block is the block of hash h in an index of level l and split point s.
+func v3Block(h uint32, l uint8, s uint32) uint32 {
+	half := uint32(1) << l
+	b := h & (half - 1)
+	if b < s {
+		b = h & (2*half - 1)
+	}
+	return b
+}
+
+// v3AppendBlockName appends the field name of block b, 3 bytes.
+func v3AppendBlockName(dst []byte, b uint32) []byte {
+	return append(dst, byte(b>>16), byte(b>>8), byte(b))
+}
+
+// v3AppendEntry appends the entry of digest d5 at place of the call of
+// token: 13 bytes.
+func v3AppendEntry(dst []byte, d5 [v3DigestSize]byte, place uint16, token int64) []byte {
+	dst = append(dst, d5[:]...)
+	dst = append(dst, byte(place>>8), byte(place))
+	return append(dst, byte(token>>40), byte(token>>32), byte(token>>24), byte(token>>16), byte(token>>8), byte(token))
+}
+
+// v3Entry is an entry as read: its digest, place and token modulo 2^48.
+type v3Entry struct {
+	d5    [v3DigestSize]byte
+	place uint16
+	t48   int64
+}
+
+// v3ReadEntry reads the entry e, 13 bytes; false when it is not one.
+func v3ReadEntry(e string) (v3Entry, bool) {
+	if len(e) != v3EntrySize {
+		return v3Entry{}, false
+	}
+	var r v3Entry
+	copy(r.d5[:], e)
+	r.place = uint16(e[5])<<8 | uint16(e[6])
+	for i := v3EntryTokenAt - 1; i < v3EntrySize; i++ {
+		r.t48 = r.t48<<8 | int64(e[i])
+	}
+	return r, r.place != 0
+}
+
+// v3WholeToken is the token whose low 48 bits are t48, read when Redis's
+// clock is now (microseconds): the one within [now + 2^32 - 2^48, now +
+// 2^32].
+func v3WholeToken(t48, now int64) int64 {
+	ref := now + v3TokenAhead
+	d := (ref - t48) % v3TokenModulus
+	if d < 0 {
+		d += v3TokenModulus
+	}
+	return ref - d
+}
+
+// v3State is the v3 index's state, its field "".
+type v3State struct {
+	level uint8  // L
+	split uint32 // S
+	count uint32 // N, entries held
+	token int64  // the last token given
+	due   uint32 // when the index key's expiry is next pushed out, seconds
+}
+
+// blocks is how many blocks an index of state m has.
+func (m v3State) blocks() uint32 { return 1<<m.level + m.split }
+
+// valid reports whether m can be written.
+func (m v3State) valid() bool {
+	return m.level <= v3MaxLevel && m.split < 1<<m.level && (m.level < v3MaxLevel || m.split == 0) &&
+		m.token >= 0 && m.token <= maxToken
+}
+
+// appendV3State appends the state field of m, 21 bytes.
+func appendV3State(dst []byte, m v3State) []byte {
+	dst = append(dst, 'v', '3', m.level, byte(m.split>>16), byte(m.split>>8), byte(m.split))
+	dst = append(dst, byte(m.count>>24), byte(m.count>>16), byte(m.count>>8), byte(m.count))
+	t := m.token
+	dst = append(dst, byte(t>>48), byte(t>>40), byte(t>>32), byte(t>>24), byte(t>>16), byte(t>>8), byte(t))
+	return append(dst, byte(m.due>>24), byte(m.due>>16), byte(m.due>>8), byte(m.due))
+}
+
+// parseV3State reads the state field raw; false when it is not a v3 state
+// (another layout's, or out of range).
+func parseV3State(raw string) (v3State, bool) {
+	if len(raw) != v3StateSize || raw[:2] != "v3" {
+		return v3State{}, false
+	}
+	be := func(b string) (n uint64) {
+		for i := 0; i < len(b); i++ {
+			n = n<<8 | uint64(b[i])
+		}
+		return n
+	}
+	m := v3State{
+		level: raw[2],
+		split: uint32(be(raw[3:6])),
+		count: uint32(be(raw[6:10])),
+		token: int64(be(raw[10:17])),
+		due:   uint32(be(raw[17:21])),
+	}
+	return m, m.valid()
+}
+
+// v3Call is a v3 call record (see the format above).
+type v3Call struct {
+	until, done, resultUntil int64 // Redis's clock, microseconds; 0 never
+	callID                   string
+	fpw, aw                  int
+	states, attempts, fps    string
+}
+
+// places is how many places the call record holds.
+func (c v3Call) places() int { return len(c.states) }
+
+// attempt is the attempt count of place p (from 1) and whether its claim
+// took over a lease that ran out.
+func (c v3Call) attempt(p int) (n int, recovered bool) {
+	if c.aw == 0 {
+		return 1, false
+	}
+	at := (p - 1) * v3AttemptSize
+	a := int(c.attempts[at])<<8 | int(c.attempts[at+1])
+	return a &^ v3RecoveredBit, a&v3RecoveredBit != 0
+}
+
+// fingerprint is place p's fingerprint, its padding cut.
+func (c v3Call) fingerprint(p int) string {
+	fp := c.fps[(p-1)*c.fpw : p*c.fpw]
+	return strings.TrimRight(fp, ".")
+}
+
+// appendV3Call appends the call record c; false (and dst) when a field
+// does not fit the format.
+func appendV3Call(dst []byte, c v3Call) ([]byte, bool) {
+	n := len(c.states)
+	switch {
+	case len(c.callID) != v3CallIDSize || !isBase64URL(c.callID),
+		c.fpw < 0 || c.fpw > v3MaxFingerprint || len(c.fps) != n*c.fpw,
+		c.aw != 0 && c.aw != v3AttemptSize || len(c.attempts) != n*c.aw:
+		return dst, false
+	}
+	start := len(dst)
+	dst = append(dst, "i3B"...)
+	for _, t := range [...]int64{c.until, c.done, c.resultUntil} {
+		if t < 0 || t > 9999999999999999 {
+			return dst[:start], false
+		}
+		var d [v3TimeDigits]byte
+		for i := v3TimeDigits - 1; i >= 0; i-- {
+			d[i] = byte('0' + t%10)
+			t /= 10
+		}
+		dst = append(dst, d[:]...)
+	}
+	dst = append(dst, c.callID...)
+	dst = append(dst, byte(c.fpw), byte(c.aw))
+	dst = append(dst, c.states...)
+	dst = append(dst, c.attempts...)
+	return append(dst, c.fps...), true
+}
+
+// parseV3Call reads the call record v; false when v is not one.
+func parseV3Call(v string) (v3Call, bool) {
+	if len(v) < v3CallHeadSize || v[:3] != "i3B" {
+		return v3Call{}, false
+	}
+	var c v3Call
+	for i, t := range []*int64{&c.until, &c.done, &c.resultUntil} {
+		f := v[3+i*v3TimeDigits : 3+(i+1)*v3TimeDigits]
+		if !isDigits(f) {
+			return v3Call{}, false
+		}
+		*t, _ = strconv.ParseInt(f, 10, 64)
+	}
+	c.callID = v[v3CallIDAt-1 : v3CallIDAt-1+v3CallIDSize]
+	c.fpw, c.aw = int(v[v3CallFPWAt-1]), int(v[v3CallAWAt-1])
+	rest := v[v3CallHeadSize:]
+	per := 1 + c.aw + c.fpw
+	if !isBase64URL(c.callID) || c.fpw > v3MaxFingerprint || c.aw != 0 && c.aw != v3AttemptSize || len(rest)%per != 0 {
+		return v3Call{}, false
+	}
+	n := len(rest) / per
+	c.states, c.attempts, c.fps = rest[:n], rest[n:n+n*c.aw], rest[n+n*c.aw:]
+	return c, true
 }

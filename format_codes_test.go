@@ -46,9 +46,10 @@ func goReplyCodes(t *testing.T) map[string]int64 {
 var luaLocal = regexp.MustCompile(`(?m)^local ([A-Za-z_][A-Za-z0-9_]*) = (-?[0-9]+)$`)
 
 // TestReplyCodesInLua holds the reply codes of format.go and format.lua
-// together: every Go code has a Lua local of the same name and value, and
-// every Lua local of a Go code's spelling (camelCase, not UPPER_CASE like
-// INDEX_FILL) is one of them.
+// together, and the numbers of the v3 layout (its sizes, positions and
+// state bytes) with them: every Go constant has a Lua local of the same
+// name and value, and every Lua local of a Go code's spelling (camelCase,
+// not UPPER_CASE like INDEX_FILL) is one of them.
 func TestReplyCodesInLua(t *testing.T) {
 	goCodes := goReplyCodes(t)
 	require.NotEmpty(t, goCodes)

@@ -14,7 +14,7 @@ import (
 // formatSpelling matches a literal that spells out a format of format.lua:
 // a record's or a call record's start, a marker's envelope, the index's
 // layout.
-var formatSpelling = regexp.MustCompile(`['"]\^?i[12]|\\1m|['"]\^?v2 `)
+var formatSpelling = regexp.MustCompile(`['"]\^?i[123]|\\1m|['"]\^?v2 |['"]\^?v3`)
 
 // TestScriptsSpellNoFormat holds every format in format.lua: no other
 // script, lib.lua included, writes or matches a record, a call record, a

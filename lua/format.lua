@@ -230,3 +230,72 @@ local function index_tok6(token)
   end
   return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
 end
+
+-- The v3 layout (see format.go, which says it byte by byte and holds the
+-- same numbers by the same names): nothing runs it yet. Constants and
+-- patterns only, for top-level code: a v3 script defines no function.
+-- Positions count from 1, as string.sub and string.byte do.
+--
+-- An entry, 13 bytes: DIGEST5 PLACE2 TOKEN6, the digest bytes 0-4 of the
+-- record's index digest, the place in its call and the call's token modulo
+-- 2^48, big-endian. Whole again from Redis's clock now: ref = now +
+-- v3TokenAhead, token = ref - (ref - t48) % v3TokenModulus. A block is
+-- named by its number in 3 bytes, big-endian; of the 2^L + S blocks of
+-- state (L, S), the block of H (digest bytes 5-7, big-endian, which the
+-- client sends) is H % 2^L, or H % 2^(L+1) when that is below S.
+local v3EntrySize = 13
+local v3DigestSize = 5
+local v3EntryPlaceAt = 6
+local v3EntryTokenAt = 8
+local v3BlockNameSize = 3
+local v3MaxLevel = 24
+local v3IndexFill = 8
+local v3TokenModulus = 281474976710656
+local v3TokenAhead = 4294967296
+
+-- The index's state, its field "", 21 bytes: "v3" L1 S3 N4 TOKEN7 DUE4,
+-- big-endian numbers (level, split point, entries, the last token given,
+-- when the key's expiry is next due in seconds). string.find(raw,
+-- V3_STATE) is nil for a field of another layout.
+local V3_STATE = '^v3...................$'
+local V3_STATE_TAG = 'v3'
+local v3StateSize = 21
+local v3StateLevelAt = 3
+local v3StateSplitAt = 4
+local v3StateCountAt = 7
+local v3StateTokenAt = 11
+local v3StateDueAt = 18
+
+-- The call record: "i3B" UNTIL16 DONE16 RESULT_UNTIL16 CALL_ID11 FPW1 AW1,
+-- then a state byte a place, AW bytes a place (attempt, plus
+-- v3RecoveredBit when recovered) and FPW bytes a place (fingerprint, '.'
+-- padded). string.find(v, V3_CALL) gives its start, the header's end (64),
+-- UNTIL, DONE, RESULT_UNTIL (16 digits each), CALL_ID, and FPW and AW as
+-- one-byte strings; nil when v is not a v3 call record. V3_TIME formats a
+-- time of the header: string.format(V3_TIME, us).
+local V3_CALL = '^i3B(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-])(.)(.)'
+local V3_CALL_TAG = 'i3B'
+local V3_TIME = '%016d'
+local v3CallHeadSize = 64
+local v3CallUntilAt = 4
+local v3CallDoneAt = 20
+local v3CallResultUntilAt = 36
+local v3CallIDAt = 52
+local v3CallIDSize = 11
+local v3CallFPWAt = 63
+local v3CallAWAt = 64
+local v3TimeDigits = 16
+local v3AttemptSize = 2
+local v3MaxAttempts = 32767
+local v3RecoveredBit = 32768
+local v3MaxFingerprint = 64
+-- A place's state, a byte (string.byte's number): held, completed,
+-- released, not claimed by the call, taken over by a later call, moved to a
+-- record of its own, forgotten.
+local v3Held = 80
+local v3Completed = 67
+local v3Released = 82
+local v3NotClaimed = 88
+local v3TakenOver = 84
+local v3Moved = 77
+local v3Forgotten = 70
