@@ -564,6 +564,61 @@ const (
 	v3Forgotten  = 'F'
 )
 
+// The v3 claim's argument and reply (v3Packer makes the one and reads the
+// other; the v3 claim script comes later).
+//
+// The argument packs a batch in one string, 13 bytes a message, sorted by
+// block (messages of one block in the caller's order):
+//
+//	BLOCK3 DIGEST5 PLACE2 H3
+//
+// bytes 0-2 the message's block in the index state the client last saw
+// (a field name as is); bytes 3-7 its digest and 8-9 its place in the call
+// (its position in the argument, from 1, big-endian), so that bytes 3-9
+// and the call's TOKEN6 make its entry; bytes 10-12 its block hash H, by
+// which the script places it again when the index split since.
+//
+// The reply is one string:
+//
+//	TOKEN7 L1 S3 ANSWERS NUMBERS
+//
+// bytes 0-6 the call's token, big-endian (0 when it claimed nothing);
+// bytes 7-10 the index's level and split point after the call, as the
+// state holds them (the client packs its next call by them); then an
+// answer byte a place, in place order; then, for each place in order whose
+// answer carries a number, the number in decimal and ','. The answers:
+const (
+	v3PackedSize     = 13
+	v3PackedDigestAt = 4
+	v3PackedPlaceAt  = 9
+	v3PackedHashAt   = 11
+	v3MaxPlaces      = 65535
+	v3ReplyHeadSize  = 11
+
+	// v3AnswerClaimed: claimed by this call, attempt 1.
+	v3AnswerClaimed = 'P'
+	// v3AnswerRepeat: the id is at an earlier place of this call too, which
+	// answers for it.
+	v3AnswerRepeat = 'U'
+	// v3AnswerDone: completed, within the retention of its result.
+	v3AnswerDone = 'D'
+	// v3AnswerExpired: completed, past the retention of its result (its
+	// marker remains).
+	v3AnswerExpired = 'E'
+	// v3AnswerBusy, number the lease left in ms: held by another call.
+	v3AnswerBusy = 'B'
+	// v3AnswerTakenOver, number the attempt: claimed by this call, taking
+	// over a lease that ran out (recovered).
+	v3AnswerTakenOver = 'T'
+	// v3AnswerReclaimed, number the attempt: claimed by this call after a
+	// release.
+	v3AnswerReclaimed = 'A'
+	// v3AnswerMismatch: held or completed for another fingerprint.
+	v3AnswerMismatch = 'M'
+	// v3AnswerNotOurs: the record key holds a value not ours.
+	v3AnswerNotOurs = 'N'
+)
+
 // v3IndexKey is the name of the v3 index key under prefix: on one server
 // (cluster false) the one, on a Cluster that of slot.
 func v3IndexKey(prefix string, cluster bool, slot uint16) string {

@@ -299,3 +299,23 @@ local v3NotClaimed = 88
 local v3TakenOver = 84
 local v3Moved = 77
 local v3Forgotten = 70
+
+-- The v3 claim's argument: BLOCK3 DIGEST5 PLACE2 H3 a message, sorted by
+-- block; its reply: TOKEN7 L1 S3 ANSWERS NUMBERS (see format.go). An answer
+-- is a byte a place (these numbers, string.char's), and the number of those
+-- that carry one follows the answers in place order, decimal, ',' after it.
+local v3PackedSize = 13
+local v3PackedDigestAt = 4
+local v3PackedPlaceAt = 9
+local v3PackedHashAt = 11
+local v3MaxPlaces = 65535
+local v3ReplyHeadSize = 11
+local v3AnswerClaimed = 80
+local v3AnswerRepeat = 85
+local v3AnswerDone = 68
+local v3AnswerExpired = 69
+local v3AnswerBusy = 66
+local v3AnswerTakenOver = 84
+local v3AnswerReclaimed = 65
+local v3AnswerMismatch = 77
+local v3AnswerNotOurs = 78

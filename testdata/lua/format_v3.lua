@@ -3,6 +3,11 @@
 -- reads and writes the v3 formats with format.lua's constants and patterns
 -- alone, as a v3 script would, so that Go and Lua are held to one layout.
 --
+-- ARGV[1] 'claim': ARGV[2] a packed claim argument, ARGV[3] a reply's
+-- head, ARGV[4] the answers by place, ARGV[5] the numbers of those that
+-- carry one, comma-separated. Returns for each message its block name,
+-- digest, place and hash, then the reply.
+--
 -- ARGV[1] 'read': ARGV[2] Redis's clock (µs, decimal), ARGV[3] a state
 -- field, ARGV[4] a block of entries, ARGV[5] a call record, ARGV[6] block
 -- hashes, 3 bytes each. Returns {L, S, N, TOKEN, DUE, then for each entry
@@ -32,6 +37,27 @@ local function num(s, at, n)
     x = x * 256 + string.byte(s, j)
   end
   return x
+end
+
+if ARGV[1] == 'claim' then
+  local packed, out, nums = ARGV[2], {}, {}
+  local answers = ARGV[4]
+  local numbers = {}
+  for x in string.gmatch(ARGV[5], '[^,]+') do
+    numbers[#numbers + 1] = tonumber(x)
+  end
+  for o = 1, #packed, v3PackedSize do
+    out[#out + 1] = string.sub(packed, o, o + v3BlockNameSize - 1)
+    out[#out + 1] = string.sub(packed, o + v3PackedDigestAt - 1, o + v3PackedPlaceAt - 2)
+    out[#out + 1] = num(packed, o + v3PackedPlaceAt - 1, 2)
+    out[#out + 1] = num(packed, o + v3PackedHashAt - 1, 3)
+    local a = string.byte(answers, (o - 1) / v3PackedSize + 1)
+    if a == v3AnswerBusy or a == v3AnswerTakenOver or a == v3AnswerReclaimed then
+      nums[#nums + 1] = string.format('%d', table.remove(numbers, 1)) .. ','
+    end
+  end
+  out[#out + 1] = ARGV[3] .. answers .. table.concat(nums)
+  return out
 end
 
 if ARGV[1] == 'read' then
