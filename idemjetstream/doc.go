@@ -22,7 +22,11 @@
 // Each batch (Fetch, 500 messages by default) is claimed in one round trip
 // to Redis and settled in one more when its handlers are quick; then each
 // message is acknowledged (Ack), redelivered later (NakWithDelay) or
-// terminated (Term), as Run's doc says. A runner that dies mid-batch leaves
+// terminated (Term), as Run's doc says. A message terminated (rejected by
+// idem, or not handled at its last delivery, the consumer's MaxDeliver) is
+// first given to WithDeadLetter's hook (PublishDeadLetter publishes it to a
+// subject, with its reason, stream sequence and delivery count), or, without
+// one, reported to WithErrorHandler. A runner that dies mid-batch leaves
 // its claims pending and its messages unacknowledged: JetStream redelivers
 // them after the consumer's AckWait, and another runner handles them once
 // the lease has run out too, its handlers told Recovered. Set the AckWait

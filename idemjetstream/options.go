@@ -38,6 +38,7 @@ type settings struct {
 	lease       time.Duration // 0: the Keeper's
 	retryDelay  time.Duration
 	onError     func(error)
+	deadLetter  DeadLetterFunc // nil: Term, and the error handler told
 }
 
 func defaultSettings() settings {
@@ -123,7 +124,9 @@ func WithRetryDelay(d time.Duration) Option {
 // messages are Nak'ed with the retry delay), after either of which Run
 // pauses for the retry delay and fetches again; an Ack, Nak, Term or
 // InProgress that could not be sent (the message then comes again after the
-// AckWait, and is answered as handled before). It may be called from
+// AckWait, and is answered as handled before); a message terminated while
+// no dead-letter hook is set (WithDeadLetter; the error names the message
+// and wraps the reason), and a dead-letter hook's error. It may be called from
 // several goroutines at once, and must be quick. Default: none.
 func WithErrorHandler(f func(err error)) Option {
 	return func(s *settings) error {

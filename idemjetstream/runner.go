@@ -28,6 +28,9 @@ type Runner struct {
 	s        settings
 	lease    time.Duration // the claims' lease: s.lease or the Keeper's
 	ackWait  time.Duration // the consumer's AckWait when New read it
+	// maxDeliver is the consumer's MaxDeliver when New read it; 0 or less:
+	// no limit.
+	maxDeliver int
 }
 
 // New returns a Runner that handles the messages of consumer with handle,
@@ -37,10 +40,12 @@ type Runner struct {
 // (AckPolicy AckExplicitPolicy, JetStream's default for pull consumers),
 // such as one returned by jetstream.Stream's CreateOrUpdateConsumer or
 // Consumer; an ordered consumer, which acknowledges nothing, is refused.
-// New reads the consumer's AckWait from its cached info: the runner sends
-// InProgress for the messages of a batch every third of it, so that a batch
-// whose handlers take longer than the AckWait is not redelivered while it
-// runs.
+// New reads the consumer's AckWait and MaxDeliver from its cached info: the
+// runner sends InProgress for the messages of a batch every third of the
+// AckWait, so that a batch whose handlers take longer than the AckWait is
+// not redelivered while it runs; and it dead-letters (WithDeadLetter) a
+// message that is not handled at its last delivery, which JetStream would
+// not deliver again.
 //
 // handle must not acknowledge the message itself: the runner does, once
 // the outcome is stored. Its context carries the idem.Claim
@@ -71,6 +76,7 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 		r.lease = keeper.Lease()
 	}
 	r.ackWait = info.Config.AckWait
+	r.maxDeliver = info.Config.MaxDeliver
 	if r.ackWait <= 0 {
 		r.ackWait = defaultAckWait
 	}
@@ -96,10 +102,17 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //   - MessageRetry for any other reason (the handler's error, Redis
 //     unreachable, the lease lost): NakWithDelay by the retry delay
 //     (WithRetryDelay, 1s).
-//   - MessageRejected (an invalid key, a corrupt record): Term. A repeat in
-//     the batch of a message not acknowledged is settled as that message.
+//   - MessageRejected (an invalid key, another fingerprint, a corrupt
+//     record): dead-lettered (WithDeadLetter), then Term. A repeat in the
+//     batch of a message not acknowledged is settled as that message.
 //
-// Every Nak counts as a delivery towards the consumer's MaxDeliver.
+// Every Nak counts as a delivery towards the consumer's MaxDeliver, after
+// which JetStream does not deliver the message again. So a message at its
+// last delivery (NumDelivered at least MaxDeliver) that would be Nak'ed, for
+// whatever reason, is dead-lettered instead, with a reason that wraps
+// ErrMaxDeliveries and why, then terminated: it never vanishes untold. The
+// dead-letter hook is called before Term, so a crash between the two
+// repeats the dead letter (at least once).
 //
 // Redis unreachable does not stop Run. When no claim of a batch reached
 // Redis (Consume's error wraps idem.ErrUnavailable, or is a timeout or
@@ -130,9 +143,10 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //     batch (misuse): nothing is claimed, and its messages are Nak'ed with
 //     the retry delay.
 //
-// A handler's panic is raised again in Run's caller once Consume has
-// settled the batch in Redis; its messages, not acknowledged, come again
-// after the AckWait.
+// A handler's panic is a failure of its message, not of Run: it is
+// recovered, its message settled as for a handler's error (an error that
+// holds the panic's value and stack: NakWithDelay, or dead-lettered at its
+// last delivery), and the batch goes on, as in idem's StreamConsumer.
 //
 // Run may be called from several goroutines at once: each fetches and
 // handles its own batches.

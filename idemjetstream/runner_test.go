@@ -451,42 +451,50 @@ func TestMsgIDWithoutTheHeader(t *testing.T) {
 	}
 }
 
-func TestRunRaisesAHandlersPanic(t *testing.T) {
+// TestRunTakesAPanicForAFailure: a handler's panic does not reach Run's
+// caller; its message is Nak'ed with the retry delay, as for an error, and
+// handled on its next delivery.
+func TestRunTakesAPanicForAFailure(t *testing.T) {
 	_, js := connect(t, startNATS(t))
 	keeper, _ := miniKeeper(t)
-	cons := stream(t, js, "PANIC", jetstream.StreamConfig{}, jetstream.ConsumerConfig{AckWait: 500 * time.Millisecond})
+	cons := stream(t, js, "PANIC", jetstream.StreamConfig{}, jetstream.ConsumerConfig{AckWait: 30 * time.Second})
 	publish(t, js, "PANIC.x", "boom")
-	var c counter
+	var mu sync.Mutex
+	var delivered []uint64
 	handle := func(ctx context.Context, m jetstream.Msg) error {
-		c.add("boom")
-		if c.get("boom") == 1 {
+		md, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		delivered = append(delivered, md.NumDelivered)
+		first := len(delivered) == 1
+		mu.Unlock()
+		if first {
 			panic("the first run panics")
 		}
 		return nil
 	}
-	r, err := idemjetstream.New(keeper, "panic", cons, handle)
+	r, err := idemjetstream.New(keeper, "panic", cons, handle, idemjetstream.WithRetryDelay(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	recovered := make(chan any, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan any, 1)
 	go func() {
-		defer func() { recovered <- recover() }()
-		_ = r.Run(context.Background())
+		defer func() { done <- recover() }()
+		_ = r.Run(ctx)
 	}()
-	select {
-	case p := <-recovered:
-		if p != "the first run panics" {
-			t.Fatalf("Run's caller recovered %v, want the handler's panic", p)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the handler's panic did not reach Run's caller")
-	}
-	// The key was released and the message not acknowledged: it comes
-	// again after the AckWait, and runs again.
-	stop := run(t, r)
+	// Settled long before the 30s AckWait: Nak'ed, not left to time out.
 	waitSettled(t, cons, 20*time.Second)
-	_ = stop()
-	if n := c.get("boom"); n != 2 {
-		t.Errorf("boom ran %d times, want 2 (the panic, then the redelivery)", n)
+	cancel()
+	if p := <-done; p != nil {
+		t.Fatalf("Run's caller recovered %v, want no panic", p)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(delivered) != "[1 2]" {
+		t.Errorf("boom ran at deliveries %v, want [1 2] (the panic, then the redelivery)", delivered)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -30,20 +31,22 @@ var errStopped = errors.New("idemjetstream: stopped before the handler started")
 // with the retry delay.
 func (r *Runner) consume(ctx context.Context, msgs []jetstream.Msg) (backoff bool, _ error) {
 	if ctx.Err() != nil {
+		stopped := idem.MessageResult{Status: idem.MessageRetry, Err: errStopped}
 		for _, m := range msgs {
-			r.sent(m.Nak())
+			r.sent(r.settle(ctx, m, stopped, nil))
 		}
 		return false, nil
 	}
 	results, err := r.consumeInProgress(ctx, msgs)
 	outage := err != nil && unreachable(ctx, err)
 	if err != nil && (!outage || len(results) != len(msgs)) {
+		none := idem.MessageResult{Status: idem.MessageRetry, Err: err}
 		for _, m := range msgs {
-			r.sent(nak(m, r.s.retryDelay))
+			r.sent(r.settle(ctx, m, none, nil))
 		}
 	} else {
 		for i, m := range msgs {
-			r.sent(settle(m, results[i], results, r.s.retryDelay))
+			r.sent(r.settle(ctx, m, results[i], results))
 		}
 	}
 	switch {
@@ -68,23 +71,30 @@ func unreachable(ctx context.Context, err error) bool {
 }
 
 // consumeInProgress is idem.Consume of msgs, with InProgress sent for them
-// while it runs (also when a handler's panic goes through it).
+// while it runs. A handler's panic is recovered and is its message's
+// failure: an error that holds the panic's value and stack.
 func (r *Runner) consumeInProgress(ctx context.Context, msgs []jetstream.Msg) ([]idem.MessageResult, error) {
 	defer r.keepInProgress(msgs)()
 	return idem.Consume(context.WithoutCancel(ctx), r.keeper, r.scope, msgs, r.s.key,
-		func(hctx context.Context, m jetstream.Msg) error {
+		func(hctx context.Context, m jetstream.Msg) (err error) {
 			if ctx.Err() != nil {
 				return errStopped
 			}
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("idemjetstream: the handler panicked: %v\n%s", p, debug.Stack())
+				}
+			}()
 			return r.handle(hctx, m)
 		},
 		idem.WithConcurrency(r.s.concurrency), idem.WithLease(r.lease))
 }
 
-// settle acknowledges, redelivers or terminates m as res, its result in
-// results, says; retry is the delay of a redelivery for any reason but
-// another holder's lease.
-func settle(m jetstream.Msg, res idem.MessageResult, results []idem.MessageResult, retry time.Duration) error {
+// settle acknowledges, redelivers or gives up on m as res, its result in
+// results, says (results nil: res is not of a batch). A rejected message,
+// and one that would be redelivered but is at its last delivery, is
+// dead-lettered (deadLetter) and terminated.
+func (r *Runner) settle(ctx context.Context, m jetstream.Msg, res idem.MessageResult, results []idem.MessageResult) error {
 	if res.Ack {
 		return m.Ack()
 	}
@@ -92,9 +102,13 @@ func settle(m jetstream.Msg, res idem.MessageResult, results []idem.MessageResul
 		res = results[res.First] // comes again, or is rejected, as the first
 	}
 	if res.Status == idem.MessageRejected {
-		return m.Term()
+		_, last := r.lastDelivery(m)
+		return r.deadLetter(ctx, m, res.Err, last)
 	}
-	return nak(m, retryDelay(res.Err, retry))
+	if n, last := r.lastDelivery(m); last {
+		return r.deadLetter(ctx, m, fmt.Errorf("%w (delivery %d of %d): %w", ErrMaxDeliveries, n, r.maxDeliver, res.Err), true)
+	}
+	return nak(m, retryDelay(res.Err, r.s.retryDelay))
 }
 
 // retryDelay is the delay before a message whose result carries err comes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,15 @@ import (
 type settledMsg struct {
 	jetstream.Msg // nil: only the settling methods are called
 	got           string
-	key           string // its key, for a Runner whose key function is msgKey
+	key           string                 // its key, for a Runner whose key function is msgKey
+	md            *jetstream.MsgMetadata // nil: no metadata
+}
+
+func (m *settledMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	if m.md == nil {
+		return nil, errors.New("no metadata")
+	}
+	return m.md, nil
 }
 
 // msgKey is the key of a *settledMsg.
@@ -62,7 +71,8 @@ func TestSettleMapsEachResult(t *testing.T) {
 		if results == nil {
 			results = []idem.MessageResult{tc.res}
 		}
-		if err := settle(m, tc.res, results, 250*time.Millisecond); err != nil {
+		r := &Runner{s: settings{retryDelay: 250 * time.Millisecond}}
+		if err := r.settle(context.Background(), m, tc.res, results); err != nil {
 			t.Fatal(err)
 		}
 		if m.got != tc.want {
@@ -70,7 +80,7 @@ func TestSettleMapsEachResult(t *testing.T) {
 		}
 	}
 	m := &settledMsg{}
-	_ = settle(m, retry, []idem.MessageResult{retry}, 0)
+	_ = (&Runner{}).settle(context.Background(), m, retry, []idem.MessageResult{retry})
 	if m.got != "Nak" {
 		t.Errorf("retry delay 0: %s, want Nak", m.got)
 	}
@@ -139,9 +149,17 @@ func TestConsumeGoesOnWhenRedisIsUnreachable(t *testing.T) {
 			t.Errorf("message %d (key %q) settled %s, want %s", i, m.key, m.got, want[i])
 		}
 	}
-	errs := reported()
-	if len(errs) != 1 || !errors.Is(errs[0], idem.ErrUnavailable) {
-		t.Fatalf("the error handler was told %v, want one error wrapping idem.ErrUnavailable", errs)
+	var outages, deadLetters int
+	for _, err := range reported() {
+		switch {
+		case errors.Is(err, idem.ErrUnavailable):
+			outages++
+		case errors.Is(err, idem.ErrInvalidKey):
+			deadLetters++ // no WithDeadLetter: the Term'ed message is reported
+		}
+	}
+	if errs := reported(); len(errs) != 2 || outages != 1 || deadLetters != 1 {
+		t.Fatalf("the error handler was told %v, want one error wrapping idem.ErrUnavailable and one of the invalid key terminated", errs)
 	}
 }
 
@@ -183,5 +201,87 @@ func TestUnreachableTellsAnOutage(t *testing.T) {
 		if got := unreachable(tc.ctx, tc.err); got != tc.want {
 			t.Errorf("%s: unreachable %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestSettleDeadLettersBeforeTerm: a rejected message, and one that would
+// come again at its last delivery, are given to the dead-letter hook, then
+// terminated; a hook's error Nak's a rejected message (for the hook to be
+// tried again) and terminates one at its last delivery all the same.
+func TestSettleDeadLettersBeforeTerm(t *testing.T) {
+	failed := idem.MessageResult{Status: idem.MessageRetry, Err: errors.New("handler failed"), Ran: true}
+	held := idem.MessageResult{Status: idem.MessageRetry, Err: &idem.InProgressError{RetryAfter: time.Second}}
+	rejected := idem.MessageResult{Status: idem.MessageRejected, Err: idem.ErrInvalidKey}
+	for _, tc := range []struct {
+		name      string
+		res       idem.MessageResult
+		delivered uint64 // of the consumer's MaxDeliver 3
+		hookErr   error
+		want      string
+		reason    []error // what the reason given to the hook wraps; nil: no hook call
+	}{
+		{"handler failed, deliveries left", failed, 2, nil, "NakWithDelay(250ms)", nil},
+		{"handler failed, last delivery", failed, 3, nil, "Term", []error{ErrMaxDeliveries, failed.Err}},
+		{"held elsewhere, last delivery", held, 3, nil, "Term", []error{ErrMaxDeliveries, idem.ErrInProgress}},
+		{"stopped, last delivery", idem.MessageResult{Status: idem.MessageRetry, Err: errStopped}, 3, nil, "Term", []error{ErrMaxDeliveries, errStopped}},
+		{"rejected", rejected, 1, nil, "Term", []error{idem.ErrInvalidKey}},
+		{"rejected, the hook fails", rejected, 1, errors.New("no dead-letter stream"), "NakWithDelay(250ms)", []error{idem.ErrInvalidKey}},
+		{"rejected at its last delivery, the hook fails", rejected, 3, errors.New("no dead-letter stream"), "Term", []error{idem.ErrInvalidKey}},
+		{"handler failed at its last delivery, the hook fails", failed, 3, errors.New("no dead-letter stream"), "Term", []error{ErrMaxDeliveries}},
+	} {
+		m := &settledMsg{md: &jetstream.MsgMetadata{NumDelivered: tc.delivered, Stream: "S"}}
+		var calls []error
+		var reported []error
+		r := &Runner{maxDeliver: 3, s: settings{retryDelay: 250 * time.Millisecond,
+			onError: func(err error) { reported = append(reported, err) },
+			deadLetter: func(ctx context.Context, msg jetstream.Msg, reason error) error {
+				if m.got != "" {
+					t.Errorf("%s: the hook was called after %s", tc.name, m.got)
+				}
+				calls = append(calls, reason)
+				return tc.hookErr
+			}}}
+		if err := r.settle(context.Background(), m, tc.res, []idem.MessageResult{tc.res}); err != nil {
+			t.Fatal(err)
+		}
+		if m.got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, m.got, tc.want)
+		}
+		if tc.reason == nil {
+			if len(calls) != 0 {
+				t.Errorf("%s: the hook was called with %v, want no call", tc.name, calls)
+			}
+			continue
+		}
+		if len(calls) != 1 {
+			t.Fatalf("%s: the hook was called %d times, want once", tc.name, len(calls))
+		}
+		for _, w := range tc.reason {
+			if !errors.Is(calls[0], w) {
+				t.Errorf("%s: the reason %v does not wrap %v", tc.name, calls[0], w)
+			}
+		}
+		if (tc.hookErr != nil) != (len(reported) == 1) || (tc.hookErr != nil && !errors.Is(reported[0], tc.hookErr)) {
+			t.Errorf("%s: the error handler was told %v, want the hook's error %v", tc.name, reported, tc.hookErr)
+		}
+	}
+}
+
+// TestSettleWithoutADeadLetterHookReports: without WithDeadLetter, a message
+// given up on is terminated and the error handler told why.
+func TestSettleWithoutADeadLetterHookReports(t *testing.T) {
+	var reported []error
+	r := &Runner{maxDeliver: 2, s: settings{retryDelay: time.Second, onError: func(err error) { reported = append(reported, err) }}}
+	m := &settledMsg{md: &jetstream.MsgMetadata{NumDelivered: 2, Stream: "S", Sequence: jetstream.SequencePair{Stream: 7}}}
+	fail := errors.New("handler failed")
+	if err := r.settle(context.Background(), m, idem.MessageResult{Status: idem.MessageRetry, Err: fail, Ran: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if m.got != "Term" {
+		t.Errorf("settled %s, want Term", m.got)
+	}
+	if len(reported) != 1 || !errors.Is(reported[0], ErrMaxDeliveries) || !errors.Is(reported[0], fail) ||
+		!strings.Contains(reported[0].Error(), "message 7 of stream S (delivery 2)") {
+		t.Errorf("the error handler was told %v, want the message, ErrMaxDeliveries and the handler's error", reported)
 	}
 }
