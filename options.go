@@ -59,11 +59,13 @@ type settings struct {
 	settleCount int
 	settleSet   bool
 	// A StreamConsumer (stream.go); maxDeliveriesSet tells a
-	// WithMaxDeliveries.
+	// WithMaxDeliveries, idleConsumersSet a WithIdleConsumerRemoval.
 	batchSize        int
 	deadLetter       string
 	maxDeliveries    int
 	maxDeliveriesSet bool
+	idleConsumers    time.Duration
+	idleConsumersSet bool
 }
 
 func defaultSettings() settings {

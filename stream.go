@@ -27,6 +27,7 @@ type StreamConsumer struct {
 	batch               int64
 	maxDeliveries       int64
 	minIdle             time.Duration
+	idleConsumers       time.Duration // 0: other consumers are not removed
 	consume             settings
 }
 
@@ -37,7 +38,9 @@ type StreamConsumer struct {
 // Options that apply: WithBatchSize (100), the most entries read and
 // handled at once; WithDeadLetter (stream + ":dead-letter");
 // WithMaxDeliveries (5), the deliveries of an entry before it is
-// dead-lettered; and those of
+// dead-lettered; WithIdleConsumerRemoval (the longer of an hour and ten
+// leases), how long another consumer of the group that holds nothing must
+// have been idle before its name is removed; and those of
 // Consume: WithConcurrency (1), WithLease (the Keeper's), WithSettleWindow
 // (10 ms, 128), and WithWait (default: the lease), how long a batch waits
 // for the outcome of an entry whose key another consumer holds.
@@ -65,6 +68,9 @@ func NewStreamConsumer(k *Keeper, client redis.Cmdable, stream, group, consumer 
 	if s.maxDeliveriesSet && s.maxDeliveries < 1 {
 		return nil, fmt.Errorf("%w: WithMaxDeliveries: %d is less than 1", ErrInvalidConfig, s.maxDeliveries)
 	}
+	if s.idleConsumersSet && s.idleConsumers < 0 {
+		return nil, fmt.Errorf("%w: WithIdleConsumerRemoval: %s is negative", ErrInvalidConfig, s.idleConsumers)
+	}
 	c := &StreamConsumer{
 		k: k, client: client, stream: stream, group: group, name: consumer,
 		scope: stream + " " + group, deadLetter: s.deadLetter, batch: int64(s.batchSize),
@@ -84,6 +90,10 @@ func NewStreamConsumer(k *Keeper, client redis.Cmdable, stream, group, consumer 
 		lease = s.policy.lease
 	}
 	c.minIdle = lease
+	c.idleConsumers = max(defaultIdleConsumers, idleConsumerLeases*lease)
+	if s.idleConsumersSet {
+		c.idleConsumers = s.idleConsumers
+	}
 	if !s.waitSet {
 		c.consume.wait = lease
 	}
@@ -130,6 +140,67 @@ func WithMaxDeliveries(n int) Option {
 	return Option{name: "WithMaxDeliveries", to: toStream, set: func(s *settings) { s.maxDeliveries, s.maxDeliveriesSet = n, true }}
 }
 
+// The default of WithIdleConsumerRemoval: the longer of an hour and ten
+// leases.
+const (
+	defaultIdleConsumers = time.Hour
+	idleConsumerLeases   = 10
+)
+
+// WithIdleConsumerRemoval sets how long another consumer of a
+// StreamConsumer's group must have been idle (XINFO CONSUMERS' idle: since
+// its last read or claim), holding no pending entry, before the
+// StreamConsumer removes its name from the group (XGROUP DELCONSUMER), so
+// that the names of consumers that died or were renamed (a pod's name, a
+// hostname) do not pile up. The check is made at the end of each sweep
+// (every half lease), in one script that reads XINFO CONSUMERS and deletes
+// in the same atomic step: a consumer that reads an entry can never lose it
+// to the deletion (XGROUP DELCONSUMER drops the deleted consumer's pending
+// entries), and a consumer holding pending entries is never removed,
+// however long it has been idle (its entries wait for XAUTOCLAIM). A live
+// consumer reads at least every second while it has nothing to do, and
+// holds its batch's entries while it handles them, so it is idle that long
+// only when every entry of a batch taking longer than d was taken over by
+// others; removing it then costs nothing, as its next read adds its name
+// again. The consumer never removes its own name. Default: the longer of
+// an hour and ten leases; 0 turns removal off; d must not be negative.
+// Applies to a StreamConsumer.
+func WithIdleConsumerRemoval(d time.Duration) Option {
+	return Option{name: "WithIdleConsumerRemoval", to: toStream, set: func(s *settings) { s.idleConsumers, s.idleConsumersSet = d, true }}
+}
+
+// streamForgetIdle removes the consumers of a group (ARGV[1]) of a stream
+// (KEYS[1]) other than ARGV[2] that hold no pending entry and have been
+// idle at least ARGV[3] milliseconds, in one atomic step: none can read an
+// entry between the check and the deletion. It returns their names.
+var streamForgetIdle = redis.NewScript(`
+local removed = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0 and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    removed[#removed + 1] = f['name']
+  end
+end
+return removed
+`)
+
+// forgetIdle removes the group's other consumers idle for longer than
+// WithIdleConsumerRemoval that hold nothing (streamForgetIdle), and
+// returns their names; a failure is reported to the Observer.
+func (c *StreamConsumer) forgetIdle(ctx context.Context) []string {
+	if c.idleConsumers <= 0 {
+		return nil
+	}
+	names, err := streamForgetIdle.Run(ctx, c.client, []string{c.stream}, c.group, c.name, c.idleConsumers.Milliseconds()).StringSlice()
+	if err != nil {
+		err = storeError(ctx, "xgroup delconsumer", err)
+		c.report(ctx, errorResult(err), err)
+	}
+	return names
+}
+
 // streamBlock is how long one XREADGROUP waits for entries: it bounds how
 // long Run takes to notice that its context is done while the stream is
 // idle.
@@ -147,7 +218,9 @@ const streamBlock = time.Second
 // for this consumer's name (a restart): from "0", then from past the last
 // entry each read returned, until one returns none; then new entries
 // (">"). Every half lease it sweeps the group's entries idle for a lease
-// with XAUTOCLAIM and handles them as a batch. After each batch it
+// with XAUTOCLAIM and handles them as a batch; at the end of each sweep it
+// removes the group's other consumers that hold nothing and have been idle
+// long (WithIdleConsumerRemoval). After each batch it
 // acknowledges, in one pipeline, the entries Consume acknowledges and the
 // rejected ones and those whose deliveries ran out (WithMaxDeliveries), the
 // latter once added to the dead-letter stream (a crash between the two
@@ -205,6 +278,7 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 				cursor = next
 				if cursor == "0-0" {
 					sweepAt = now.Add(c.minIdle / 2)
+					c.forgetIdle(hctx)
 				}
 			}
 		default:

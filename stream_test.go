@@ -89,6 +89,7 @@ func TestStreamConsumerRefusesMisuse(t *testing.T) {
 		"WithSettleWindow 0":  {WithSettleWindow(0, 0)},
 		"WithMaxDeliveries 0": {WithMaxDeliveries(0)},
 		"negative deliveries": {WithMaxDeliveries(-1)},
+		"negative idle":       {WithIdleConsumerRemoval(-time.Second)},
 	} {
 		_, err := NewStreamConsumer(k, b.Client, "s", "g", "c", opts...)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
@@ -100,6 +101,90 @@ func TestStreamConsumerRefusesMisuse(t *testing.T) {
 	sc, err := NewStreamConsumer(k, b.Client, "s", "g", "c")
 	require.NoError(t, err)
 	assert.EqualValues(t, 5, sc.maxDeliveries, "WithMaxDeliveries' default")
+	assert.Equal(t, time.Hour, sc.idleConsumers, "WithIdleConsumerRemoval's default at a 30s lease")
+	sc, err = NewStreamConsumer(k, b.Client, "s", "g", "c", WithLease(10*time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, 100*time.Minute, sc.idleConsumers, "WithIdleConsumerRemoval's default: ten leases when longer than an hour")
+	sc, err = NewStreamConsumer(k, b.Client, "s", "g", "c", WithIdleConsumerRemoval(0))
+	require.NoError(t, err)
+	assert.Empty(t, sc.forgetIdle(context.Background()), "0 turns removal off")
+}
+
+// consumerNames returns the names of group g of stream s, and how many
+// entries each holds pending.
+func consumerNames(t *testing.T, c *redis.Client) map[string]int64 {
+	t.Helper()
+	cs, err := c.XInfoConsumers(context.Background(), "s", "g").Result()
+	require.NoError(t, err)
+	names := map[string]int64{}
+	for _, x := range cs {
+		names[x.Name] = x.Pending
+	}
+	return names
+}
+
+// TestStreamConsumerRemovesIdleConsumers: the names of the group's other
+// consumers that hold nothing and have been idle for WithIdleConsumerRemoval
+// are removed; one that holds a pending entry, however idle, one that was
+// active lately, and the consumer's own are kept. Run removes them at the
+// end of its sweep.
+func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		const idle = 1500 * time.Millisecond
+		k := newKeeper(t, b, WithLease(10*time.Second), WithRetention(time.Hour))
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		read := func(consumer string, ack bool) {
+			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": consumer}}).Err())
+			got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: consumer, Streams: []string{"s", ">"}, Count: 1}).Result()
+			require.NoError(t, err)
+			require.Len(t, got[0].Messages, 1)
+			if ack {
+				require.NoError(t, c.XAck(ctx, "s", "g", got[0].Messages[0].ID).Err())
+			}
+			if !b.Real {
+				// miniredis's XINFO CONSUMERS answers idle -1 (never
+				// removed) for a consumer XREADGROUP made; XCLAIM of no
+				// entry sets it, as XREADGROUP does on redis-server.
+				require.NoError(t, c.XClaim(ctx, &redis.XClaimArgs{Stream: "s", Group: "g", Consumer: consumer, Messages: []string{"0-1"}}).Err())
+			}
+		}
+		read("gone", true)      // died holding nothing
+		read("holder", false)   // died holding an entry: never removed
+		read("c", true)         // this consumer's own name
+		read("restarted", true) // reads again below
+		b.Advance(idle + 100*time.Millisecond)
+		read("restarted", true)
+
+		sc, err := NewStreamConsumer(k, c, "s", "g", "c", WithIdleConsumerRemoval(idle))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"gone"}, sc.forgetIdle(ctx))
+		assert.Equal(t, map[string]int64{"holder": 1, "c": 0, "restarted": 0}, consumerNames(t, c),
+			"the holder keeps its pending entry; the others are kept")
+
+		// Run removes them at the end of its sweep, the first thing it does.
+		read("gone-too", true)
+		b.Advance(idle + 100*time.Millisecond)
+		read("restarted", true)
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error { return nil })
+		}()
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for {
+			names := consumerNames(t, c)
+			if _, ok := names["gone-too"]; !ok {
+				assert.Equal(t, map[string]int64{"holder": 1, "c": 0, "restarted": 0}, names)
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "gone-too still in the group: %v", names)
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
 }
 
 // TestStreamConsumerReadsItsBacklogOnce: a consumer restarted under its old
