@@ -17,7 +17,10 @@
 // publishing), or what WithKey returns. JetStream drops a duplicate
 // published within the stream's Duplicates window; idem answers one
 // published later, and every redelivery, as handled before, within the
-// Keeper's marker retention (7 days by default).
+// Keeper's marker retention (7 days by default). A message published
+// without Nats-Msg-Id is keyed by its stream sequence: its redeliveries are
+// handled once, but a producer's second publish of it is handled again;
+// WithKey(MsgIDRequired) rejects such a message instead.
 //
 // Each batch (Fetch, 500 messages by default) is claimed in one round trip
 // to Redis and settled in one more when its handlers are quick; then each
@@ -30,6 +33,8 @@
 // its claims pending and its messages unacknowledged: JetStream redelivers
 // them after the consumer's AckWait, and another runner handles them once
 // the lease has run out too, its handlers told Recovered. Set the AckWait
-// close to the lease (both 30s by default): the longer of the two bounds
-// how long a crash delays a message.
+// equal to the lease (both 30s by default), or a little longer: the longer
+// of the two bounds how long a crash delays a message, and New refuses an
+// AckWait shorter than the lease, which would redeliver a message while
+// its claim is alive.
 package idemjetstream

@@ -47,8 +47,10 @@ func defaultSettings() settings {
 
 // WithKey sets the key of a message: what makes two deliveries the same
 // operation. A message whose key is empty, longer than 255 bytes or holds
-// control characters is rejected (Term). Default: MsgID, the Nats-Msg-Id
-// header or, without one, the message's place in its stream.
+// control characters is rejected (dead-lettered, WithDeadLetter, and Term).
+// Default: MsgID, the Nats-Msg-Id header or, without one, the message's
+// place in its stream, so that a message published twice without the
+// header is handled twice; MsgIDRequired rejects such a message instead.
 func WithKey(key func(jetstream.Msg) string) Option {
 	return func(s *settings) error {
 		if key == nil {
@@ -89,8 +91,10 @@ func WithConcurrency(n int) Option {
 
 // WithLease sets the lease of the runner's claims (idem.WithLease given to
 // Consume): after a runner dies, its messages are handled again once both
-// the consumer's AckWait and this lease have run out. Default: the Keeper's
-// lease. It must be between one millisecond and idem.MaxDuration.
+// the consumer's AckWait and this lease have run out. New refuses a
+// consumer whose AckWait (or a BackOff duration) is shorter than the lease.
+// Default: the Keeper's lease. It must be between one millisecond and
+// idem.MaxDuration.
 func WithLease(d time.Duration) Option {
 	return func(s *settings) error {
 		if d < time.Millisecond || d > idem.MaxDuration {
@@ -141,8 +145,10 @@ func WithErrorHandler(f func(err error)) Option {
 // message without that header is keyed by its place in the stream,
 // "nats-seq:" followed by the stream's name, the stream sequence and the
 // time the message was stored (nanoseconds since 1970): its redeliveries are
-// then handled once, but a producer's duplicate is not known as one. A
-// message whose metadata cannot be read has the empty key, and is rejected.
+// then handled once, but a producer's duplicate (a Publish retried after a
+// lost acknowledgement, a message sent again) is stored as another message
+// and handled again. A message whose metadata cannot be read has the empty
+// key, and is rejected. MsgIDRequired keys by the header alone.
 func MsgID(m jetstream.Msg) string {
 	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" {
 		return id
@@ -159,4 +165,15 @@ func MsgID(m jetstream.Msg) string {
 	b = append(b, ':')
 	b = strconv.AppendInt(b, md.Timestamp.UnixNano(), 10)
 	return string(b)
+}
+
+// MsgIDRequired is a key function (WithKey) that keys a message by its
+// Nats-Msg-Id header alone: a message without it has the empty key, and
+// is rejected, its reason wrapping idem.ErrInvalidKey: dead-lettered
+// (WithDeadLetter; PublishDeadLetter's letter then has no Idem-Msg-Id) and
+// terminated, never handled. Use it when every producer sets the header
+// (jetstream.WithMsgID), so that one that forgets it is caught rather than
+// having its duplicates handled twice.
+func MsgIDRequired(m jetstream.Msg) string {
+	return m.Headers().Get(jetstream.MsgIDHeader)
 }

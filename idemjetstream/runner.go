@@ -20,6 +20,11 @@ const defaultAckWait = 30 * time.Second
 // redelivers or terminates each message as Consume's result says. Make one
 // with New; a Runner is safe for concurrent use, and its zero value is not
 // usable.
+//
+// A message's key is by default its Nats-Msg-Id header (MsgID); one
+// published without it is keyed by its stream sequence, so that a
+// producer's duplicate of it is handled again (WithKey(MsgIDRequired)
+// rejects such a message instead).
 type Runner struct {
 	keeper   *idem.Keeper
 	scope    string
@@ -36,6 +41,13 @@ type Runner struct {
 // New returns a Runner that handles the messages of consumer with handle,
 // keyed by MsgID (or WithKey) under scope, on keeper.
 //
+// The default key is the Nats-Msg-Id header the producer set
+// (jetstream.WithMsgID). A message published without it is keyed by its
+// stream sequence: its redeliveries are handled once, but a producer that
+// publishes it twice (a retried Publish) has it handled twice. Publish with
+// a Nats-Msg-Id, and give WithKey(MsgIDRequired) to reject (dead-letter) a
+// message without one rather than key it by its sequence.
+//
 // consumer must be a pull consumer that acknowledges each message
 // (AckPolicy AckExplicitPolicy, JetStream's default for pull consumers),
 // such as one returned by jetstream.Stream's CreateOrUpdateConsumer or
@@ -47,13 +59,26 @@ type Runner struct {
 // message that is not handled at its last delivery, which JetStream would
 // not deliver again.
 //
+// One lease governs a message: the claims' (WithLease, by default the
+// Keeper's, 30s) and the consumer's AckWait (JetStream's default 30s), after
+// which JetStream delivers again a message a dead runner left. New refuses
+// a consumer whose AckWait, or any of whose BackOff durations, is shorter
+// than the lease: after a crash, JetStream would redeliver each message
+// while its claim is alive, to be Nak'ed (a delivery towards MaxDeliver
+// spent for nothing). Set the AckWait equal to the lease, or a little
+// longer: the longer of the two bounds how long a crash delays a message.
+// New reads the consumer's cached info (jetstream.Consumer.CachedInfo),
+// as the consumer was when it was created or last asked for its info; a
+// consumer updated since is checked as it was then.
+//
 // handle must not acknowledge the message itself: the runner does, once
 // the outcome is stored. Its context carries the idem.Claim
 // (idem.ClaimFromContext); check Claim.Recovered to reconcile the side
 // effects of an attempt that died.
 //
 // The error wraps idem.ErrInvalidConfig when keeper, consumer or handle is
-// nil, the consumer does not acknowledge, or an option refuses its setting.
+// nil, the consumer does not acknowledge, its AckWait or BackOff is shorter
+// than the lease, or an option refuses its setting.
 func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle func(ctx context.Context, msg jetstream.Msg) error, opts ...Option) (*Runner, error) {
 	if keeper == nil || consumer == nil || handle == nil {
 		return nil, fmt.Errorf("%w: idemjetstream.New needs a Keeper, a consumer and a handler", idem.ErrInvalidConfig)
@@ -79,6 +104,14 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 	r.maxDeliver = info.Config.MaxDeliver
 	if r.ackWait <= 0 {
 		r.ackWait = defaultAckWait
+	}
+	if r.ackWait < r.lease {
+		return nil, fmt.Errorf("%w: idemjetstream.New: the consumer's AckWait %s is shorter than the lease %s: after a crash JetStream would redeliver a message while its claim is alive; set the AckWait at least the lease (or a shorter lease: WithLease, idem.WithLease on the Keeper)", idem.ErrInvalidConfig, r.ackWait, r.lease)
+	}
+	for _, d := range info.Config.BackOff {
+		if d < r.lease {
+			return nil, fmt.Errorf("%w: idemjetstream.New: the consumer's BackOff %s is shorter than the lease %s: after a crash JetStream would redeliver a message while its claim is alive", idem.ErrInvalidConfig, d, r.lease)
+		}
 	}
 	return r, nil
 }

@@ -301,7 +301,7 @@ func TestRunKeepsABatchInProgress(t *testing.T) {
 		time.Sleep(ackWait) // the batch takes three AckWaits
 		c.add(m.Headers().Get(jetstream.MsgIDHeader))
 		return nil
-	}, idemjetstream.WithBatch(3))
+	}, idemjetstream.WithBatch(3), idemjetstream.WithLease(ackWait))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,6 +401,15 @@ func TestNewRefusesMisuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	shortAckWait, err := js.CreateOrUpdateConsumer(context.Background(), "MISUSE", jetstream.ConsumerConfig{Durable: "short", AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortBackOff, err := js.CreateOrUpdateConsumer(context.Background(), "MISUSE", jetstream.ConsumerConfig{
+		Durable: "backoff", BackOff: []time.Duration{40 * time.Second, time.Second}, MaxDeliver: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := func(ctx context.Context, m jetstream.Msg) error { return nil }
 	for _, tc := range []struct {
 		name string
@@ -426,10 +435,105 @@ func TestNewRefusesMisuse(t *testing.T) {
 		{"nil key", func() (*idemjetstream.Runner, error) {
 			return idemjetstream.New(keeper, "s", cons, h, idemjetstream.WithKey(nil))
 		}},
+		{"AckWait 1s, the Keeper's lease 30s", func() (*idemjetstream.Runner, error) {
+			return idemjetstream.New(keeper, "s", shortAckWait, h)
+		}},
+		{"AckWait 1s, WithLease 2s", func() (*idemjetstream.Runner, error) {
+			return idemjetstream.New(keeper, "s", shortAckWait, h, idemjetstream.WithLease(2*time.Second))
+		}},
+		{"a BackOff of 1s", func() (*idemjetstream.Runner, error) {
+			return idemjetstream.New(keeper, "s", shortBackOff, h, idemjetstream.WithLease(30*time.Second))
+		}},
 	} {
 		if _, err := tc.new(); !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want idem.ErrInvalidConfig", tc.name, err)
 		}
+	}
+	// An AckWait as long as the lease, or longer, is accepted.
+	for _, tc := range []struct {
+		name  string
+		cons  jetstream.Consumer
+		lease time.Duration
+	}{
+		{"AckWait 1s, WithLease 1s", shortAckWait, time.Second},
+		{"AckWait 1s, WithLease 500ms", shortAckWait, 500 * time.Millisecond},
+		{"the default AckWait and lease, 30s", cons, 0},
+	} {
+		var opts []idemjetstream.Option
+		if tc.lease > 0 {
+			opts = append(opts, idemjetstream.WithLease(tc.lease))
+		}
+		if _, err := idemjetstream.New(keeper, "s", tc.cons, h, opts...); err != nil {
+			t.Errorf("%s: New returned %v, want a Runner", tc.name, err)
+		}
+	}
+}
+
+// TestMsgIDRequired: without Nats-Msg-Id, the default key (MsgID) handles a
+// producer's two publishes of a message twice; MsgIDRequired rejects each,
+// dead-lettered with idem.ErrInvalidKey, and handles the message with the
+// header once.
+func TestMsgIDRequired(t *testing.T) {
+	_, js := connect(t, startNATS(t))
+	keeper, _ := miniKeeper(t)
+	byDefault := stream(t, js, "REQ", jetstream.StreamConfig{}, jetstream.ConsumerConfig{Durable: "default"})
+	strict, err := js.CreateOrUpdateConsumer(context.Background(), "REQ", jetstream.ConsumerConfig{Durable: "strict"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "REQ.x", "with-id")
+	for range 2 { // a producer that retried its Publish, without an id
+		if _, err := js.Publish(context.Background(), "REQ.x", []byte("no-id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		cons      jetstream.Consumer
+		key       func(jetstream.Msg) string
+		runs      map[string]int
+		deadNoIDs int
+	}{
+		{"MsgID", byDefault, idemjetstream.MsgID, map[string]int{"with-id": 1, "no-id": 2}, 0},
+		{"MsgIDRequired", strict, idemjetstream.MsgIDRequired, map[string]int{"with-id": 1, "no-id": 0}, 2},
+	} {
+		var c counter
+		var mu sync.Mutex
+		var dead []error
+		r, err := idemjetstream.New(keeper, tc.name, tc.cons, func(ctx context.Context, m jetstream.Msg) error {
+			c.add(string(m.Data()))
+			return nil
+		}, idemjetstream.WithKey(tc.key), idemjetstream.WithDeadLetter(func(ctx context.Context, m jetstream.Msg, reason error) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if string(m.Data()) == "no-id" {
+				dead = append(dead, reason)
+			}
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := run(t, r)
+		waitSettled(t, tc.cons, 20*time.Second)
+		if err := stop(); !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+		for id, want := range tc.runs {
+			if n := c.get(id); n != want {
+				t.Errorf("%s: %s handled %d times, want %d", tc.name, id, n, want)
+			}
+		}
+		mu.Lock()
+		if len(dead) != tc.deadNoIDs {
+			t.Errorf("%s: %d messages without Nats-Msg-Id dead-lettered (%v), want %d", tc.name, len(dead), dead, tc.deadNoIDs)
+		}
+		for _, reason := range dead {
+			if !errors.Is(reason, idem.ErrInvalidKey) {
+				t.Errorf("%s: the reason %v does not wrap idem.ErrInvalidKey", tc.name, reason)
+			}
+		}
+		mu.Unlock()
 	}
 }
 
