@@ -150,8 +150,8 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 // Redis unreachable does not stop Run. When no claim of a batch reached
 // Redis (Consume's error wraps idem.ErrUnavailable, or is a timeout or
 // cancellation while ctx is alive), no handler of it has run: its messages
-// are settled as above (NakWithDelay by the retry delay; Term for an
-// invalid key), the error is given to the error handler (WithErrorHandler),
+// are settled as above (NakWithDelay by the retry delay; dead-lettered and
+// Term'ed for an invalid key or at the last delivery), the error is given to the error handler (WithErrorHandler),
 // and Run pauses for the retry delay before it fetches again, so that an
 // outage costs one batch of deliveries per retry delay, not the whole
 // backlog. A Fetch's error is handled the same way (reported, then a pause
@@ -161,7 +161,7 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 // that have started run to the end, their contexts not cancelled, and
 // are settled as above; those not started do not start, their keys are
 // released and their messages are Nak'ed without delay, for another
-// consumer to take at once. A handler that never returns keeps Run from
+// consumer to take at once (dead-lettered at their last delivery). A handler that never returns keeps Run from
 // returning. A pull request that was waiting for a message when ctx ended
 // stays on the server until it expires (within 5s): a message JetStream
 // gives it then comes again after the AckWait.
@@ -174,7 +174,7 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //     request, otherwise after one wait of 5s that brought nothing);
 //   - Consume's error, wrapping idem.ErrInvalidConfig, when it refuses a
 //     batch (misuse): nothing is claimed, and its messages are Nak'ed with
-//     the retry delay.
+//     the retry delay (dead-lettered at their last delivery).
 //
 // A handler's panic is a failure of its message, not of Run: it is
 // recovered, its message settled as for a handler's error (an error that
