@@ -50,15 +50,30 @@ import (
 // the claim and the completion, when they are fewer than the window's
 // count.
 //
+// A storing the store cannot take for want of it (ErrUnavailable: Redis
+// unreachable, a failover, a full Redis), whether within the window or
+// when the last handler returned, is tried again with backoff (10 ms, then
+// twice as long each time, up to a tenth of the lease and at most 1 s),
+// the renewals going on meanwhile, until the claim's lease, by this
+// process's clock, has less than a twentieth of it left (at most 100 ms),
+// and for no longer than a lease after the last handler returned: an
+// outage shorter than half a lease loses no outcome. Only then is such a
+// message MessageRetry, its error wrapping ErrUnavailable. Every try is
+// told to the Observer. A storing sent again after its reply was lost is
+// answered as the first was. A completion that Redis took but too few
+// replicas acknowledged (ErrNotReplicated) is not tried again once the
+// last handler has returned.
+//
 // A process that dies mid-batch leaves the keys it had not settled
 // pending; their redelivery, once the lease has run out, takes them over
 // (Claim.Recovered, with the checkpoints recorded) and runs their handlers
 // again. Those are the handlers that were running, the ones not yet
 // started, and the ones that returned within the settle window before the
 // death (at most the window's count, plus those of one store call under
-// way): every message handled longer ago than that is answered
-// MessageReplayed. A handler with side effects outside Redis checks, on
-// Recovered, whether its effect is already there (see docs/consumers.md).
+// way), and those whose storing waited for an unreachable Redis: every
+// message handled longer ago than that is answered MessageReplayed. A
+// handler with side effects outside Redis checks, on Recovered, whether its
+// effect is already there (see docs/consumers.md).
 //
 // With WithWait(d), a message whose key another consumer holds (its lease
 // alive) is claimed again, with backoff, once the other messages are
@@ -89,7 +104,8 @@ import (
 // caller's cancellation reaches the handlers' contexts; once ctx is done no
 // further handler starts, and the claims not run are released. The leases
 // are renewed, and the outcomes stored, whatever happens to ctx, until the
-// handlers have returned.
+// handlers have returned; once ctx is done, the tries of the last storing
+// go on for at most 5 s.
 //
 // Options that apply: WithConcurrency (1), WithFingerprints (none),
 // WithLease (the Keeper's lease), the lease of this call's claims,

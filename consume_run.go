@@ -42,6 +42,17 @@ type consumption struct {
 	// unsettled counts the handlers that returned since the settler last
 	// took the finished messages.
 	unsettled int
+	// lastFrom is set when the handlers have returned and the last
+	// settling begins: from then on the renewals settle nothing, and the
+	// last settling tries again, for want of the store, until its patience
+	// ends (see patientUntil).
+	lastFrom time.Time
+
+	// renewSettling is held by a renewal while it settles, and while
+	// lastFrom is set, so that the last settling begins once a renewal's
+	// settling under way has ended: it settles alone, and finds no message
+	// settling elsewhere.
+	renewSettling sync.Mutex
 }
 
 // heldMessage is a claimed message. Every field after claim is guarded by
@@ -111,16 +122,20 @@ func (b *consumption) run(ctx, stop context.Context, n int, handle func(ctx cont
 		stopSettle := b.settler(rctx)
 		b.handleAll(ctx, n, handle)
 		stopSettle()
-		stopRenew()
+		b.renewSettling.Lock() // a renewal's settling under way ends first
 		b.mu.Lock()
 		b.watchOff = true
 		if b.watch != nil {
 			b.watch.Stop()
 		}
+		b.lastFrom = b.k.now()
 		b.mu.Unlock()
+		b.renewSettling.Unlock()
+		// The renewals go on while the last settling waits for the store.
 		sctx, cancel := cleanupContext(ctx)
-		b.settle(sctx, true)
+		b.settleLast(sctx)
 		cancel()
+		stopRenew()
 	}
 	b.finishResults()
 	if b.panicked != nil {
@@ -370,9 +385,28 @@ func (b *consumption) settler(ctx context.Context) (stop func()) {
 			b.mu.Lock()
 			b.unsettled = 0
 			b.mu.Unlock()
-			sctx, cancel := context.WithTimeout(ctx, b.every)
-			b.settle(sctx, false)
-			cancel()
+			// A settling the store could not take is tried again, with
+			// backoff, while the leases of the messages are alive.
+			for backoff := settleRetryFirst; ; backoff = min(2*backoff, b.retryCap()) {
+				sctx, cancel := context.WithTimeout(ctx, b.every)
+				again := b.settle(sctx, false)
+				cancel()
+				wait := b.patience(backoff)
+				if !again || wait <= 0 {
+					break
+				}
+				if t == nil {
+					t = time.NewTimer(wait)
+					defer t.Stop()
+				} else {
+					t.Reset(wait)
+				}
+				select {
+				case <-done:
+					return
+				case <-t.C:
+				}
+			}
 		}
 	}()
 	return func() {
@@ -415,33 +449,178 @@ func (b *consumption) loseLocked(h *heldMessage, cause error) {
 	h.state, h.lost = heldLost, cause
 }
 
+// The patience of a settling the store could not take for want of the
+// store (see patientUntil and settleLast): it is tried again
+// settleRetryFirst later, then twice as late each time, up to a tenth of
+// the lease and at most settleRetryCap, so that an outage costs a batch at
+// most a few tries a second and its end is seen within a tenth of the
+// lease. A message's patience ends a twentieth of the lease, at most
+// settleMarginCap, before its lease does by this process's clock: a try
+// started later could hardly have its reply back in time. The try after
+// that is its last.
+const (
+	settleRetryFirst = 10 * time.Millisecond
+	settleRetryCap   = time.Second
+	settleMarginCap  = 100 * time.Millisecond
+)
+
+// errSettleLate is the store's answer to a settling that it did not answer
+// before the claim's lease ran out, by this process's clock.
+var errSettleLate = fmt.Errorf("%w: the store did not answer before the claim's lease ran out, by this process's clock", ErrUnavailable)
+
+// retryCap is the longest wait between two tries of a settling: a tenth of
+// the lease, at most settleRetryCap.
+func (b *consumption) retryCap() time.Duration {
+	return max(min(b.lease/10, settleRetryCap), settleRetryFirst)
+}
+
+// patientUntil is when the patience of h's settling ends: a twentieth of
+// the lease, at most settleMarginCap, before its lease ends by this
+// process's clock, and, once the handlers
+// have returned, no later than a lease after that (a store that takes the
+// renewals and never the settling does not hold Consume forever). b.mu is
+// held.
+func (b *consumption) patientUntil(h *heldMessage) time.Time {
+	end := h.claim.localLeaseEnd().Add(-min(b.lease/20, settleMarginCap))
+	if !b.lastFrom.IsZero() {
+		end = minTime(end, b.lastFrom.Add(b.lease))
+	}
+	return end
+}
+
+// minTime returns the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// patience returns how long to wait before the next try of the settlings
+// that wait for one: backoff, or less when the first patience ends sooner;
+// zero or less when it has ended, or when none waits.
+func (b *consumption) patience(backoff time.Duration) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var first time.Time
+	for _, h := range b.held {
+		if h.state == heldFinished || h.state == heldSkipped && !b.lastFrom.IsZero() {
+			if end := b.patientUntil(h); first.IsZero() || end.Before(first) {
+				first = end
+			}
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return min(backoff, first.Sub(b.k.now()))
+}
+
+// settleLast is the last settling, once the handlers have returned: it
+// settles every message not yet settled, and tries again, with backoff
+// (see patience), those the store could not take for want of the store
+// (unavailable), until each is settled, which it is at its first try once
+// its patience has ended, or until ctx is done (Consume's cleanupContext:
+// cleanupTimeout once the caller's context is done). The renewals go on
+// meanwhile.
+func (b *consumption) settleLast(ctx context.Context) {
+	for backoff := settleRetryFirst; b.settle(ctx, true); backoff = min(2*backoff, b.retryCap()) {
+		if wait := b.patience(backoff); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	// What waits still gives up: ctx is done. Its answer is the store's
+	// last.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, h := range b.held {
+		if h.state == heldFinished || h.state == heldSkipped {
+			h.state = heldSettled
+			if h.stored == nil { // not stored: never answered as handled
+				h.stored = errSettleLate
+				if ctx.Err() != nil {
+					h.stored = canceled(ctx, "consume")
+				}
+			}
+		}
+	}
+}
+
 // settle stores the outcome of every message whose handler returned, and,
-// when last, releases the messages that did not run: the successes and
-// Final errors completed, the other errors released, in one round trip.
-// Before the last settling, a message whose outcome the store could not take
-// (unavailable) is tried again at the next one.
-func (b *consumption) settle(ctx context.Context, last bool) {
+// in the last settling, releases the messages that did not run: the
+// successes and Final errors completed, the other errors released, in one
+// round trip, waiting no longer than the first of their leases ends, or
+// than retryCap from now when that is later. Before the
+// last settling, a message whose outcome the store could not take is
+// tried again at the next one; in the last, one the store could not take
+// for want of the store (unavailable) is, while its patience lasts (see
+// patientUntil). It reports whether a message waits for another try for
+// want of the store.
+func (b *consumption) settle(ctx context.Context, last bool) (again bool) {
 	done, give := b.toSettle(last)
 	if len(done) == 0 && len(give) == 0 {
-		return
+		return false
 	}
 	items := make([]settlement, len(done))
+	var first time.Time
 	for j, h := range done {
 		items[j] = b.outcome(h)
+		first = firstEnd(first, h.claim)
 	}
 	claims := make([]*Claim, len(give))
 	for j, h := range give {
 		claims[j] = h.claim
+		first = firstEnd(first, h.claim)
 	}
-	doneErrs, giveErrs := b.k.settleBatch(ctx, items, claims) // one round trip for both
+	first = maxTime(first, b.k.now().Add(b.retryCap()))
+	sctx, cancel := context.WithDeadlineCause(ctx, first, errSettleLate)
+	doneErrs, giveErrs := b.k.settleBatch(sctx, items, claims) // one round trip for both
+	late := ctx.Err() == nil && sctx.Err() != nil
+	cancel()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for j, h := range done {
-		b.settled(h, doneErrs[j], last, heldFinished)
+		again = b.settled(h, settleErr(doneErrs[j], late), last, heldFinished) || again
 	}
 	for j, h := range give {
-		b.settled(h, giveErrs[j], last, h.stateBefore())
+		again = b.settled(h, settleErr(giveErrs[j], late), last, h.stateBefore()) || again
 	}
+	return again
+}
+
+// firstEnd returns the earlier of first (none when zero) and c's lease end
+// by this process's clock.
+func firstEnd(first time.Time, c *Claim) time.Time {
+	if end := c.localLeaseEnd(); first.IsZero() || end.Before(first) {
+		return end
+	}
+	return first
+}
+
+// maxTime returns the later of a and b.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// settleErr is the store's answer err to a settling, told errSettleLate
+// instead of a cancellation when the settling's own bound, not its
+// caller's context, cut it short (late).
+func settleErr(err error, late bool) error {
+	if err != nil && late && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrInvalidConfig) {
+		return errSettleLate
+	}
+	return err
 }
 
 // toSettle picks the messages to settle now, and marks them settling: those
@@ -497,13 +676,23 @@ func (b *consumption) outcome(h *heldMessage) settlement {
 }
 
 // settled records the store's answer err for h; before the last settling, a
-// failure other than a lost lease sends h back to before for another try.
-func (b *consumption) settled(h *heldMessage, err error, last bool, before heldState) {
-	if err != nil && !last && !errors.Is(err, ErrLeaseLost) {
+// failure other than a lost lease sends h back to before for another try,
+// and so does, in the last, a failure for want of the store while h's
+// patience lasts. It reports whether h waits for another try for want of
+// the store. b.mu is held.
+func (b *consumption) settled(h *heldMessage, err error, last bool, before heldState) (again bool) {
+	unavailable := errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNotReplicated) && !errors.Is(err, ErrLeaseLost)
+	switch {
+	case err == nil, errors.Is(err, ErrLeaseLost):
+	case !last:
 		h.state = before
-		return
+		return unavailable
+	case unavailable && b.k.now().Before(b.patientUntil(h)):
+		h.state, h.stored = before, err
+		return true
 	}
 	h.state, h.stored = heldSettled, err
+	return false
 }
 
 // finishResults sets the result of every held message, and of every
@@ -578,9 +767,16 @@ func (b *consumption) renewOnce(ctx context.Context) time.Duration {
 		next = max(min(b.every, left/3), time.Millisecond)
 	}
 	b.rearm()
-	sctx, cancel := context.WithTimeout(ctx, next)
-	b.settle(sctx, false)
-	cancel()
+	b.renewSettling.Lock()
+	defer b.renewSettling.Unlock()
+	b.mu.Lock()
+	last := !b.lastFrom.IsZero()
+	b.mu.Unlock()
+	if !last { // the last settling settles alone
+		sctx, cancel := context.WithTimeout(ctx, next)
+		b.settle(sctx, false)
+		cancel()
+	}
 	return next
 }
 
