@@ -9,11 +9,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -244,4 +247,86 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	require.Eventually(t, b.ackedAll, 60*time.Second, 5*time.Millisecond, "every message acknowledged after the failover")
 	b.stop()
 	b.check(fmt.Sprintf("%d slots (%d of the master that failed over)", len(per), onFailing))
+}
+
+// TestConsumeWithReplicasSettlesThroughASlotMigration: on a Cluster, a store
+// made WithReplicas follows the redirects of a call itself, and gives up
+// after four of them, about 150 ms. Two messages whose records share a
+// slot are completed in one call; their handlers return while that slot
+// migrates, one record moved and the other not: the old owner answers the
+// call TRYAGAIN until the migration ends. Consume tries the completion
+// again while the claims' lease is alive: the messages are handled once
+// the migration has ended, and a redelivery is answered MessageReplayed.
+func TestConsumeWithReplicasSettlesThroughASlotMigration(t *testing.T) {
+	cl := redistest.StartCluster(t, 2, 1)
+	cc := cl.Client(t, nil)
+	ctx := context.Background()
+	// refused is closed once three tries of the completion of both
+	// messages were refused: more than Consume made before it tried again
+	// (the settle window's and the last).
+	refused := make(chan struct{})
+	var once sync.Once
+	var refusals atomic.Int32
+	s, err := NewRedisStore(cc, WithReplicas(1, time.Second))
+	require.NoError(t, err)
+	require.NoError(t, s.LoadScripts(ctx))
+	k, err := New(s, WithLease(6*time.Second), WithRetention(time.Hour), WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
+		if ev.Step == StepComplete && ev.Result == ResultUnavailable && refusals.Add(1) >= 3*2 {
+			once.Do(func() { close(refused) })
+		}
+	})))
+	require.NoError(t, err)
+	ids, _ := reshardMessages(k, 1, 2)
+	key := s.key(k.RecordID("s", ids[0]))
+
+	var runs atomic.Int32
+	running, proceed := make(chan struct{}), make(chan struct{})
+	type answer struct {
+		res []MessageResult
+		err error
+	}
+	returned := make(chan answer, 1)
+	go func() {
+		// Both outcomes go in one call: the window takes two.
+		res, err := Consume(ctx, k, "s", msgs(ids...), msgID, func(context.Context, msg) error {
+			if runs.Add(1) == 1 {
+				close(running)
+				<-proceed
+			}
+			return nil
+		}, WithSettleWindow(time.Hour, 2))
+		returned <- answer{res, err}
+	}()
+	<-running
+	// The migration of the messages' slot starts; one of their records
+	// moves.
+	m := startMigration(t, cl, cc, key)
+	keys, err := m.src.ClusterGetKeysInSlot(ctx, int(m.slot), 100).Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 2, "the two records: %q", keys)
+	host, port, err := net.SplitHostPort(m.dstAddr)
+	require.NoError(t, err)
+	require.NoError(t, m.src.Migrate(ctx, host, port, keys[0], 0, 5*time.Second).Err())
+	close(proceed)
+	select {
+	case <-refused:
+	case a := <-returned:
+		t.Fatalf("Consume returned after %d refusals of a completion: %+v, %v", refusals.Load(), a.res, a.err)
+	}
+	// Refused, the completion waits for another try: the rest of the slot
+	// moves, and the migration ends.
+	require.NoError(t, m.src.Migrate(ctx, host, port, keys[1], 0, 5*time.Second).Err())
+	m.finish(t, cl)
+	var a answer
+	select {
+	case a = <-returned:
+	case <-time.After(60 * time.Second): // a bound on a hang, not a measure
+		t.Fatal("Consume did not return")
+	}
+	require.NoError(t, a.err)
+	assert.Equal(t, []string{"handled ack=true", "handled ack=true"}, statuses(a.res), "%v", a.res)
+	res, err := Consume(ctx, k, "s", msgs(ids...), msgID, func(context.Context, msg) error { runs.Add(1); return nil })
+	require.NoError(t, err)
+	assert.Equal(t, []string{"replayed ack=true", "replayed ack=true"}, statuses(res), "%v", res)
+	assert.EqualValues(t, 2, runs.Load(), "each handler ran once")
 }

@@ -552,3 +552,41 @@ func TestConsumeSettlerTriesAgainThroughAnOutage(t *testing.T) {
 		assert.NoError(t, r.Err)
 	}
 }
+
+// TestConsumeSettlesThroughAShortOutageWithReplicas is
+// TestConsumeSettlesThroughAShortOutage on a store made WithReplicas, whose
+// completions go with WAIT on a connection of their own: a handler returns
+// while the master is unreachable for 2 s, a third of the 6 s lease; the
+// outcome is stored, and acknowledged by the replica, once the master is
+// back, and the redelivery is answered MessageReplayed.
+func TestConsumeSettlesThroughAShortOutageWithReplicas(t *testing.T) {
+	master := redistest.Start(t)
+	redistest.StartReplica(t, master.Addr)
+	p, err := faultproxy.New(master.Addr, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	s, err := NewRedisStore(redistest.NewClient(t, p.Addr()), WithReplicas(1, time.Second))
+	require.NoError(t, err)
+	k, err := New(s, WithLease(6*time.Second), WithRetention(time.Hour))
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	var runs atomic.Int32
+	outageOver := make(chan struct{})
+	handle := func(ctx context.Context, m msg) error {
+		if runs.Add(1) == 1 {
+			p.Set(faultproxy.Faults{Cut: 1})
+			p.CutAll()
+			time.AfterFunc(2*time.Second, func() { p.Set(faultproxy.Faults{}); close(outageOver) })
+		}
+		return nil
+	}
+	res, err := Consume(ctx, k, "s", msgs("m1"), msgID, handle)
+	require.NoError(t, err)
+	<-outageOver
+	assert.Equal(t, []string{"handled ack=true"}, statuses(res), "%v", res[0].Err)
+	res, err = Consume(ctx, k, "s", msgs("m1"), msgID, handle, WithWait(10*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"replayed ack=true"}, statuses(res), "%v", res[0].Err)
+	assert.EqualValues(t, 1, runs.Load(), "the handler ran once")
+}
