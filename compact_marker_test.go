@@ -174,8 +174,10 @@ func TestMarkerAnswers(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		seen := &markerEvents{}
-		k := newKeeper(t, b, WithLease(200*time.Millisecond), WithRetention(500*time.Millisecond),
-			WithMarkerRetention(time.Second), WithObserver(seen))
+		// A lease long enough that a loaded machine's stall does not end
+		// it before the handler runs; the retentions as short as it allows.
+		k := newKeeper(t, b, WithLease(600*time.Millisecond), WithRetention(1500*time.Millisecond),
+			WithMarkerRetention(3*time.Second), WithObserver(seen))
 		runs := 0
 		handle := func(ctx context.Context, m msg) error {
 			c, ok := ClaimFromContext(ctx)
@@ -205,7 +207,7 @@ func TestMarkerAnswers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, v)
 
-		b.Advance(600 * time.Millisecond) // past the retention, within the marker retention
+		b.Advance(1800 * time.Millisecond) // past the retention, within the marker retention
 		_, err = k.Begin(ctx, "s", "m1")
 		assert.ErrorIs(t, err, ErrResultExpired)
 		assert.True(t, seen.last().Marker)
@@ -219,7 +221,7 @@ func TestMarkerAnswers(t *testing.T) {
 		assert.NoError(t, again[0].Err)
 		assert.Equal(t, 1, runs)
 
-		b.Advance(600 * time.Millisecond) // past the marker retention
+		b.Advance(1800 * time.Millisecond) // past the marker retention
 		out, err = k.Begin(ctx, "s", "m1")
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim, "once the marker retention has passed, the key is free")
