@@ -303,7 +303,7 @@ func (b *consumption) start(ctx context.Context, h *heldMessage) (context.Contex
 	}
 	opCtx, cancel := context.WithCancelCause(ctx)
 	h.state, h.cancel, h.ran = heldRunning, cancel, true
-	return &opContext{Context: opCtx, c: h.claim}, true
+	return &opContext{Context: opCtx, c: h.claim, cancel: cancel}, true
 }
 
 // callHandler runs handle for the message at place, and returns its error,

@@ -74,6 +74,7 @@ func (c *Claim) keepAlive(ctx context.Context) *keepAlive {
 	ka.entry.ka = ka
 	ka.op.c = c
 	ka.op.Context, ka.cancel = context.WithCancelCause(ctx)
+	ka.op.cancel = ka.cancel
 	// A claim whose answer came late (a slow or resent claim) may have
 	// less than a third of its lease left, or none, by this process's
 	// clock: renew it before the operation starts, so that no other
@@ -150,6 +151,29 @@ type keepAlive struct {
 type opContext struct {
 	context.Context
 	c *Claim
+	// cancel cancels Context, with a cause.
+	cancel context.CancelCauseFunc
+}
+
+// errRanOutAtCheck is the cause of a lease found run out, by this
+// process's clock, when the operation asked its context for its error.
+var errRanOutAtCheck = errors.New("the lease ran out by this process's clock")
+
+// Err returns the context's error. Once the claim's lease has run out by
+// this process's clock, it first cancels the context (the cause wraps
+// ErrLeaseLost): an operation resumed past its lease (the process was
+// paused) finds its context done at its first check, before the lease
+// watch, whose timer fires late then, has cancelled it. Contexts derived
+// from it see the cancellation from then on.
+func (o *opContext) Err() error {
+	if err := o.Context.Err(); err != nil || o.cancel == nil {
+		return err
+	}
+	if !o.c.k.now().Before(o.c.localLeaseEnd()) {
+		o.cancel(fmt.Errorf("%w: %w", ErrLeaseLost, errRanOutAtCheck))
+		return o.Context.Err()
+	}
+	return nil
 }
 
 // Value returns the Claim for ClaimFromContext's key, else what the

@@ -247,3 +247,38 @@ func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	assert.Equal(t, n, ext.n.Load())
 }
+
+// An operation resumed past its lease (its process was paused: here, the
+// Keeper's clock jumps) finds its context done at its first check, before
+// the lease watch's timer has fired, with a cause wrapping ErrLeaseLost;
+// contexts derived from it are done from then on. Do and Consume alike.
+func TestResumedPastTheLeaseFindsItsContextDone(t *testing.T) {
+	b := redistest.Miniredis(t)
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	pause := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	const lease = 30 * time.Second
+	k := newKeeper(t, b, WithLease(lease), WithClock(clock))
+	ctx := context.Background()
+
+	check := func(ctx context.Context) error {
+		require.NoError(t, ctx.Err(), "within the lease")
+		pause(lease + time.Second)
+		err := ctx.Err()
+		assert.ErrorIs(t, err, context.Canceled, "done at the first check after the pause")
+		assert.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
+		derived, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		assert.Error(t, derived.Err(), "a context derived from it is done too")
+		return err
+	}
+	_, err := Do(ctx, k, "s", "do", func(ctx context.Context) (int, error) { return 0, check(ctx) })
+	require.Error(t, err)
+
+	res, err := Consume(ctx, k, "s", []string{"m"}, func(s string) string { return s }, func(ctx context.Context, _ string) error {
+		return check(ctx)
+	})
+	require.NoError(t, err)
+	assert.False(t, res[0].Status == MessageHandled, "its outcome is not stored as handled: %v", res[0].Status)
+}
