@@ -102,7 +102,7 @@ const unavailableRetryAfter = "1"
 //     stored, the body is not; the key is not released for that reason.
 //     Replays answer the stored status and headers with an
 //     application/problem+json body of type ProblemBodyNotKept in place of
-//     the body.
+//     the body (with WithErrorWriter, the writer's body).
 //   - The request repeats a finished one: the stored response is replayed:
 //     status, every header value in order, body, plus "Idempotent-Replayed:
 //     true" and a fresh Date. Set-Cookie, Authorization, WWW-Authenticate,
@@ -122,7 +122,8 @@ const unavailableRetryAfter = "1"
 //     ProblemResultExpired; the handler does not run again.
 //
 // Every answer of the middleware's own is an RFC 9457 application/problem+json
-// body with type (the Problem constants), title, status and detail.
+// body with type (the Problem constants), title, status and detail; with
+// WithErrorWriter, the API renders them in its own error shape instead.
 //
 // The middleware reports to the Keeper's Observer (idem.WithObserver), so
 // that one Observer sees every step of every request: the Keeper's own
@@ -175,6 +176,7 @@ func New(k *idem.Keeper, opts ...Option) (func(http.Handler) http.Handler, error
 		responseLimit: DefaultResponseLimit,
 		store:         DefaultStorePolicy,
 		retryAfter:    DefaultRetryAfter,
+		writeError:    WriteProblem,
 	}
 	for _, o := range opts {
 		o(m)
@@ -205,12 +207,12 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	case v.kind != 0:
-		m.refuse(w, &rep, v.kind, v.err, v.problem)
+		m.refuse(w, r, &rep, v.kind, v.err, v.problem)
 		return
 	}
 	scope, err := m.scope(r)
 	if err != nil {
-		m.refuse(w, &rep, idem.ResultRefused, err, refusal(err, ProblemScopeRefused,
+		m.refuse(w, r, &rep, idem.ResultRefused, err, refusedProblem(err, ProblemScopeRefused,
 			"This request could not be tied to a tenant or account, so it was not run."))
 		return
 	}
@@ -222,7 +224,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	case err != nil:
 		m.fail(next, w, r, &rep, scope, key, err)
 	case out.Replayed:
-		m.replay(w, &rep, out)
+		m.replay(w, r, &rep, out)
 	default:
 		m.run(next, w, r, &rep, out.Claim)
 	}
@@ -299,37 +301,37 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
-		m.refuse(w, rep, idem.ResultMismatch, err, problem{
+		m.refuse(w, r, rep, idem.ResultMismatch, err, problem{
 			Type: ProblemMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
 			Detail: "This " + m.keyName() + " was first used with another request (another method, path or body). Send a new key for a new request.",
 		})
 	case errors.As(err, &busy):
 		rep.Event.LeaseLeft = busy.RetryAfter
 		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(busy.RetryAfter), 10))
-		m.refuse(w, rep, idem.ResultInProgress, err, problem{
+		m.refuse(w, r, rep, idem.ResultInProgress, err, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "A request with this " + m.keyName() + " is still being handled. Retry later to get its response.",
 		})
 	case errors.Is(err, idem.ErrInvalidKey):
-		m.refuse(w, rep, idem.ResultInvalid, err, problem{
+		m.refuse(w, r, rep, idem.ResultInvalid, err, problem{
 			Type: ProblemKeyInvalid, Title: "Idempotency key invalid", Status: http.StatusBadRequest,
 			Detail: err.Error(),
 		})
 	case errors.Is(err, idem.ErrResultExpired):
-		m.expired(w, rep, err)
+		m.expired(w, r, rep, err)
 	case errors.Is(err, idem.ErrCorrupt):
-		m.corrupt(w, rep, err)
+		m.corrupt(w, r, rep, err)
 	case r.Context().Err() != nil:
 		// The client is gone: whether the request ran before cannot matter
 		// to it, and running it unguarded (fail-open) would let its retry
 		// run it again.
-		m.canceled(w, rep, err)
+		m.canceled(w, r, rep, err)
 	case m.failOpen:
 		rep.End(idem.ResultFailOpen, 0, err) // before the handler, which may panic
 		next.ServeHTTP(w, withRequestKey(r, tenant, key))
 	default:
 		w.Header().Set("Retry-After", unavailableRetryAfter)
-		m.refuse(w, rep, idem.ResultUnavailable, err, problem{
+		m.refuse(w, r, rep, idem.ResultUnavailable, err, problem{
 			Type: ProblemUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "Whether this request already ran cannot be checked now, so it was not run. Retry it with the same " + m.keyName() + ".",
 		})
@@ -338,8 +340,8 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 
 // expired answers a key whose request completed and whose response is not
 // kept (ErrResultExpired, or a completion with nothing to replay).
-func (m *middleware) expired(w http.ResponseWriter, rep *idem.Request, err error) {
-	m.refuse(w, rep, idem.ResultExpired, err, problem{
+func (m *middleware) expired(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+	m.refuse(w, r, rep, idem.ResultExpired, err, problem{
 		Type: ProblemResultExpired, Title: "Response no longer kept", Status: http.StatusGone,
 		Detail: "A request with this " + m.keyName() + " ran and completed; its response is no longer kept, and it was not run again. Send a new key for a new request.",
 	})
@@ -355,8 +357,8 @@ func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
 
 // canceled answers a request whose client went away before its key could be
 // checked: nothing ran.
-func (m *middleware) canceled(w http.ResponseWriter, rep *idem.Request, err error) {
-	m.refuse(w, rep, idem.ResultCanceled, err, m.canceledProblem())
+func (m *middleware) canceled(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+	m.refuse(w, r, rep, idem.ResultCanceled, err, m.canceledProblem())
 }
 
 func (m *middleware) canceledProblem() problem {
@@ -367,17 +369,34 @@ func (m *middleware) canceledProblem() problem {
 }
 
 // corrupt answers a record that cannot be read.
-func (m *middleware) corrupt(w http.ResponseWriter, rep *idem.Request, err error) {
-	m.refuse(w, rep, idem.ResultCorrupt, err, problem{
+func (m *middleware) corrupt(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+	m.refuse(w, r, rep, idem.ResultCorrupt, err, problem{
 		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
 		Detail: "The stored record of this " + m.keyName() + " cannot be read, so the request was not run.",
 	})
 }
 
-// refuse answers p and reports it.
-func (m *middleware) refuse(w http.ResponseWriter, rep *idem.Request, result idem.Result, err error, p problem) {
-	writeProblem(w, p)
-	rep.End(result, p.Status, err)
+// refuse answers p, with the error writer, and reports it: the status the
+// middleware chose, whatever the writer answers.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rep *idem.Request, result idem.Result, err error, p problem) {
+	defer rep.End(result, p.Status, err) // also when the user's writer panics
+	m.answer(w, r, Refusal{Status: p.Status, Type: p.Type, Title: p.Title, Detail: p.Detail, Result: result, Err: err})
+}
+
+// answer writes ref with the error writer: WriteProblem, or the user's
+// (WithErrorWriter), which finds nosniff with the answer's other headers on
+// w, and which answers ref.Status unless it writes a status of its own.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, ref Refusal) {
+	if !m.ownWriter {
+		writeProblem(w, problem{Type: ref.Type, Title: ref.Title, Status: ref.Status, Detail: ref.Detail})
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	aw := &answerWriter{ResponseWriter: w, status: ref.Status}
+	m.writeError(aw, r, ref)
+	if !aw.wrote {
+		aw.WriteHeader(ref.Status)
+	}
 }
 
 // bodyHeaders describe a body; a replay whose body was not kept drops them.
@@ -387,19 +406,20 @@ var bodyHeaders = []string{
 }
 
 // replay answers the stored response.
-func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.Outcome) {
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rep *idem.Request, out idem.Outcome) {
 	rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
 	if len(out.Value) == 0 {
 		// Completed with nothing to replay: a marker (a consumer's
 		// message under the same key), not a response of this middleware.
-		m.expired(w, rep, nil)
+		m.expired(w, r, rep, nil)
 		return
 	}
 	s, err := decodeResponse(out.Value)
 	if err != nil {
-		m.corrupt(w, rep, err)
+		m.corrupt(w, r, rep, err)
 		return
 	}
+	defer rep.End(idem.ResultReplayed, s.Status, nil) // also when the user's error writer panics
 	h := w.Header()
 	own := s.copyHeader(h, 3) // and room for the three headers of the replay's own
 	h[ReplayedHeader] = own.one("true")
@@ -420,9 +440,8 @@ func (m *middleware) replay(w http.ResponseWriter, rep *idem.Request, out idem.O
 		if s.Fate == bodyStreamed {
 			detail = "The first response to this " + m.keyName() + " was streamed, so its body was not kept for replays. Its status and headers are replayed; its body is not."
 		}
-		writeProblem(w, problem{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail})
+		m.answer(w, r, Refusal{Type: ProblemBodyNotKept, Title: "Response body not kept", Status: s.Status, Detail: detail, Result: idem.ResultReplayed})
 	}
-	rep.End(idem.ResultReplayed, s.Status, nil)
 }
 
 // httpDate is the time now in HTTP's format (http.TimeFormat), made once a
@@ -460,7 +479,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		// may hold it now, and the handler does not run.
 		lost := stop()
 		w.Header().Set("Retry-After", strconv.FormatInt(m.retryAfterSeconds(m.retryAfter), 10))
-		m.refuse(w, rep, idem.ResultLeaseLost, lost, problem{
+		m.refuse(w, r, rep, idem.ResultLeaseLost, lost, problem{
 			Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail: "A request with this " + m.keyName() + " is being handled by another attempt. Retry later to get its response.",
 		})

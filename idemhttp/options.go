@@ -175,6 +175,38 @@ func WithFailOpen(open bool) Option {
 	return func(m *middleware) { m.failOpen = open }
 }
 
+// WithErrorWriter sets the function that writes every answer the
+// middleware gives itself, in place of the handler's, so that an API
+// answers in its own error shape (a Stripe-shaped API:
+// {"error":{"type":"idempotency_error",...}}), and its clients' SDKs read
+// those answers as they read the API's other errors. ref says what the
+// answer is: its status, its kind (the Problem constants), a title and a
+// detail, the request's idem.Result and the cause. Default: WriteProblem,
+// RFC 9457 application/problem+json. A nil function is refused
+// (ErrInvalidConfig).
+//
+// The function is called once per answer, with the request, after the
+// middleware has set the headers of the answer on w.Header():
+// Retry-After on a 409 and a 503, X-Content-Type-Options: nosniff, and,
+// for a replay whose body was not kept (ProblemBodyNotKept), the stored
+// headers with Idempotent-Replayed and Date but without the headers that
+// describe a body (Content-Type, Content-Length, ETag...). It keeps them
+// and writes the status and a body of its own (with its Content-Type);
+// it may add headers (Stripe-Should-Retry) or remove some. It should
+// answer ref.Status: a ProblemBodyNotKept answer is a replay, whose status
+// may be a success, and whose body is the writer's too.
+//
+// The writer cannot change what the middleware did: the handler ran or
+// not, the key was stored, released or left alone before it is called.
+// The Keeper's Observer is told ref.Result and ref.Status, whatever status
+// the writer answers. A writer that writes no status answers ref.Status,
+// with the body it wrote or none: never net/http's implicit 200. A writer
+// that panics panics in the server's goroutine (net/http recovers it), and
+// the Observer is told of the request all the same.
+func WithErrorWriter(write func(w http.ResponseWriter, r *http.Request, ref Refusal)) Option {
+	return func(m *middleware) { m.writeError, m.ownWriter = write, true }
+}
+
 // middleware holds the settings of New; it is read-only once made.
 type middleware struct {
 	k             *idem.Keeper
@@ -192,6 +224,8 @@ type middleware struct {
 	waitOption    idem.Option // idem.WithWait(wait), made once by New
 	retryAfter    time.Duration
 	failOpen      bool
+	writeError    func(http.ResponseWriter, *http.Request, Refusal)
+	ownWriter     bool // writeError is the user's (WithErrorWriter), not WriteProblem
 }
 
 func (m *middleware) validate() error {
@@ -217,6 +251,8 @@ func (m *middleware) validate() error {
 		return bad("nil fingerprint function")
 	case m.store == nil:
 		return bad("nil store policy")
+	case m.writeError == nil:
+		return bad("nil error writer")
 	case m.bodyLimit <= 0:
 		return bad("body limit %d is not positive", m.bodyLimit)
 	case m.responseLimit <= 0:

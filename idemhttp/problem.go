@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/idemkit/idem"
 )
 
 // The problem types of the middleware's own answers: the "type" member of
@@ -53,9 +55,56 @@ const (
 	ProblemKeyRefused = "https://github.com/idemkit/idem/problems/key-refused"
 	// ProblemBodyNotKept (the stored status): a replay of a response whose
 	// body was too large to keep or was streamed. The stored status and
-	// headers are replayed; the body is this problem.
+	// headers are replayed; the body is this problem (with WithErrorWriter,
+	// what the writer writes).
 	ProblemBodyNotKept = "https://github.com/idemkit/idem/problems/body-not-kept"
 )
+
+// Refusal is one answer the middleware gives itself in place of the
+// handler's: a request it refused (a missing or unusable key, a body over
+// the limit, a key in progress or reused, a store it cannot reach, a record
+// it cannot read, a scope or key function's refusal, a client gone), or the
+// body of a replay whose response body was not kept (ProblemBodyNotKept).
+// The error writer (WithErrorWriter) renders it; WriteProblem, the default,
+// renders it as RFC 9457 application/problem+json.
+type Refusal struct {
+	// Status is the HTTP status the middleware chose: 400, 409, 410, 413,
+	// 422, 499 (StatusClientClosedRequest), 500, 503, or the status a
+	// *RefusedError names; for ProblemBodyNotKept, the replayed response's
+	// stored status, which may be a success (201) or allow no body (204,
+	// 304).
+	Status int
+	// Type is the kind of answer: one of the Problem constants. Several
+	// results share one type (ProblemInProgress is answered for
+	// idem.ResultInProgress and for idem.ResultLeaseLost).
+	Type string
+	// Title is a short summary of Type, the same for every answer of a
+	// type ("Request in progress").
+	Title string
+	// Detail says, in English, what happened to this request and what the
+	// client should do; it never holds the text of a scope or key
+	// function's error other than a *RefusedError's Detail.
+	Detail string
+	// Result is what the request came to, as the Keeper's Observer is
+	// told of it (idem.ResultMismatch, idem.ResultInProgress, ...;
+	// idem.ResultReplayed for ProblemBodyNotKept).
+	Result idem.Result
+	// Err is the cause, for logs: the store's error, the scope function's,
+	// idem.ErrMismatch, ...; nil when there is none (a missing key, a
+	// replay). Its text is not meant for the client.
+	Err error
+}
+
+// WriteProblem is the default error writer (see WithErrorWriter): it
+// answers ref as an RFC 9457 application/problem+json body with type,
+// title, status and detail, and X-Content-Type-Options: nosniff, with
+// ref.Status; a status that allows no body (1xx, 204, 304) is answered
+// with no body and no Content-Type. The headers already on w (Retry-After,
+// a replay's) are kept. An error writer may call it for the answers it
+// does not render itself.
+func WriteProblem(w http.ResponseWriter, r *http.Request, ref Refusal) {
+	writeProblem(w, problem{Type: ref.Type, Title: ref.Title, Status: ref.Status, Detail: ref.Detail})
+}
 
 // problem is an RFC 9457 problem details object.
 type problem struct {
@@ -81,3 +130,28 @@ func writeProblem(w http.ResponseWriter, p problem) {
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(body)
 }
+
+// answerWriter is the ResponseWriter given to an error writer of the user's:
+// a body written without a status answers status, never an implicit 200.
+type answerWriter struct {
+	http.ResponseWriter
+	status int  // the Refusal's
+	wrote  bool // a final status was written
+}
+
+func (a *answerWriter) WriteHeader(status int) {
+	if status >= 200 {
+		a.wrote = true
+	}
+	a.ResponseWriter.WriteHeader(status)
+}
+
+func (a *answerWriter) Write(b []byte) (int, error) {
+	if !a.wrote {
+		a.WriteHeader(a.status)
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// Unwrap gives http.ResponseController the ResponseWriter underneath.
+func (a *answerWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }

@@ -8,10 +8,11 @@ import (
 
 // RefusedError is an error with which a scope function (WithScope) or a key
 // function (WithKeyFunc) refuses a request: the middleware answers Status with
-// an application/problem+json body whose detail is Detail. The handler does
-// not run, Redis is not touched, and the Keeper's Observer is told of a
-// StepRequest with ResultRefused and the error. A function may return any other error: that answers 400 with a
-// generic detail.
+// an application/problem+json body whose detail is Detail (with
+// WithErrorWriter, the writer's body, given Detail as Refusal.Detail). The
+// handler does not run, Redis is not touched, and the Keeper's Observer is
+// told of a StepRequest with ResultRefused and the error. A function may
+// return any other error: that answers 400 with a generic detail.
 type RefusedError struct {
 	// Status is the status answered, from 400 to 599; any other value, zero
 	// included, answers 400.
@@ -53,11 +54,11 @@ func (e *RefusedError) status() int {
 	return http.StatusBadRequest
 }
 
-// refusal is the answer to a request that a scope or key function refused
-// with err: a problem of type typ, with the status and detail of a
+// refusedProblem is the answer to a request that a scope or key function
+// refused with err: a problem of type typ, with the status and detail of a
 // *RefusedError, else 400 and the generic detail; err's own text is never
 // shown to the client.
-func refusal(err error, typ, detail string) problem {
+func refusedProblem(err error, typ, detail string) problem {
 	p := problem{Type: typ, Title: "Request refused", Status: http.StatusBadRequest, Detail: detail}
 	var re *RefusedError
 	if errors.As(err, &re) {

@@ -141,7 +141,7 @@ func (m *middleware) identifyByFunc(r *http.Request) (string, []byte, verdict) {
 	key, err := m.keyFunc(r, body)
 	restoreBody(r, body)
 	if err != nil {
-		return key, body, verdict{kind: idem.ResultRefused, err: err, problem: refusal(err, ProblemKeyRefused,
+		return key, body, verdict{kind: idem.ResultRefused, err: err, problem: refusedProblem(err, ProblemKeyRefused,
 			"This request could not be accepted, so it was not run.")}
 	}
 	present := key != ""
