@@ -60,7 +60,7 @@ func (k *Keeper) BeginBatch(ctx context.Context, scope string, keys []string, op
 	if err != nil {
 		return nil, err
 	}
-	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers, k.policy.lease)
+	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers, k.policy.lease, false)
 }
 
 // WithFingerprints binds each key of a batch call (BeginBatch, Consume) to a
@@ -97,8 +97,11 @@ func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (s
 
 // beginBatch is BeginBatch once the options are read; fps is nil or holds
 // one fingerprint per key; compact asks the store to keep the new claims
-// compactly; lease is the claims' lease.
-func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool, lease time.Duration) ([]BatchResult, error) {
+// compactly; lease is the claims' lease. consume tells the Observer a
+// marker past the result's retention as Consume answers it: a replay
+// (ResultReplayed, Marker), not ResultExpired, since for a message it is
+// the ordinary answer of a repeat, not a result lost.
+func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool, lease time.Duration, consume bool) ([]BatchResult, error) {
 	if ctx.Err() != nil {
 		return nil, canceled(ctx, "claim")
 	}
@@ -127,7 +130,11 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 			c.scope, c.key, c.marks = scope, keys[i], compact
 		}
 		if k.observer != nil {
-			k.reportClaim(ctx, scope, id, started, nil, res.Outcome, res.Err)
+			out, err := res.Outcome, res.Err
+			if consume && errors.Is(err, ErrResultExpired) {
+				out.Replayed, err = true, nil
+			}
+			k.reportClaim(ctx, scope, id, started, nil, out, err)
 		}
 	}
 	if k.observer != nil && len(places) < len(keys) {

@@ -217,6 +217,8 @@ func TestMarkerAnswers(t *testing.T) {
 		again, err = Consume(ctx, k, "s", msgs("m1"), msgID, handle)
 		require.NoError(t, err)
 		assert.Equal(t, MessageReplayed, again[0].Status, "Consume acknowledges it: handled before")
+		assert.Equal(t, ResultReplayed, seen.last().Result, "for a message, the ordinary answer of a repeat, not a result lost")
+		assert.True(t, seen.last().Marker)
 		assert.True(t, again[0].Ack)
 		assert.NoError(t, again[0].Err)
 		assert.Equal(t, 1, runs)

@@ -140,7 +140,7 @@ func (k *Keeper) consume(ctx, stop context.Context, scope string, keys []string,
 	if s.policy.lease != 0 {
 		lease = s.policy.lease
 	}
-	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers, lease)
+	claims, err := k.beginBatch(ctx, scope, keys, s.fingerprints, k.markers, lease, true)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +218,7 @@ func (k *Keeper) awaitHolders(ctx, stop context.Context, scope string, keys []st
 				fps[j] = s.fingerprints[i]
 			}
 		}
-		claims, err := k.beginBatch(ctx, scope, sub, fps, k.markers, lease)
+		claims, err := k.beginBatch(ctx, scope, sub, fps, k.markers, lease, true)
 		if err != nil {
 			break
 		}
