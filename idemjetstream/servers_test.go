@@ -14,6 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/proc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -132,21 +133,11 @@ func startNATS(tb testing.TB) string {
 	return "nats://" + addr
 }
 
-// startRedis starts redis-server, persistence off, and returns its
-// address.
+// startRedis starts redis-server, persistence off, for the test
+// (internal/redistest) and returns its address.
 func startRedis(tb testing.TB) string {
 	tb.Helper()
-	bin := binary(tb, "redis-server", "IDEM_REQUIRE_REDIS")
-	return startServer(tb, bin, func(port int, dir string) []string {
-		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"}
-	}, func(addr string) error {
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		return c.Ping(ctx).Err()
-	})
+	return redistest.Start(tb).Addr
 }
 
 // connect returns a JetStream context on url, its connection closed in
