@@ -173,7 +173,15 @@ func TestObserverSeesALostLease(t *testing.T) {
 	opCtx, stop := out.Claim.KeepAlive(ctx)
 	<-opCtx.Done()
 	require.ErrorIs(t, stop(), ErrLeaseLost)
-	got := steps(rec.take())
+	// The loss cancels the operation and wakes stop before the Observer is
+	// told of it (StepLease): wait for that event, within a bound.
+	var got []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		got = append(got, steps(rec.take())...)
+		if len(got) >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
 	assert.Equal(t, []string{"claim:claimed", "extend:lease_lost", "lease:lease_lost"}, got)
 }
 
