@@ -263,9 +263,7 @@ func TestConsumeSettlingInDoubtIsSentAgain(t *testing.T) {
 // the handler again, Recovered.
 func TestConsumeSettlesThroughAShortOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	p, err := faultproxy.New(srv.Addr, 1)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	p := newFaultProxy(t, srv.Addr, 1)
 	c := redistest.NewClient(t, p.Addr())
 	k, err := NewRedis(c, WithLease(6*time.Second))
 	require.NoError(t, err)
@@ -312,9 +310,7 @@ func TestConsumeSettlesThroughAShortOutage(t *testing.T) {
 // the message not acknowledged, its error saying the store was unavailable.
 func TestConsumeGivesUpSettlingWhenTheLeaseRunsOut(t *testing.T) {
 	srv := redistest.Start(t)
-	p, err := faultproxy.New(srv.Addr, 1)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	p := newFaultProxy(t, srv.Addr, 1)
 	c := redistest.NewClient(t, p.Addr())
 	var tries atomic.Int32
 	lease := 1500 * time.Millisecond
@@ -528,9 +524,7 @@ func TestConsumeLastSettlingWaitsForARenewalsSettling(t *testing.T) {
 // batch returns only once the first one's outcome is stored.
 func TestConsumeSettlerTriesAgainThroughAnOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	p, err := faultproxy.New(srv.Addr, 1)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	p := newFaultProxy(t, srv.Addr, 1)
 	ctx := context.Background()
 	lease := 3 * time.Minute
 	k, err := NewRedis(redistest.NewClient(t, p.Addr()), WithLease(lease), WithRetention(time.Hour))
@@ -562,9 +556,7 @@ func TestConsumeSettlerTriesAgainThroughAnOutage(t *testing.T) {
 func TestConsumeSettlesThroughAShortOutageWithReplicas(t *testing.T) {
 	master := redistest.Start(t)
 	redistest.StartReplica(t, master.Addr)
-	p, err := faultproxy.New(master.Addr, 1)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	p := newFaultProxy(t, master.Addr, 1)
 	s, err := NewRedisStore(redistest.NewClient(t, p.Addr()), WithReplicas(1, time.Second))
 	require.NoError(t, err)
 	k, err := New(s, WithLease(6*time.Second), WithRetention(time.Hour))
