@@ -73,20 +73,31 @@ const (
 	// StepAbandon: Keeper.Abandon ended the lease of a claim known dead
 	// (ResultDone, also when there was nothing of its token to abandon).
 	StepAbandon
-	// StepStream: a StreamConsumer could not read or acknowledge entries
-	// (ResultUnavailable, with the error; it pauses and tries again), or
-	// moved a rejected entry to its dead-letter stream (the Result of the
-	// rejection: ResultInvalid, ResultMismatch, ResultCorrupt), or an entry
-	// whose deliveries ran out (WithMaxDeliveries: ResultReleased, with the
-	// handler's last error).
+	// StepStream: a consumer of a broker's stream (a StreamConsumer, or a
+	// runner on top of the Keeper such as idemjetstream's) acted on the
+	// broker. ResultUnavailable: a StreamConsumer could not read or
+	// acknowledge entries (with the error; it pauses and tries again).
+	// ResultDeadLettered: an entry or message was given up on: moved to
+	// the dead-letter stream or given to the dead-letter hook, and
+	// acknowledged or terminated; Err says why (wrapping ErrInvalidKey,
+	// ErrMismatch or ErrCorrupt for a rejection; the handler's last error
+	// for one whose deliveries ran out). ResultRemoved: a StreamConsumer
+	// removed the name of another consumer of its group, idle and holding
+	// nothing (WithIdleConsumerRemoval); ID is that name.
 	StepStream
+	// StepBacklog: a consumer of a broker's stream read its backlog as
+	// the broker counts it, Lag and Pending (ResultDone), so that an
+	// Observer can chart them as gauges. A StreamConsumer reports it as Run
+	// starts and then every 10 seconds; idemjetstream's Runner as its doc
+	// says. Neither reads it when the Keeper has no Observer.
+	StepBacklog
 )
 
 var stepNames = [...]string{
 	StepClaim: "claim", StepComplete: "complete", StepRelease: "release",
 	StepExtend: "extend", StepLease: "lease", StepCheckpoint: "checkpoint",
 	StepInspect: "inspect", StepForget: "forget", StepRequest: "request",
-	StepAbandon: "abandon", StepStream: "stream",
+	StepAbandon: "abandon", StepStream: "stream", StepBacklog: "backlog",
 }
 
 // String returns the step's name, such as "claim".
@@ -124,8 +135,7 @@ const (
 	// ResultLeaseLost: the claim is no longer the holder.
 	ResultLeaseLost
 	// ResultReleased (StepRequest): the operation ran and the key was
-	// released, so that a retry runs it again. For StepStream: an entry
-	// whose deliveries ran out was moved to the dead-letter stream.
+	// released, so that a retry runs it again.
 	ResultReleased
 	// ResultFailOpen (StepRequest): the store could not answer and the
 	// operation ran unguarded, as the layer was told to (idemhttp's
@@ -145,6 +155,13 @@ const (
 	// ResultDuplicate: the key was given earlier in the same batch
 	// (ErrDuplicate); its answer is that of its first place.
 	ResultDuplicate
+	// ResultDeadLettered (StepStream): an entry or message was given up on
+	// and kept aside (a dead-letter stream, a dead-letter hook); Err says
+	// why.
+	ResultDeadLettered
+	// ResultRemoved (StepStream): the name of an idle consumer that held
+	// nothing was removed from its group; ID is the name.
+	ResultRemoved
 )
 
 var resultNames = [...]string{
@@ -154,6 +171,7 @@ var resultNames = [...]string{
 	ResultDone: "done", ResultLeaseLost: "lease_lost", ResultReleased: "released",
 	ResultFailOpen: "fail_open", ResultTooLarge: "too_large", ResultRefused: "refused",
 	ResultExpired: "result_expired", ResultDuplicate: "duplicate",
+	ResultDeadLettered: "dead_lettered", ResultRemoved: "removed",
 }
 
 // String returns the result's name, such as "replayed".
@@ -171,7 +189,9 @@ type Event struct {
 	Step   Step
 	Result Result
 	// Scope is the call's scope. ID is the record's id, a digest of (scope,
-	// key): the client's key itself is never reported.
+	// key): the client's key itself is never reported. For StepStream,
+	// ResultRemoved, ID is the name of the consumer removed; for the other
+	// StepStream and StepBacklog events it is empty.
 	Scope, ID string
 	// Token, Attempt and Recovered describe the claim (see Claim); for a
 	// replay, Token and Attempt are the completing claim's. Zero when there
@@ -202,6 +222,17 @@ type Event struct {
 	Held time.Duration
 	// Err is the error behind the result, if any.
 	Err error
+	// Lag and Pending are, for StepBacklog, the consumer's backlog as its
+	// broker counts it; zero for the other steps. Lag is how many entries
+	// of the stream the consumer group (or JetStream consumer) has not
+	// been delivered yet: a Redis stream group's lag (XINFO GROUPS), a
+	// JetStream consumer's NumPending. It is -1 when the broker does not
+	// say: Redis before 7.0, a group whose lag Redis cannot count (entries
+	// deleted within its range), miniredis once the group has read. Pending
+	// is how many were delivered and are not acknowledged yet: the group's
+	// pending entries (XINFO GROUPS' pending, XPENDING's count), a JetStream
+	// consumer's NumAckPending.
+	Lag, Pending int64
 	// InRequest is set on the steps a Keeper takes for a request that a
 	// layer on top of it answers (idemhttp, idemgrpc): the request's claim,
 	// its completion or release, its renewals. The request's StepRequest
@@ -212,6 +243,12 @@ type Event struct {
 	// direct calls (Do, Begin, Consume).
 	InRequest bool
 }
+
+// Observer returns the Keeper's Observer (WithObserver), or nil when it has
+// none. A runner on top of the Keeper (idemjetstream) reports its own
+// steps to it (StepStream, StepBacklog), so that one Observer sees all,
+// and leaves out what costs something to measure when it is nil.
+func (k *Keeper) Observer() Observer { return k.observer }
 
 // CallInfo tells the caller of Do or Begin how its call went: set it with
 // WithCallInfo.

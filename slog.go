@@ -10,7 +10,7 @@ import (
 // record's digest: client keys are never logged), idem.token, idem.attempt,
 // idem.recovered, idem.took, and when they are set idem.held,
 // idem.lease_left, idem.status (a request's answer), idem.marker (an answer
-// from a marker) and the error.
+// from a marker), idem.lag and idem.pending (StepBacklog) and the error.
 // Durations (idem.took, idem.held, idem.lease_left) are logged as Go
 // duration strings, such as "1.5ms", by every handler alike (JSONHandler
 // would print a time.Duration as integer nanoseconds); time.ParseDuration
@@ -18,10 +18,11 @@ import (
 //
 // Levels: replays, claims, in-progress answers, cancellations and steps
 // that went through at Debug; mismatches, invalid keys, bodies over the
-// limit and refused requests (client errors) at Info; a recovered claim (an
-// earlier attempt may have partly run), a lost lease, an unavailable store
-// and a request run unguarded for it (fail open) at Warn; a corrupt record
-// at Error.
+// limit and refused requests (client errors), and a consumer name removed
+// from its group, at Info; a recovered claim (an earlier attempt may have
+// partly run), a lost lease, an unavailable store, a request run unguarded
+// for it (fail open) and a dead-lettered entry at Warn; a corrupt record at
+// Error. A consumer's backlog (StepBacklog) is logged at Debug.
 //
 // A request that a layer answers (idemhttp, idemgrpc) writes one line at
 // Debug, its own (idem.step "request"): it carries the outcome, the status
@@ -67,6 +68,9 @@ func SlogObserver(logger *slog.Logger, contextAttrs func(context.Context) []slog
 		if ev.Marker {
 			attrs = append(attrs, slog.Bool("idem.marker", true))
 		}
+		if ev.Step == StepBacklog {
+			attrs = append(attrs, slog.Int64("idem.lag", ev.Lag), slog.Int64("idem.pending", ev.Pending))
+		}
 		if ev.Err != nil {
 			attrs = append(attrs, slog.String("error", ev.Err.Error()))
 		}
@@ -82,9 +86,9 @@ func slogLevel(ev Event) slog.Level {
 	switch ev.Result {
 	case ResultCorrupt:
 		return slog.LevelError
-	case ResultRecovered, ResultLeaseLost, ResultUnavailable, ResultFailOpen:
+	case ResultRecovered, ResultLeaseLost, ResultUnavailable, ResultFailOpen, ResultDeadLettered:
 		return slog.LevelWarn
-	case ResultMismatch, ResultInvalid, ResultTooLarge, ResultRefused, ResultExpired:
+	case ResultMismatch, ResultInvalid, ResultTooLarge, ResultRefused, ResultExpired, ResultRemoved:
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug

@@ -198,7 +198,60 @@ func (c *StreamConsumer) forgetIdle(ctx context.Context) []string {
 		err = storeError(ctx, "xgroup delconsumer", err)
 		c.report(ctx, errorResult(err), err)
 	}
+	if c.k.observer != nil {
+		for _, n := range names {
+			c.k.observer.Observe(ctx, Event{Step: StepStream, Result: ResultRemoved, Scope: c.scope, ID: n})
+		}
+	}
 	return names
+}
+
+// backlogEvery is how often a StreamConsumer reports its backlog
+// (StepBacklog), by the Keeper's clock.
+const backlogEvery = 10 * time.Second
+
+// streamBacklog answers the pending entries and the lag of a group
+// (ARGV[1]) of a stream (KEYS[1]), from XINFO GROUPS: {pending, lag}, lag
+// -1 when the server does not give it (before Redis 7.0; null when Redis
+// cannot count it) or gives it without the count it rests on (an
+// entries-read of null once the group has read: miniredis, whose lag is
+// then the stream's length); false when there is no such group.
+var streamBacklog = redis.NewScript(streamBacklogSrc)
+
+const streamBacklogSrc = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  if f['name'] == ARGV[1] then
+    local lag = -1
+    if type(f['lag']) == 'number' and (type(f['entries-read']) == 'number' or f['last-delivered-id'] == '0-0') then
+      lag = f['lag']
+    end
+    return {f['pending'], lag}
+  end
+end
+return false
+`
+
+// backlog tells the Keeper's Observer the group's backlog (StepBacklog),
+// or, when it cannot be read, that the store is unavailable (StepStream).
+func (c *StreamConsumer) backlog(ctx context.Context) {
+	started := c.k.now()
+	v, err := streamBacklog.Run(ctx, c.client, []string{c.stream}, c.group).Int64Slice()
+	if errors.Is(err, redis.Nil) {
+		return // no group: Run creates it, or it was deleted
+	}
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("XINFO GROUPS answered %v", v)
+	}
+	if err != nil {
+		err = storeError(ctx, "xinfo groups", err)
+		c.report(ctx, errorResult(err), err)
+		return
+	}
+	c.k.observer.Observe(ctx, Event{Step: StepBacklog, Result: ResultDone, Scope: c.scope,
+		Pending: v[0], Lag: v[1], Took: c.k.now().Sub(started)})
 }
 
 // streamBlock is how long one XREADGROUP waits for entries: it bounds how
@@ -232,9 +285,17 @@ const streamBlock = time.Second
 // is a failure of its entry (MessageRetry, with an error that holds the
 // panic's value and stack), not of Run: the batch goes on.
 //
-// A stream command or a Consume that fails with ErrUnavailable is reported
-// to the Keeper's Observer (StepStream, ResultUnavailable) and tried again
-// after a pause that doubles from 10 ms up to a second. When ctx is done,
+// The Keeper's Observer, if any, is told, beside the steps of Consume:
+// each entry moved to the dead-letter stream, once it is there
+// (StepStream, ResultDeadLettered, Err why); each consumer name removed
+// (StepStream, ResultRemoved, ID the name); and the group's backlog
+// (StepBacklog: Lag, XINFO GROUPS' lag, -1 where the server does not give
+// it; Pending, the group's pending entries), as Run starts and then every
+// 10 seconds (by the Keeper's clock), in one read (XINFO GROUPS) that is
+// not made without an Observer. A stream command or a Consume that fails
+// with ErrUnavailable is reported to the Observer (StepStream,
+// ResultUnavailable) and tried again after a pause that doubles from 10 ms
+// up to a second. When ctx is done,
 // no further entry is read nor handler started; the handlers under way run
 // to the end with a context that is not cancelled, and their outcomes are
 // stored and acknowledged; entries read but not started are released for
@@ -253,7 +314,7 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 	hctx := context.WithoutCancel(ctx)
 	pause := time.Duration(0)
 	backlog := "0" // this name's own pending entries first, read once: the id to read after; "" once read
-	var sweepAt time.Time
+	var sweepAt, backlogAt time.Time
 	cursor := "0-0"
 	for ctx.Err() == nil {
 		if pause > 0 {
@@ -264,6 +325,10 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 				return ctx.Err()
 			case <-t.C:
 			}
+		}
+		if now := c.k.now(); c.k.observer != nil && !now.Before(backlogAt) {
+			backlogAt = now.Add(backlogEvery)
+			c.backlog(hctx)
 		}
 		var msgs []redis.XMessage
 		var err error
@@ -371,6 +436,7 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 		return err
 	}
 	var ack []string
+	var dead []error // why each entry added to the dead-letter stream was
 	pipe := c.client.Pipeline()
 	deadLetter := func(i int, why error) {
 		values := make(map[string]any, len(msgs[i].Values)+4)
@@ -383,6 +449,7 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 		}
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: c.deadLetter, Values: values})
 		ack = append(ack, msgs[i].ID)
+		dead = append(dead, why)
 	}
 	for i, r := range res {
 		switch {
@@ -390,7 +457,6 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 			ack = append(ack, msgs[i].ID)
 		case r.Status == MessageRejected:
 			deadLetter(i, r.Err)
-			c.report(ctx, errorResult(r.Err), r.Err)
 		case r.Status == MessageRetry && r.Ran && delivered(i) >= c.maxDeliveries &&
 			!errors.Is(r.Err, ErrLeaseLost) && !errors.Is(r.Err, ErrUnavailable):
 			// Its handler ran here, holding its key, and failed: its
@@ -398,7 +464,6 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 			// holder; an outcome not stored, which may be a success, to
 			// the next delivery.)
 			deadLetter(i, r.Err)
-			c.report(ctx, ResultReleased, r.Err)
 		}
 	}
 	if len(ack) > 0 {
@@ -408,6 +473,9 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 		if _, perr := pipe.Exec(ctx); perr != nil {
 			return errors.Join(err, storeError(ctx, "xack", perr))
 		}
+	}
+	for _, why := range dead {
+		c.report(ctx, ResultDeadLettered, why)
 	}
 	return err
 }

@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,7 +25,8 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client
 		lease := 300 * time.Millisecond
-		k := newKeeper(t, b, WithLease(lease), WithRetention(time.Hour))
+		rec := &recorder{}
+		k := newKeeper(t, b, WithLease(lease), WithRetention(time.Hour), WithObserver(rec))
 		add := func(id string) {
 			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": id}}).Err())
 		}
@@ -76,6 +79,10 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 		require.Len(t, dl, 1)
 		assert.Equal(t, "", dl[0].Values["id"])
 		assert.Contains(t, dl[0].Values["idem-error"], "key")
+		evs := rec.of(StepStream, ResultDeadLettered)
+		require.Len(t, evs, 1, "the Observer is told of the dead letter")
+		assert.ErrorIs(t, evs[0].Err, ErrInvalidKey)
+		assert.Equal(t, "s g", evs[0].Scope)
 	})
 }
 
@@ -133,7 +140,16 @@ func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client
 		const idle = 1500 * time.Millisecond
-		k := newKeeper(t, b, WithLease(10*time.Second), WithRetention(time.Hour))
+		rec := &recorder{}
+		k := newKeeper(t, b, WithLease(10*time.Second), WithRetention(time.Hour), WithObserver(rec))
+		removed := func() []string {
+			var names []string
+			for _, ev := range rec.of(StepStream, ResultRemoved) {
+				assert.Equal(t, "s g", ev.Scope)
+				names = append(names, ev.ID)
+			}
+			return names
+		}
 		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
 		read := func(consumer string, ack bool) {
 			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": consumer}}).Err())
@@ -160,6 +176,7 @@ func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
 		sc, err := NewStreamConsumer(k, c, "s", "g", "c", WithIdleConsumerRemoval(idle))
 		require.NoError(t, err)
 		assert.Equal(t, []string{"gone"}, sc.forgetIdle(ctx))
+		assert.Equal(t, []string{"gone"}, removed(), "the Observer is told of the removal, by name")
 		assert.Equal(t, map[string]int64{"holder": 1, "c": 0, "restarted": 0}, consumerNames(t, c),
 			"the holder keeps its pending entry; the others are kept")
 
@@ -184,6 +201,7 @@ func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
 		}
 		stop()
 		require.ErrorIs(t, <-done, context.Canceled)
+		assert.Equal(t, []string{"gone", "gone-too"}, removed())
 	})
 }
 
@@ -277,7 +295,8 @@ func TestStreamConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client
 		lease := 300 * time.Millisecond
-		k := newKeeper(t, b, WithLease(lease))
+		rec := &recorder{}
+		k := newKeeper(t, b, WithLease(lease), WithObserver(rec))
 		ids := map[string]string{} // the entries' ids, by their idem key
 		add := func(key string) {
 			id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": key}}).Result()
@@ -384,5 +403,160 @@ func TestStreamConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 			assert.Equal(t, want.deliveries, v["idem-deliveries"], key)
 			assert.Contains(t, v["idem-error"], want.err, key)
 		}
+		var why []string
+		for _, ev := range rec.of(StepStream, ResultDeadLettered) {
+			why = append(why, ev.Err.Error())
+		}
+		require.Len(t, why, 4, "the Observer is told of each dead letter: %q", why)
+		for _, want := range []string{"downstream refused", "the handler panicked: boom", "delivered 4 times"} {
+			assert.True(t, slices.ContainsFunc(why, func(w string) bool { return strings.Contains(w, want) }), "%q in %q", want, why)
+		}
 	})
+}
+
+// of returns the events of step and result told so far, leaving them.
+func (r *recorder) of(step Step, result Result) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Event
+	for _, ev := range r.evs {
+		if ev.Step == step && ev.Result == result {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// offsetClock is time.Now moved forward by what Advance adds.
+type offsetClock struct{ offset atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *offsetClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// TestStreamConsumerReportsItsBacklog: a stream of 10 entries whose group
+// has delivered 4 (to another consumer, which holds them): as Run starts,
+// before it reads, the Observer is told the group's lag, 6 (-1 on
+// miniredis, whose lag is not the group's), and its pending entries, 4;
+// once Run has handled the 6, the next report, 10 seconds later by the
+// Keeper's clock and not before, says lag 0 and still 4 pending.
+func TestStreamConsumerReportsItsBacklog(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		rec := &recorder{}
+		clock := &offsetClock{}
+		k := newKeeper(t, b, WithObserver(rec), WithClock(clock.Now))
+		for i := range 10 {
+			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"n": i}}).Err())
+		}
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "other", Streams: []string{"s", ">"}, Count: 4}).Result()
+		require.NoError(t, err)
+		require.Len(t, got[0].Messages, 4)
+
+		sc, err := NewStreamConsumer(k, c, "s", "g", "c")
+		require.NoError(t, err)
+		var handled atomic.Int32
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error {
+				handled.Add(1)
+				return nil
+			})
+		}()
+		wantLag := func(lag int64) int64 {
+			if !b.Real {
+				return -1
+			}
+			return lag
+		}
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for handled.Load() < 6 || p(t, c) != 4 {
+			require.True(t, time.Now().Before(deadline), "handled %d", handled.Load())
+			time.Sleep(5 * time.Millisecond)
+		}
+		evs := rec.of(StepBacklog, ResultDone)
+		require.Len(t, evs, 1, "one report as Run starts, none before 10 s")
+		assert.Equal(t, "s g", evs[0].Scope)
+		assert.Equal(t, wantLag(6), evs[0].Lag, "6 entries not delivered to the group")
+		assert.EqualValues(t, 4, evs[0].Pending, "4 delivered to the other consumer, not acknowledged")
+
+		clock.Advance(backlogEvery)
+		for len(rec.of(StepBacklog, ResultDone)) < 2 {
+			require.True(t, time.Now().Before(deadline), "no second report")
+			time.Sleep(5 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled)
+		evs = rec.of(StepBacklog, ResultDone)
+		assert.Len(t, evs, 2)
+		assert.Equal(t, wantLag(0), evs[1].Lag, "every entry delivered")
+		assert.EqualValues(t, 4, evs[1].Pending, "the other consumer's 4 are still pending")
+		assert.Empty(t, rec.of(StepStream, ResultUnavailable))
+	})
+}
+
+// TestStreamConsumerReadsNoBacklogUnobserved: without an Observer, Run
+// never reads XINFO GROUPS.
+func TestStreamConsumerReadsNoBacklogUnobserved(t *testing.T) {
+	b := redistest.Miniredis(t)
+	ctx := context.Background()
+	reads := &backlogReads{}
+	b.Client.AddHook(reads)
+	k := newKeeper(t, b)
+	require.NoError(t, b.Client.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"n": 1}}).Err())
+	sc, err := NewStreamConsumer(k, b.Client, "s", "g", "c")
+	require.NoError(t, err)
+	var handled atomic.Int32
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error { handled.Add(1); return nil })
+	}()
+	deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+	for handled.Load() < 1 {
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	require.ErrorIs(t, <-done, context.Canceled)
+	assert.Zero(t, reads.n.Load())
+}
+
+// backlogReads is a go-redis hook that counts the runs of streamBacklog.
+type backlogReads struct{ n atomic.Int32 }
+
+func (h *backlogReads) count(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		for _, a := range cmd.Args() {
+			if a == streamBacklog.Hash() || a == streamBacklogSrc {
+				h.n.Add(1)
+			}
+		}
+	}
+}
+
+func (h *backlogReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *backlogReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *backlogReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.count(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// p is the count of the pending entries of group g of stream s.
+func p(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	x, err := c.XPending(context.Background(), "s", "g").Result()
+	require.NoError(t, err)
+	return x.Count
 }
