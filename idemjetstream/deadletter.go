@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemkit/idem"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -134,10 +135,12 @@ func headerValue(s string) string {
 // the error handler) why, then terminates m. last says m was at its last
 // delivery; a hook's error then terminates it all the same, otherwise m is
 // Nak'ed with the retry delay, for the hook to be tried again.
+// Once Term is sent, the Keeper's Observer is told (idem.StepStream,
+// idem.ResultDeadLettered).
 func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, reason error, last bool) error {
 	if r.s.deadLetter == nil {
 		r.report(fmt.Errorf("idemjetstream: terminated %s: %w", describe(m), reason))
-		return m.Term()
+		return r.term(ctx, m, reason)
 	}
 	if err := r.s.deadLetter(context.WithoutCancel(ctx), m, reason); err != nil {
 		r.report(fmt.Errorf("idemjetstream: dead letter of %s: %w", describe(m), err))
@@ -145,7 +148,19 @@ func (r *Runner) deadLetter(ctx context.Context, m jetstream.Msg, reason error, 
 			return nak(m, r.s.retryDelay)
 		}
 	}
-	return m.Term()
+	return r.term(ctx, m, reason)
+}
+
+// term terminates m, given up on for reason, and tells the Keeper's
+// Observer once Term is sent.
+func (r *Runner) term(ctx context.Context, m jetstream.Msg, reason error) error {
+	if err := m.Term(); err != nil {
+		return err
+	}
+	if o := r.observer(); o != nil {
+		o.Observe(ctx, idem.Event{Step: idem.StepStream, Result: idem.ResultDeadLettered, Scope: r.scope, Err: reason})
+	}
+	return nil
 }
 
 // describe names m in a report: its stream, stream sequence and delivery.

@@ -21,7 +21,15 @@ import (
 // message for the next delivery.
 func TestRunDeadLetters(t *testing.T) {
 	_, js := connect(t, startNATS(t))
-	keeper, _ := miniKeeper(t)
+	var observed []error // the reasons of the dead letters the Observer was told of
+	var omu sync.Mutex
+	keeper, _ := miniKeeper(t, idem.WithObserver(idem.ObserverFunc(func(ctx context.Context, ev idem.Event) {
+		if ev.Step == idem.StepStream && ev.Result == idem.ResultDeadLettered && ev.Scope == "dl" {
+			omu.Lock()
+			defer omu.Unlock()
+			observed = append(observed, ev.Err)
+		}
+	})))
 	cons := stream(t, js, "DL", jetstream.StreamConfig{}, jetstream.ConsumerConfig{AckWait: 30 * time.Second, MaxDeliver: 2})
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "DEAD", Subjects: []string{"dead.>"}}); err != nil {
 		t.Fatal(err)
@@ -107,6 +115,20 @@ func TestRunDeadLetters(t *testing.T) {
 	if len(reasons) != 3 {
 		t.Errorf("the hook was told of %d messages (%v), want bad, poison and panics", len(reasons), reasons)
 	}
+	omu.Lock()
+	var invalid, ranOut int
+	for _, err := range observed {
+		switch {
+		case errors.Is(err, idem.ErrInvalidKey):
+			invalid++
+		case errors.Is(err, idemjetstream.ErrMaxDeliveries):
+			ranOut++
+		}
+	}
+	if len(observed) != 3 || invalid != 1 || ranOut != 2 {
+		t.Errorf("the Observer was told of dead letters %v, want bad's (an invalid key) once, poison's and panics' (deliveries ran out)", observed)
+	}
+	omu.Unlock()
 
 	// The dead-letter stream holds one letter each, with the message.
 	dead, err := js.OrderedConsumer(context.Background(), "DEAD", jetstream.OrderedConsumerConfig{})

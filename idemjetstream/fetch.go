@@ -41,12 +41,17 @@ func (r *Runner) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 // stillThere returns jetstream.ErrConsumerNotFound when the consumer has
 // been deleted, nil otherwise: a pull request to a deleted consumer is
 // answered by nothing, not by an error, unless it was waiting when the
-// consumer went.
+// consumer went. The consumer's info it reads is reported as its backlog.
 func (r *Runner) stillThere(ctx context.Context) error {
+	started := time.Now()
 	ictx, cancel := context.WithTimeout(ctx, idleWait)
 	defer cancel()
-	if _, err := r.consumer.Info(ictx); errors.Is(err, jetstream.ErrConsumerNotFound) {
+	info, err := r.consumer.Info(ictx)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return err
+	}
+	if err == nil {
+		r.observeBacklog(ctx, info, time.Since(started))
 	}
 	return nil
 }

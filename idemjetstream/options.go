@@ -130,7 +130,8 @@ func WithRetryDelay(d time.Duration) Option {
 // InProgress that could not be sent (the message then comes again after the
 // AckWait, and is answered as handled before); a message terminated while
 // no dead-letter hook is set (WithDeadLetter; the error names the message
-// and wraps the reason), and a dead-letter hook's error. It may be called from
+// and wraps the reason), a dead-letter hook's error, and a request for the
+// consumer's info, to report its backlog, that failed. It may be called from
 // several goroutines at once, and must be quick. Default: none.
 func WithErrorHandler(f func(err error)) Option {
 	return func(s *settings) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -36,6 +38,10 @@ type Runner struct {
 	// maxDeliver is the consumer's MaxDeliver when New read it; 0 or less:
 	// no limit.
 	maxDeliver int
+	// backlogAt is when the backlog is next to be reported to the
+	// Keeper's Observer (Unix nanoseconds; 0: at once), shared by the Runs
+	// under way so that one of them reads it.
+	backlogAt atomic.Int64
 }
 
 // New returns a Runner that handles the messages of consumer with handle,
@@ -176,6 +182,18 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //     batch (misuse): nothing is claimed, and its messages are Nak'ed with
 //     the retry delay (dead-lettered at their last delivery).
 //
+// The Keeper's Observer, if any, is told, beside the steps of idem.Consume:
+// each message dead-lettered and terminated, once Term is sent
+// (idem.StepStream, idem.ResultDeadLettered, Err the reason); and the
+// consumer's backlog (idem.StepBacklog: Lag, the consumer's NumPending,
+// the messages of its stream not yet delivered to it; Pending, its
+// NumAckPending, those delivered and not acknowledged), from the
+// consumer's info: as Run starts, every 10 seconds while messages come
+// (one request to the server, not made without an Observer), and after
+// each wait of 5 seconds that brought none (the request that checks the
+// consumer still exists). An info request that fails is given to the
+// error handler.
+//
 // A handler's panic is a failure of its message, not of Run: it is
 // recovered, its message settled as for a handler's error (an error that
 // holds the panic's value and stack: NakWithDelay, or dead-lettered at its
@@ -188,6 +206,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		r.backlog(ctx)
 		msgs, err := r.fetch(ctx)
 		backoff := false
 		if len(msgs) > 0 {
@@ -237,4 +256,55 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// observer returns the Keeper's Observer, nil when there is none (or no
+// Keeper: a Runner made by a test of settling).
+func (r *Runner) observer() idem.Observer {
+	if r.keeper == nil {
+		return nil
+	}
+	return r.keeper.Observer()
+}
+
+// backlogEvery is how often, at most, a Runner reads its consumer's info
+// to report the backlog (idem.StepBacklog).
+const backlogEvery = 10 * time.Second
+
+// backlog reports the consumer's backlog to the Keeper's Observer when it
+// is due (backlogEvery since the last report), reading the consumer's
+// info; one of several Runs under way reads it.
+func (r *Runner) backlog(ctx context.Context) {
+	if r.observer() == nil {
+		return
+	}
+	started := time.Now()
+	next := r.backlogAt.Load()
+	if started.UnixNano() < next || !r.backlogAt.CompareAndSwap(next, started.Add(backlogEvery).UnixNano()) {
+		return
+	}
+	ictx, cancel := context.WithTimeout(ctx, idleWait)
+	info, err := r.consumer.Info(ictx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.report(fmt.Errorf("idemjetstream: consumer info: %w", err))
+		}
+		return
+	}
+	r.observeBacklog(ctx, info, time.Since(started))
+}
+
+// observeBacklog tells the Keeper's Observer, if any, the backlog in info,
+// read in took, and puts the next report backlogEvery later.
+func (r *Runner) observeBacklog(ctx context.Context, info *jetstream.ConsumerInfo, took time.Duration) {
+	o := r.observer()
+	if o == nil {
+		return
+	}
+	r.backlogAt.Store(time.Now().Add(backlogEvery).UnixNano())
+	o.Observe(ctx, idem.Event{
+		Step: idem.StepBacklog, Result: idem.ResultDone, Scope: r.scope,
+		Lag: int64(min(info.NumPending, math.MaxInt64)), Pending: int64(info.NumAckPending), Took: took,
+	})
 }

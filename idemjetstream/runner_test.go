@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -344,6 +345,86 @@ func TestRunReportsToTheObserver(t *testing.T) {
 	defer mu.Unlock()
 	if seen["claim/claimed"] != 10 || seen["claim/replayed"] != 1 || seen["complete/done"] == 0 {
 		t.Errorf("the Observer saw %v, want 10 claim/claimed, 1 claim/replayed and completions", seen)
+	}
+}
+
+// TestRunReportsTheBacklog: a stream of 10 messages, 4 of them delivered
+// to another client of the consumer and held: as Run starts, before it
+// fetches, the Observer is told the consumer's backlog, 6 not delivered
+// (NumPending) and 4 not acknowledged (NumAckPending); once Run has
+// handled the 6 and the other client acknowledged its 4, the report after
+// a wait that brought nothing says 0 and 0.
+func TestRunReportsTheBacklog(t *testing.T) {
+	_, js := connect(t, startNATS(t))
+	var mu sync.Mutex
+	var backlog []idem.Event
+	events := func() []idem.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(backlog)
+	}
+	keeper, _ := miniKeeper(t, idem.WithObserver(idem.ObserverFunc(func(ctx context.Context, ev idem.Event) {
+		if ev.Step == idem.StepBacklog {
+			mu.Lock()
+			defer mu.Unlock()
+			backlog = append(backlog, ev)
+		}
+	})))
+	cons := stream(t, js, "LAG", jetstream.StreamConfig{}, jetstream.ConsumerConfig{AckWait: 30 * time.Second})
+	for i := range 10 {
+		publish(t, js, "LAG.x", fmt.Sprint("m", i))
+	}
+	b, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []jetstream.Msg
+	for m := range b.Messages() {
+		held = append(held, m)
+	}
+	if len(held) != 4 {
+		t.Fatalf("the other client fetched %d messages, want 4", len(held))
+	}
+	var c counter
+	r, err := idemjetstream.New(keeper, "lag", cons, func(ctx context.Context, m jetstream.Msg) error {
+		c.add(m.Headers().Get(jetstream.MsgIDHeader))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+	for c.len() < 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Run handled %d messages, want 6", c.len())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	first := events()
+	if len(first) == 0 {
+		t.Fatal("no backlog reported as Run started")
+	}
+	if ev := first[0]; ev.Result != idem.ResultDone || ev.Scope != "lag" || ev.Lag != 6 || ev.Pending != 4 {
+		t.Errorf("the first backlog report is %+v, want done, scope lag, Lag 6, Pending 4", ev)
+	}
+	for _, m := range held {
+		if err := m.DoubleAck(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		evs := events()
+		if ev := evs[len(evs)-1]; ev.Lag == 0 && ev.Pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no backlog report of 0 and 0: %+v", evs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v, want context.Canceled", err)
 	}
 }
 
