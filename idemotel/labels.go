@@ -43,7 +43,7 @@ func newLabel(step idem.Step, result idem.Result) *label {
 
 // labelTable holds a label for every (step, result) below its bounds, which
 // leave room above idem's steps and results.
-type labelTable [12][20]*label
+type labelTable [16][24]*label
 
 func newLabelTable() labelTable {
 	var t labelTable

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
@@ -54,7 +55,7 @@ func (o *Observer) Observe(ctx context.Context, ev idem.Event) {
 	end := time.Now()
 	l := o.labels.get(ev.Step, ev.Result)
 	o.metrics.record(ctx, ev, l)
-	if o.tracer != nil {
+	if o.tracer != nil && ev.Step != idem.StepBacklog {
 		o.span(ctx, ev, l, end)
 	}
 }
@@ -65,6 +66,9 @@ type instruments struct {
 	stepDuration metric.Float64Histogram
 	inProgress   metric.Float64Histogram
 	leaseLosses  metric.Int64Counter
+	// lag and pending are a consumer's backlog (idem.StepBacklog), by
+	// idem.scope.
+	lag, pending metric.Int64Gauge
 }
 
 // Bucket boundaries, in seconds: a step is a Redis round trip (or a claim's
@@ -76,7 +80,7 @@ var (
 
 // create makes the instruments on m, and returns the errors m reported.
 func (in *instruments) create(m metric.Meter) error {
-	var errs [4]error
+	var errs [6]error
 	in.steps, errs[0] = m.Int64Counter("idem.steps", metric.WithUnit("{step}"),
 		metric.WithDescription("Steps of an idem Keeper (claim, complete, release, extend, lease, checkpoint, inspect, forget) and requests of the layers on it, by step and result."))
 	in.stepDuration, errs[1] = m.Float64Histogram("idem.step.duration", metric.WithUnit("s"),
@@ -87,6 +91,10 @@ func (in *instruments) create(m metric.Meter) error {
 		metric.WithExplicitBucketBoundaries(heldBuckets...))
 	in.leaseLosses, errs[3] = m.Int64Counter("idem.lease.losses", metric.WithUnit("{loss}"),
 		metric.WithDescription("Claims that learned they were no longer the holder: a completion or release refused, or a lease KeepAlive found lost."))
+	in.lag, errs[4] = m.Int64Gauge("idem.consumer.lag", metric.WithUnit("{message}"),
+		metric.WithDescription("Entries of a stream not yet delivered to a consumer's group (Redis Streams: XINFO GROUPS lag; JetStream: NumPending), by idem.scope, as the consumer last read it."))
+	in.pending, errs[5] = m.Int64Gauge("idem.consumer.pending", metric.WithUnit("{message}"),
+		metric.WithDescription("Entries delivered to a consumer's group and not acknowledged (Redis Streams: the group's pending entries; JetStream: NumAckPending), by idem.scope, as the consumer last read it."))
 	return errors.Join(errs[:]...)
 }
 
@@ -99,6 +107,13 @@ func (in *instruments) record(ctx context.Context, ev idem.Event, l *label) {
 		if ev.Result == idem.ResultLeaseLost {
 			in.leaseLosses.Add(ctx, 1, l.add...)
 		}
+	}
+	if ev.Step == idem.StepBacklog && ev.Result == idem.ResultDone {
+		scope := metric.WithAttributeSet(attribute.NewSet(keyScope.String(ev.Scope)))
+		if ev.Lag >= 0 {
+			in.lag.Record(ctx, ev.Lag, scope)
+		}
+		in.pending.Record(ctx, ev.Pending, scope)
 	}
 }
 
