@@ -8,8 +8,11 @@ import (
 
 // Observer is told of every step a Keeper takes: each claim (Begin, Do,
 // BeginBatch), completion, release, lease extension, lease loss, checkpoint,
-// inspection and forget, once per call; and of every request a layer on
-// top of the Keeper answers (idemhttp, idemgrpc), through a Request. It
+// inspection and forget, once per call; of every request a layer on
+// top of the Keeper answers (idemhttp, idemgrpc), through a Request; and
+// of what a consumer runner (StreamConsumer, idemjetstream) does on its
+// broker: dead letters, removed consumer names, its backlog (StepStream,
+// StepBacklog). It
 // runs on the caller's goroutine, so it must be quick and safe for
 // concurrent use. Set it with WithObserver; without one, nothing is
 // measured or reported.

@@ -14,10 +14,11 @@
 //	idem.lease.losses           Int64Counter      {loss}  claims that learned they were no longer the holder
 //
 // A consumer of a broker's stream (idem.StreamConsumer, idemjetstream's
-// Runner) reports its backlog (idem.StepBacklog) as it starts and every 10
-// seconds; each report sets two gauges, whose one attribute is idem.scope,
-// the consumer's scope (a Redis stream's "<stream> <group>", the scope
-// given to idemjetstream.New): one series per consumer group, however many
+// Runner) reports its backlog (idem.StepBacklog) as it starts and then
+// every 10 seconds (idemjetstream's also after each idle wait); each
+// report sets two gauges, whose one attribute is idem.scope, the
+// consumer's scope (a Redis stream's "<stream> <group>", the scope given
+// to idemjetstream.New): one series per consumer group, however many
 // processes run it.
 //
 //	idem.consumer.lag           Int64Gauge        {message}  entries not yet delivered to the group (XINFO GROUPS lag; JetStream NumPending)
