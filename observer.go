@@ -79,7 +79,8 @@ const (
 	// StepStream: a consumer of a broker's stream (a StreamConsumer, or a
 	// runner on top of the Keeper such as idemjetstream's) acted on the
 	// broker. ResultUnavailable: a StreamConsumer could not read or
-	// acknowledge entries (with the error; it pauses and tries again).
+	// acknowledge entries (with the error; it pauses and tries again), or
+	// read its backlog (StepBacklog).
 	// ResultDeadLettered: an entry or message was given up on: moved to
 	// the dead-letter stream or given to the dead-letter hook, and
 	// acknowledged or terminated; Err says why (wrapping ErrInvalidKey,
