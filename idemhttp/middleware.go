@@ -51,7 +51,8 @@ const unavailableRetryAfter = "1"
 // work; the middleware itself never panics on its own account.
 //
 // Requests whose method is not guarded (WithMethods; default POST and PATCH)
-// pass straight through. For a guarded request:
+// pass straight through, and a key they carry is ignored (a DELETE's, say:
+// see WithMethods). For a guarded request:
 //
 //   - The key is the header's value (WithKeyHeader); a quoted string
 //     (`"abc"`, the draft's Structured Field form) means its content. No
@@ -97,6 +98,14 @@ const unavailableRetryAfter = "1"
 //     handler that returns after the client went away (its request context
 //     is done) without having written a 2xx or 3xx status: a success written
 //     after the client left is stored, because its side effect happened.
+//   - The handler called ExecutionBegan (its side effect happened or is
+//     about to): its response is stored whatever its status and the store
+//     policy, a 5xx included, and so is one written after the client went
+//     away. A panic after it stores a 500 of the middleware's own
+//     (ProblemExecutionFailed, through the error writer) in place of the
+//     response, then goes on; so does, without the panic, a handler that
+//     returns without having written a status after its client went
+//     away. Retries get the stored answer; the handler does not run again.
 //   - A response body larger than WithResponseLimit (default 1 MiB), or one
 //     the handler flushed while writing it: the status and headers are
 //     stored, the body is not; the key is not released for that reason.
@@ -130,10 +139,12 @@ const unavailableRetryAfter = "1"
 // steps as they happen (the claim, the completion or release, renewals, a
 // lease lost), then, once per guarded request, an idem.StepRequest whose
 // Result is the request's outcome, Status the status answered (the
-// handler's when it ran; 0 when it panicked, or ran fail-open), Took the
+// handler's when it ran; 0 when it panicked before ExecutionBegan, or ran
+// fail-open; the stored 500 when it failed after ExecutionBegan), Took the
 // whole request, and Held how long the handler ran:
 //
-//	ResultDone         the handler ran; its response was stored
+//	ResultDone         the handler ran; its response was stored (after
+//	                   ExecutionBegan, a failure's 500: Err says so)
 //	ResultReleased     the handler ran; the key was released (store policy,
 //	                   a client gone without a success, a panic: Err says so)
 //	ResultReplayed     a stored response was replayed
@@ -492,43 +503,97 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		if finished {
 			return
 		}
-		// The handler panicked: give the key up, and let the panic go on.
+		// The handler panicked: give the key up, or, once its execution
+		// began, store a failure in place of its response; then let the
+		// panic go on.
 		stop()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 		defer cancel()
+		if c.began.Load() {
+			status, stored := m.failure(r, errPanickedAfterBegan)
+			m.settled(rep, idem.ResultDone, status, errPanickedAfterBegan, cl.Complete(cctx, stored, m.retention(status)))
+			return
+		}
 		m.settled(rep, idem.ResultReleased, 0, errPanicked, cl.Release(cctx))
 	}()
-	next.ServeHTTP(c, r.WithContext(ctx))
+	next.ServeHTTP(c, r.WithContext(context.WithValue(ctx, beganKey{}, &c.began)))
 	finished = true
 
 	lost := stop()
+	began := c.began.Load()
 	// A handler that returns after its client went away without a success
-	// most likely gave up: let the retry run it again.
+	// most likely gave up: let the retry run it again, unless its
+	// execution began.
 	gaveUp := r.Context().Err() != nil && !(c.status >= 200 && c.status < 400)
-	status, stored := c.response()
+	var status int
+	var stored []byte
+	var note error
+	if began && gaveUp && c.status == 0 {
+		// It gave up without an answer: what it did is unknown, and a
+		// 200 with nothing would say it succeeded.
+		note = errGaveUpAfterBegan
+		status, stored = m.failure(r, note)
+	} else {
+		status, stored = c.response()
+	}
 	if lost != nil {
 		rep.End(idem.ResultLeaseLost, status, lost)
 		return
 	}
-	m.settle(r, rep, cl, status, stored, gaveUp)
+	m.settle(r, rep, cl, status, stored, !began && (gaveUp || !m.store(status)), note)
 }
 
 // settle stores the handler's response (status, in its stored form) under
-// the claim, or releases the key when the store policy says so or the
-// handler gave up; then it reports what happened.
-func (m *middleware) settle(r *http.Request, rep *idem.Request, cl *idem.Claim, status int, stored []byte, gaveUp bool) {
+// the claim, or releases the key; then it reports what happened, with note.
+func (m *middleware) settle(r *http.Request, rep *idem.Request, cl *idem.Claim, status int, stored []byte, release bool, note error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancel()
-	if gaveUp || !m.store(status) {
-		m.settled(rep, idem.ResultReleased, status, nil, cl.Release(ctx))
+	if release {
+		m.settled(rep, idem.ResultReleased, status, note, cl.Release(ctx))
 		return
 	}
-	var retention time.Duration // the Keeper's
-	if status >= 400 && status < 500 {
-		retention = m.k.ErrorRetention()
-	}
-	m.settled(rep, idem.ResultDone, status, nil, cl.Complete(ctx, stored, retention))
+	m.settled(rep, idem.ResultDone, status, note, cl.Complete(ctx, stored, m.retention(status)))
 }
+
+// retention is how long a response with status is kept: the Keeper's
+// ErrorRetention for a 4xx, its retention (0) otherwise, a stored 5xx
+// included: its request began executing.
+func (m *middleware) retention(status int) time.Duration {
+	if status >= 400 && status < 500 {
+		return m.k.ErrorRetention()
+	}
+	return 0
+}
+
+// Errors of a handler that failed after ExecutionBegan, for the Observer
+// (the Err of ResultDone) and the error writer (Refusal.Err).
+var (
+	errPanickedAfterBegan = errors.New("idem: the handler panicked after its execution began; a 500 was stored")
+	errGaveUpAfterBegan   = errors.New("idem: the handler returned without an answer after its execution began and its client went away; a 500 was stored")
+)
+
+// failure returns the stored form of the answer kept for a request whose
+// handler began executing and then failed without an answer (cause): a 500
+// ProblemExecutionFailed, rendered by the error writer, and the status the
+// writer answered.
+func (m *middleware) failure(r *http.Request, cause error) (status int, stored []byte) {
+	c := &capture{w: &headerOnly{h: http.Header{}}, limit: m.responseLimit}
+	m.answer(c, r, Refusal{
+		Type: ProblemExecutionFailed, Title: "Request failed", Status: http.StatusInternalServerError,
+		Detail: "This request began executing and failed before it answered, so its outcome is not known; it will not be run again with this " +
+			m.keyName() + ". Check the state of what it acts on before sending a new request with a new key.",
+		Result: idem.ResultDone, Err: cause,
+	})
+	return c.response()
+}
+
+// headerOnly is a ResponseWriter that keeps its headers and drops the rest:
+// under a capture, it renders an answer that is only stored.
+type headerOnly struct{ h http.Header }
+
+func (w *headerOnly) Header() http.Header         { return w.h }
+func (w *headerOnly) Write(p []byte) (int, error) { return len(p), nil }
+func (w *headerOnly) WriteHeader(int)             {}
 
 // settled reports result, or the lease loss or store failure that
 // prevented it, for a handler that answered status.

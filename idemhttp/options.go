@@ -13,8 +13,31 @@ import (
 type Option func(*middleware)
 
 // WithMethods sets the methods the middleware guards; other requests pass
-// straight through. Default: POST and PATCH. PUT and DELETE are idempotent by
-// definition in HTTP, but may be listed. At least one method is required.
+// straight through. Default: POST and PATCH. At least one method is
+// required; a method is matched exactly, as HTTP's methods are
+// case-sensitive ("DELETE", not "delete").
+//
+// A request whose method is not guarded passes through as if the
+// middleware were not there, whether it carries a key or not: its key is
+// not read nor checked, nothing is claimed nor stored, and a retry runs the
+// handler again and gets a fresh answer, never Idempotent-Replayed. That is
+// what becomes of the Idempotency-Key that some SDKs send on DELETE
+// (stripe-go does) under the default. PUT and DELETE are idempotent by
+// definition in HTTP (their effect is the same however often they run), but
+// not their answer: a DELETE run again may answer 404 where the first
+// answered 200. List DELETE to replay the first answer instead, and to run
+// a DELETE whose handler has effects beyond the deletion (an email, a
+// refund) once per key:
+//
+//	idemhttp.New(keeper, idemhttp.WithMethods(http.MethodPost, http.MethodPatch, http.MethodDelete))
+//
+// A guarded DELETE is guarded as a POST is: its key is required
+// (WithKeyRequired), its method and path are fingerprinted, so the same key
+// on a POST or on another resource answers 422. For a key that is required
+// on POST and optional on DELETE, put two middlewares on the routes, one
+// inside the other, each with its own methods: they share the Keeper's key
+// space and tell the methods apart by fingerprint. A GET may be listed too,
+// although it should have no effect to guard.
 func WithMethods(methods ...string) Option {
 	return func(m *middleware) { m.methods = slices.Clone(methods) }
 }
@@ -132,13 +155,29 @@ func WithResponseLimit(n int64) Option {
 	return func(m *middleware) { m.responseLimit = n }
 }
 
-// WithStorePolicy sets which statuses are stored and replayed; for the
-// others the key is released, so that a retry runs the handler again.
-// Default: DefaultStorePolicy. A policy that stores 401, 403 or 407 lets a
-// request that failed authentication answer for the key: a forged webhook
-// delivery would then lock its event id for the error retention.
+// WithStorePolicy sets which statuses are stored and replayed when the
+// handler did not call ExecutionBegan; for the others the key is released,
+// so that a retry runs the handler again. Once the handler called
+// ExecutionBegan, every status is stored, whatever the policy says.
+// Default: DefaultStorePolicy. SuccessStorePolicy is Stripe's rule. A
+// policy that stores 401, 403 or 407 lets a request that failed
+// authentication answer for the key: a forged webhook delivery would then
+// lock its event id for the error retention.
 func WithStorePolicy(store func(status int) bool) Option {
 	return func(m *middleware) { m.store = store }
+}
+
+// SuccessStorePolicy stores 2xx and 3xx and releases every other status,
+// 4xx included. With handlers that call ExecutionBegan before their side
+// effect, it is Stripe's rule: a result is saved only for a request that
+// began executing (or succeeded), so that a request that failed validation
+// (400, 404, 422) never holds its key and the corrected request may use
+// it; a failure after ExecutionBegan (a declined card's 402, a 500) is
+// stored, whatever the policy says. A handler that has a side effect and
+// then answers a 4xx without having called ExecutionBegan is run again by
+// a retry under this policy, which is why it is not the default.
+func SuccessStorePolicy(status int) bool {
+	return status >= 200 && status < 400
 }
 
 // DefaultStorePolicy stores 2xx, 3xx, and 4xx except 401 Unauthorized, 403
@@ -195,6 +234,11 @@ func WithFailOpen(open bool) Option {
 // it may add headers (Stripe-Should-Retry) or remove some. It should
 // answer ref.Status: a ProblemBodyNotKept answer is a replay, whose status
 // may be a success, and whose body is the writer's too.
+//
+// The 500 stored for a handler that failed after ExecutionBegan
+// (ProblemExecutionFailed) is rendered once, by the writer, into a
+// response that is stored, not sent: w holds no header of the request's
+// then, and what the writer answers is replayed to every retry.
 //
 // The writer cannot change what the middleware did: the handler ran or
 // not, the key was stored, released or left alone before it is called.

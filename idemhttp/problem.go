@@ -58,13 +58,20 @@ const (
 	// headers are replayed; the body is this problem (with WithErrorWriter,
 	// what the writer writes).
 	ProblemBodyNotKept = "https://github.com/idemkit/idem/problems/body-not-kept"
+	// ProblemExecutionFailed (500): the handler called ExecutionBegan, then
+	// panicked, or returned without an answer after its client went away.
+	// This answer is stored in place of its response and replayed to every
+	// retry with the key; the handler is not run again.
+	ProblemExecutionFailed = "https://github.com/idemkit/idem/problems/execution-failed"
 )
 
 // Refusal is one answer the middleware gives itself in place of the
 // handler's: a request it refused (a missing or unusable key, a body over
 // the limit, a key in progress or reused, a store it cannot reach, a record
 // it cannot read, a scope or key function's refusal, a client gone), or the
-// body of a replay whose response body was not kept (ProblemBodyNotKept).
+// body of a replay whose response body was not kept (ProblemBodyNotKept),
+// or the 500 stored for a handler that failed after ExecutionBegan
+// (ProblemExecutionFailed, Result idem.ResultDone).
 // The error writer (WithErrorWriter) renders it; WriteProblem, the default,
 // renders it as RFC 9457 application/problem+json.
 type Refusal struct {

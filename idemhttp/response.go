@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // bodyFate says whether the body of a stored response was kept.
@@ -106,6 +107,8 @@ type capture struct {
 	bodyAt int    // where the body starts in rec
 	size   int64  // body bytes written
 	fate   bodyFate
+
+	began atomic.Bool // the handler called ExecutionBegan
 }
 
 // initialBodyRoom is how many body bytes the stored response has room for
