@@ -277,3 +277,26 @@ func TestSuccessStorePolicy(t *testing.T) {
 		assert.Equal(t, status >= 200 && status < 400, SuccessStorePolicy(status), "%d", status)
 	}
 }
+
+// ExecutionBegan counts from a context made from the handler's, in another
+// goroutine; that context still carries the claim and ends with the
+// request's.
+func TestExecutionBeganFromADerivedContext(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		g := newGuarded(t, b, nil, func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+			defer cancel()
+			_, claimed := idem.ClaimFromContext(ctx)
+			assert.True(t, claimed, "the claim is in the handler's context")
+			done := make(chan bool)
+			go func() { done <- ExecutionBegan(ctx) }()
+			assert.True(t, <-done)
+			w.WriteHeader(http.StatusBadGateway)
+		})
+		assert.Equal(t, http.StatusBadGateway, g.serve(postKey("k1", "a")).Code)
+		rec := g.serve(postKey("k1", "a"))
+		assert.Equal(t, http.StatusBadGateway, rec.Code)
+		assert.Equal(t, "true", rec.Header().Get(ReplayedHeader))
+		assert.EqualValues(t, 1, g.runs.Load())
+	})
+}

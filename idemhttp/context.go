@@ -87,6 +87,22 @@ func ExecutionBegan(ctx context.Context) bool {
 	return true
 }
 
-// beganKey is the context key of the flag ExecutionBegan sets: a pointer
-// to the capture's began field.
+// beganKey is the context key of the flag ExecutionBegan sets.
 type beganKey struct{}
+
+// beganContext is a guarded handler's context: the claim's, with the flag
+// ExecutionBegan sets. It is a field of the request's capture, so that it
+// costs the request no allocation of its own.
+type beganContext struct {
+	context.Context
+	began atomic.Bool
+}
+
+// Value returns the flag for beganKey, and asks the claim's context for
+// any other key.
+func (c *beganContext) Value(key any) any {
+	if key == (beganKey{}) {
+		return &c.began
+	}
+	return c.Context.Value(key)
+}

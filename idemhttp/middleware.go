@@ -509,18 +509,19 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		stop()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 		defer cancel()
-		if c.began.Load() {
+		if c.ctx.began.Load() {
 			status, stored := m.failure(r, errPanickedAfterBegan)
 			m.settled(rep, idem.ResultDone, status, errPanickedAfterBegan, cl.Complete(cctx, stored, m.retention(status)))
 			return
 		}
 		m.settled(rep, idem.ResultReleased, 0, errPanicked, cl.Release(cctx))
 	}()
-	next.ServeHTTP(c, r.WithContext(context.WithValue(ctx, beganKey{}, &c.began)))
+	c.ctx.Context = ctx
+	next.ServeHTTP(c, r.WithContext(&c.ctx))
 	finished = true
 
 	lost := stop()
-	began := c.began.Load()
+	began := c.ctx.began.Load()
 	// A handler that returns after its client went away without a success
 	// most likely gave up: let the retry run it again, unless its
 	// execution began.

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 )
 
 // bodyFate says whether the body of a stored response was kept.
@@ -108,7 +107,7 @@ type capture struct {
 	size   int64  // body bytes written
 	fate   bodyFate
 
-	began atomic.Bool // the handler called ExecutionBegan
+	ctx beganContext // the handler's context, which ExecutionBegan marks
 }
 
 // initialBodyRoom is how many body bytes the stored response has room for
