@@ -424,7 +424,7 @@ func parseCallRecord(v string) (callRecord, bool) {
 }
 
 // The v3 layout of compact claims and markers (issue 42, "the marker
-// floor"): an index of 13-byte entries in blocks of about 8, a call record
+// floor"): an index of 16-byte entries in blocks of about 8, a call record
 // of fixed offsets and an index state that also hands out tokens. Nothing
 // writes or reads it yet: the default path is v2's, above. Its names start
 // with v3; every number here has a twin of the same name and value in
@@ -440,48 +440,44 @@ func parseCallRecord(v string) (callRecord, bool) {
 //
 // The digest. A record id's index digest (indexDigest: the 16 bytes of a
 // Keeper's id, or of the SHA-256 of any other id, uniform either way) gives
-// the entry its digest and its block from bytes of its own:
+// the entry its digest and its block hash from bytes of its own:
 //
-//	bytes 0-4   DIGEST5, kept in the entry (40 bits)
-//	bytes 5-7   H, the block hash, 24 bits big-endian; not kept
+//	bytes 0-4   DIGEST5 (40 bits)
+//	bytes 5-7   H, the block hash, 24 bits big-endian
 //
-// so an entry's 40 bits are independent of the block it is in, and every
-// one of them tells it from the other entries of its block.
+// Both are kept in the entry: H so that a split can move an entry to the
+// block its hash now chooses, DIGEST5 so that the entries of one block,
+// which share the low bits of H that chose the block, still differ in 40
+// bits of their own.
 //
-// The false-match rate. A claim looks for its id's DIGEST5 in its block
-// (at the entries' starts only). A new id is taken for another id when an
-// entry of its block holds the same 40 bits: with k entries in the block,
-// probability 1 - (1 - 2^-40)^k, about k / 2^40 = k * 9.09e-13, a lookup. An
-// id's block is chosen by H, so for N entries in an index of state (L, S)
-// the block of a new id holds on average k = N * (2^L - S/2) / 4^L entries
-// (a block not yet split is twice as likely and holds twice as many). At
-// the design fill (the index splits a block whenever it holds more than
-// v3IndexFill = 8 entries a block on average), uniform digests:
+// The false-match rate. A claim looks for its id's DIGEST5 and H, 64 bits,
+// in its block (at the entries' starts only), and the block holds exactly
+// the entries whose H chose it: a new id is taken for another when one of
+// the N entries of the index holds the same 64 bits, probability about
+// N * 2^-64 a lookup, whatever the index's level. Uniform digests:
 //
-//	ids held   blocks (L, S)            k     false match a lookup
-//	1M         125,000 (16, 59,464)     8.34  7.6e-12
-//	20M        2,500,000 (21, 402,848)  8.62  7.8e-12
-//	100M       12,500,000 (23, 4.11M)   9.00  8.2e-12
+//	ids held   false match a lookup   one a year at
+//	1M         5.4e-14                 590,000 new ids a second
+//	20M        1.1e-12                 29,000
+//	100M       5.4e-12                 5,900
 //
 // (ids held: entries in the index, the ids handled within the marker
-// retention). The rate does not grow with the ids held while the index can
-// split: expected false matches are lookups * 7.6e-12 to 8.2e-12, one in
-// about 1.2 to 1.3 * 10^11 claims of new ids, or one every 140 to 150 days
-// at 10,000 new ids a second. (A repeated id can be taken for an earlier
-// entry of its block with the same 40 bits: the same odds.) Past 2^24
-// blocks (134M entries at the fill) the index stops splitting and k grows
-// as N / 2^24. A false match answers the new id as the matching entry's:
-// handled before (acked without running) or in progress.
+// retention). A repeated id can be taken for an earlier entry with the same
+// 64 bits: the same odds. A false match answers the new id as the matching
+// entry's: handled before (acked without running) or in progress. The index
+// splits a block whenever it holds more than v3IndexFill = 8 entries a
+// block on average, up to 2^24 blocks (134M entries at the fill), so a
+// lookup reads about 8 entries of 16 bytes.
 //
-// The index entry, 13 bytes, entries end to end in a block:
+// The index entry, 16 bytes, entries end to end in a block:
 //
-//	DIGEST5 PLACE2 TOKEN6
+//	DIGEST5 H3 PLACE2 TOKEN6
 //
-// DIGEST5 as above; PLACE2 the entry's place in the call that holds it (1
-// to 65535), big-endian; TOKEN6 that call's token modulo 2^48, big-endian.
-// A token is Redis's clock in microseconds or a little above it (below
-// 2^53); a reader makes it whole again from Redis's clock now: the token
-// within [now + 2^32 - 2^48, now + 2^32] (v3WholeToken).
+// DIGEST5 and H as above; PLACE2 the entry's place in the call that holds
+// it (1 to 65535), big-endian; TOKEN6 that call's token modulo 2^48,
+// big-endian. A token is Redis's clock in microseconds or a little above
+// it (below 2^53); a reader makes it whole again from Redis's clock now:
+// the token within [now + 2^32 - 2^48, now + 2^32] (v3WholeToken).
 //
 // A block is a field of the index key named by its number in 3 bytes,
 // big-endian (v3AppendBlockName): of the 2^L + S blocks of state (L, S),
@@ -495,8 +491,9 @@ func parseCallRecord(v string) (callRecord, bool) {
 // bytes 0-1 "v3"; byte 2 L, the level (0 to 24); bytes 3-5 S, the split
 // point (below 2^L); bytes 6-9 N, the entries the index holds; bytes 10-16
 // TOKEN, the last token the index gave a call; bytes 17-20 DUE, Redis's
-// clock in seconds when the index key's expiry is next to be pushed out (0:
-// at the next call); every number big-endian. A call's token is the larger
+// clock in seconds until when the index key is known to live (0: not
+// known): a call that needs it to live longer pushes its expiry out; every
+// number big-endian. A call's token is the larger
 // of TOKEN + 1 and Redis's clock in microseconds, and becomes TOKEN: above
 // every token the index gave, and, as the clock, above every token a
 // record of its own had before (a record's token is the clock at its
@@ -523,10 +520,11 @@ func parseCallRecord(v string) (callRecord, bool) {
 // every place attempt 1, not recovered); FPS, FPW bytes a place: its
 // fingerprint, '.' padded.
 const (
-	v3EntrySize     = 13
+	v3EntrySize     = 16
 	v3DigestSize    = 5
-	v3EntryPlaceAt  = 6 // positions count from 1, as Lua's string.sub
-	v3EntryTokenAt  = 8
+	v3EntryHashAt   = 6 // positions count from 1, as Lua's string.sub
+	v3EntryPlaceAt  = 9
+	v3EntryTokenAt  = 11
 	v3BlockNameSize = 3
 	v3MaxLevel      = 24
 	v3IndexFill     = 8
@@ -570,13 +568,13 @@ const (
 // The argument packs a batch in one string, 13 bytes a message, sorted by
 // block (messages of one block in the caller's order):
 //
-//	BLOCK3 DIGEST5 PLACE2 H3
+//	BLOCK3 DIGEST5 H3 PLACE2
 //
 // bytes 0-2 the message's block in the index state the client last saw
-// (a field name as is); bytes 3-7 its digest and 8-9 its place in the call
-// (its position in the argument, from 1, big-endian), so that bytes 3-9
-// and the call's TOKEN6 make its entry; bytes 10-12 its block hash H, by
-// which the script places it again when the index split since.
+// (a field name as is); bytes 3-7 its digest, 8-10 its block hash H (by
+// which the script places it again when the index split since) and 11-12
+// its place in the call (its position in the argument, from 1,
+// big-endian), so that bytes 3-12 and the call's TOKEN6 make its entry.
 //
 // The reply is one string:
 //
@@ -590,8 +588,8 @@ const (
 const (
 	v3PackedSize     = 13
 	v3PackedDigestAt = 4
-	v3PackedPlaceAt  = 9
-	v3PackedHashAt   = 11
+	v3PackedHashAt   = 9
+	v3PackedPlaceAt  = 12
 	v3MaxPlaces      = 65535
 	v3ReplyHeadSize  = 11
 
@@ -667,29 +665,31 @@ func v3AppendBlockName(dst []byte, b uint32) []byte {
 	return append(dst, byte(b>>16), byte(b>>8), byte(b))
 }
 
-// v3AppendEntry appends the entry of digest d5 at place of the call of
-// token: 13 bytes.
-func v3AppendEntry(dst []byte, d5 [v3DigestSize]byte, place uint16, token int64) []byte {
-	dst = append(dst, d5[:]...)
+// v3AppendEntry appends the entry of key k at place of the call of token:
+// 16 bytes.
+func v3AppendEntry(dst []byte, k v3Key, place uint16, token int64) []byte {
+	dst = append(dst, k.d5[:]...)
+	dst = append(dst, byte(k.h>>16), byte(k.h>>8), byte(k.h))
 	dst = append(dst, byte(place>>8), byte(place))
 	return append(dst, byte(token>>40), byte(token>>32), byte(token>>24), byte(token>>16), byte(token>>8), byte(token))
 }
 
-// v3Entry is an entry as read: its digest, place and token modulo 2^48.
+// v3Entry is an entry as read: its key, place and token modulo 2^48.
 type v3Entry struct {
-	d5    [v3DigestSize]byte
+	key   v3Key
 	place uint16
 	t48   int64
 }
 
-// v3ReadEntry reads the entry e, 13 bytes; false when it is not one.
+// v3ReadEntry reads the entry e, 16 bytes; false when it is not one.
 func v3ReadEntry(e string) (v3Entry, bool) {
 	if len(e) != v3EntrySize {
 		return v3Entry{}, false
 	}
 	var r v3Entry
-	copy(r.d5[:], e)
-	r.place = uint16(e[5])<<8 | uint16(e[6])
+	copy(r.key.d5[:], e)
+	r.key.h = uint32(e[5])<<16 | uint32(e[6])<<8 | uint32(e[7])
+	r.place = uint16(e[8])<<8 | uint16(e[9])
 	for i := v3EntryTokenAt - 1; i < v3EntrySize; i++ {
 		r.t48 = r.t48<<8 | int64(e[i])
 	}

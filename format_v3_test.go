@@ -37,16 +37,16 @@ var v3GoldenState = v3State{level: 16, split: 59464, count: 1000000, token: 1700
 
 const v3GoldenStateBytes = "v3" + "\x10" + "\x00\xe8\x48" + "\x00\x0f\x42\x40" + "\x06\x0a\x24\x18\x1e\x40\x7b" + "\x65\x53\xf1\x00"
 
-// v3GoldenEntry: digest "k@Y\xe1\xc6" (golden-1's), place 2, token
-// 1700000000000123 (0x060a24181e407b: its low 48 bits kept).
-const v3GoldenEntryBytes = "k@Y\xe1\xc6" + "\x00\x02" + "\x0a\x24\x18\x1e\x40\x7b"
+// v3GoldenEntry: digest "k@Y\xe1\xc6" and block hash 0xfaa63e (golden-1's),
+// place 2, token 1700000000000123 (0x060a24181e407b: its low 48 bits kept).
+const v3GoldenEntryBytes = "k@Y\xe1\xc6" + "\xfa\xa6\x3e" + "\x00\x02" + "\x0a\x24\x18\x1e\x40\x7b"
 
 func TestFormatV3Golden(t *testing.T) {
 	k := v3KeyOf(recordID("s", "golden-1"))
 	assert.Equal(t, "k@Y\xe1\xc6", string(k.d5[:]), "digest: bytes 0-4 of the index digest")
 	assert.Equal(t, uint32(0xfaa63e), k.h, "block hash: bytes 5-7 of the index digest")
 
-	assert.Equal(t, v3GoldenEntryBytes, string(v3AppendEntry(nil, k.d5, 2, 1700000000000123)))
+	assert.Equal(t, v3GoldenEntryBytes, string(v3AppendEntry(nil, k, 2, 1700000000000123)))
 	assert.Equal(t, "\x0a\xa6\x3e", string(v3AppendBlockName(nil, 0x0aa63e)))
 	assert.Equal(t, "\x00\x00\x00", string(v3AppendBlockName(nil, 0)))
 	assert.Equal(t, "\xff\xff\xff", string(v3AppendBlockName(nil, 1<<24-1)))
@@ -66,8 +66,11 @@ func TestFormatV3Sizes(t *testing.T) {
 	assert.Len(t, v3GoldenEntryBytes, v3EntrySize)
 	assert.Len(t, v3GoldenStateBytes, v3StateSize)
 	assert.Len(t, v3GoldenCallBytes, v3CallHeadSize+3*(1+2+16))
-	assert.Equal(t, v3EntrySize, v3DigestSize+2+6)
+	assert.Equal(t, v3EntrySize, v3DigestSize+3+2+6)
+	assert.Equal(t, v3EntryPlaceAt, v3EntryHashAt+3)
 	assert.Equal(t, v3EntryTokenAt, v3EntryPlaceAt+2)
+	assert.Equal(t, v3PackedPlaceAt, v3PackedHashAt+3)
+	assert.Equal(t, v3PackedSize, v3BlockNameSize+v3EntryTokenAt-1, "a packed message is its block and its entry but the token")
 	assert.Equal(t, v3CallHeadSize, v3CallAWAt)
 }
 
@@ -165,7 +168,8 @@ func TestFormatV3ReadsWhatItWrites(t *testing.T) {
 
 	e, ok := v3ReadEntry(v3GoldenEntryBytes)
 	require.True(t, ok)
-	assert.Equal(t, "k@Y\xe1\xc6", string(e.d5[:]))
+	assert.Equal(t, "k@Y\xe1\xc6", string(e.key.d5[:]))
+	assert.Equal(t, uint32(0xfaa63e), e.key.h)
 	assert.Equal(t, uint16(2), e.place)
 	assert.Equal(t, int64(1700000000000123%(1<<48)), e.t48)
 	assert.Equal(t, int64(1700000000000123), v3WholeToken(e.t48, 1700000000000123))
@@ -205,9 +209,9 @@ func TestFormatV3RefusesWhatIsNotIt(t *testing.T) {
 		assert.False(t, ok, name)
 	}
 
-	_, ok = v3ReadEntry(v3GoldenEntryBytes[:12])
-	assert.False(t, ok, "12 bytes")
-	_, ok = v3ReadEntry("k@Y\xe1\xc6\x00\x00" + v3GoldenEntryBytes[7:])
+	_, ok = v3ReadEntry(v3GoldenEntryBytes[:15])
+	assert.False(t, ok, "15 bytes")
+	_, ok = v3ReadEntry(v3GoldenEntryBytes[:8] + "\x00\x00" + v3GoldenEntryBytes[10:])
 	assert.False(t, ok, "place 0")
 
 	for name, c := range map[string]v3Call{
@@ -258,9 +262,9 @@ func TestFormatV3Lua(t *testing.T) {
 		}
 		now := int64(1700000000000200)
 		k := v3KeyOf(recordID("s", "golden-1"))
-		blk := v3AppendEntry(nil, k.d5, 2, 1700000000000123)
-		blk = v3AppendEntry(blk, [5]byte{0, 0, 0, 0, 1}, 65535, now+1<<31)
-		blk = v3AppendEntry(blk, [5]byte{0xff, 0, 0, 0, 0}, 1, now-1<<40)
+		blk := v3AppendEntry(nil, k, 2, 1700000000000123)
+		blk = v3AppendEntry(blk, v3Key{d5: [5]byte{0, 0, 0, 0, 1}, h: 0xffffff}, 65535, now+1<<31)
+		blk = v3AppendEntry(blk, v3Key{d5: [5]byte{0xff, 0, 0, 0, 0}}, 1, now-1<<40)
 		hashes := []uint32{k.h, 0, 0x7fffff, 0xffffff, 0x00e848, 0x01e848}
 		var hs []byte
 		for _, h := range hashes {
@@ -269,9 +273,9 @@ func TestFormatV3Lua(t *testing.T) {
 
 		got := run("read", now, v3GoldenStateBytes, string(blk), v3GoldenCallBytes, string(hs))
 		want := []any{int64(16), int64(59464), int64(1000000), int64(1700000000000123), int64(1700000000),
-			"k@Y\xe1\xc6", int64(2), int64(1700000000000123),
-			"\x00\x00\x00\x00\x01", int64(65535), now + 1<<31,
-			"\xff\x00\x00\x00\x00", int64(1), now - 1<<40}
+			"k@Y\xe1\xc6", int64(0xfaa63e), int64(2), int64(1700000000000123),
+			"\x00\x00\x00\x00\x01", int64(0xffffff), int64(65535), now + 1<<31,
+			"\xff\x00\x00\x00\x00", int64(0), int64(1), now - 1<<40}
 		for _, h := range hashes {
 			want = append(want, int64(v3Block(h, v3GoldenState.level, v3GoldenState.split)))
 		}
@@ -290,7 +294,7 @@ func TestFormatV3Lua(t *testing.T) {
 		}
 
 		got = run("write", 16, 59464, 1000000, "1700000000000123", 1700000000,
-			"k@Y\xe1\xc6", 2, "1700000000000123", 0x0aa63e,
+			"k@Y\xe1\xc6\xfa\xa6\x3e", 2, "1700000000000123", 0x0aa63e,
 			"1700000030000000", "1700000001000000", "1700086400000000", "AAAAAAAAAAE", "CXT", "1,3+,2",
 			"ZZZZZZZZZZZZZZZZ,,abc", 16)
 		assert.Equal(t, []any{v3GoldenStateBytes, v3GoldenEntryBytes, "\x0a\xa6\x3e", v3GoldenCallBytes}, got)
@@ -301,7 +305,7 @@ func TestFormatV3Lua(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, v3GoldenCall, c)
 
-		got = run("write", 24, 0, 0, now, 0, "\x00\x00\x00\x00\x00", 65535, now, 1<<24-1,
+		got = run("write", 24, 0, 0, now, 0, "\x00\x00\x00\x00\x00\xff\xff\xff", 65535, now, 1<<24-1,
 			now+30_000_000, 0, 0, "AAAAAAAAAAE", "PPC", "", "", 0)
 		m, ok = parseV3State(got[0].(string))
 		require.True(t, ok)

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem/internal/layout"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -32,6 +34,20 @@ type quietLogger struct{}
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quietLogger{}) }
+
+// IDEM_TEST_LAYOUT=v3 runs the package's tests with every RedisStore they
+// make (on a *redis.Client, without WithReplicas) in the v3 layout of
+// compact claims and markers (see internal/layout): a suite of today's
+// tests then checks the paths v3 carries.
+func init() {
+	switch v := os.Getenv("IDEM_TEST_LAYOUT"); v {
+	case "", "v2":
+	case "v3":
+		layout.SetV3(true)
+	default:
+		panic("IDEM_TEST_LAYOUT=" + v + ": want v2 or v3")
+	}
+}
 
 // expireLeaseSrc makes the lease of the claim of a record run out: the
 // record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] the first 8

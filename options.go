@@ -43,6 +43,8 @@ type settings struct {
 	replicas *durability
 	// noMarkers is set by WithoutMarkers, for a Keeper and a RedisStore.
 	noMarkers bool
+	// layoutV3 is set by withLayoutV3, for a RedisStore.
+	layoutV3 bool
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration

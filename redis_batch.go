@@ -87,6 +87,10 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	if s.noCompact {
 		req.Compact = false
 	}
+	if s.v3 != nil && req.Compact {
+		s.v3.claim(ctx, s, &req, todo, out)
+		return out
+	}
 	s.claimCompact(ctx, &req, todo, out)
 	return out
 }
@@ -151,9 +155,15 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 			movedKeep = max(movedKeep, items[j].Keep)
 		}
 	}
-	calls = s.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
 	moveErrs := make([]error, len(items))
-	calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
+	if s.v3 != nil {
+		calls = s.v3.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
+		s.v3.refuse(moving, errs)
+		moving = nil
+	} else {
+		calls = s.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
+		calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
+	}
 	for _, c := range s.batchCalls(st, append(records, moving...)) {
 		c.step = st
 		calls = append(calls, c)
@@ -225,7 +235,12 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	st := s.releaseStep(claims, keep, errs)
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
-	calls := s.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
+	var calls []batchCall
+	if s.v3 != nil {
+		calls = s.v3.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
+	} else {
+		calls = s.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
+	}
 	for _, c := range s.batchCalls(st, records) {
 		c.step = st
 		calls = append(calls, c)
@@ -269,7 +284,12 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 		s.runBatch(ctx, st, upTo(len(claims)))
 		return errs
 	}
-	calls := s.moveCalls("E", lease, keep, s.compactGroups(compact, fence), fence, errs)
+	var calls []batchCall
+	if s.v3 != nil {
+		calls = s.v3.settleCalls("E", keep, millis(lease), s.compactGroups(compact, fence), fence, errs)
+	} else {
+		calls = s.moveCalls("E", lease, keep, s.compactGroups(compact, fence), fence, errs)
+	}
 	if s.durable == nil {
 		st.op = ""
 	}

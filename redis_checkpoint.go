@@ -21,6 +21,9 @@ var (
 // WithReplicas it waits for the replicas as a completion does.
 func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
 	if claim.Ref > 0 {
+		if s.v3 != nil {
+			return errV3Unsupported
+		}
 		return s.checkpointCompact(ctx, claim, name, value, keep)
 	}
 	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/internal/layout"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -71,6 +72,9 @@ type RedisStore struct {
 	// prefixGate holds the prefix's record, how its keys are written,
 	// once read (see checkPlacement).
 	prefixGate prefixGate
+	// v3 is set for a store that keeps its compact claims in the v3 layout
+	// (redis_v3.go); nil: v2's.
+	v3 *v3Layout
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -117,7 +121,11 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 		}
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(cluster, s.prefix), noCompact: s.noMarkers}, nil
+	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(cluster, s.prefix), noCompact: s.noMarkers}
+	if s.layoutV3 || layout.V3() {
+		st.v3 = newV3Layout(st)
+	}
+	return st, nil
 }
 
 // NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
@@ -498,6 +506,13 @@ func (s *RedisStore) LoadScripts(ctx context.Context) error {
 		compactClaimScript, compactSettleScript, compactMoveScript, prefixScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
+		}
+	}
+	if s.v3 != nil {
+		for _, sc := range []*luaScript{v3ClaimScript, v3SettleScript} {
+			if err := sc.Load(ctx, s.client).Err(); err != nil {
+				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
+			}
 		}
 	}
 	if err := s.learnPrefix(ctx); err != nil {

@@ -40,7 +40,7 @@ func (p *v3Packer) pack(keys []v3Key) ([]byte, bool) {
 		p.places[uint32(x)] = uint16(j + 1)
 		buf = v3AppendBlockName(buf, uint32(x>>32))
 		buf = append(buf, k.d5[:]...)
-		buf = append(buf, byte((j+1)>>8), byte(j+1), byte(k.h>>16), byte(k.h>>8), byte(k.h))
+		buf = append(buf, byte(k.h>>16), byte(k.h>>8), byte(k.h), byte((j+1)>>8), byte(j+1))
 	}
 	p.buf = buf
 	return buf, true

@@ -27,10 +27,10 @@ func TestV3PackGolden(t *testing.T) {
 	got, ok := p.pack(v3PackGoldenKeys)
 	require.True(t, ok)
 	assert.Equal(t, ""+
-		"\x00\x00\x01"+"CCCCC"+"\x00\x01"+"\x00\x00\x01"+
-		"\x00\x00\x06"+"AAAAA"+"\x00\x02"+"\x00\x00\x06"+
-		"\x00\x00\x06"+"DDDDD"+"\x00\x03"+"\x00\x00\x06"+
-		"\x00\x00\x0e"+"BBBBB"+"\x00\x04"+"\x00\x00\x0e", string(got))
+		"\x00\x00\x01"+"CCCCC"+"\x00\x00\x01"+"\x00\x01"+
+		"\x00\x00\x06"+"AAAAA"+"\x00\x00\x06"+"\x00\x02"+
+		"\x00\x00\x06"+"DDDDD"+"\x00\x00\x06"+"\x00\x03"+
+		"\x00\x00\x0e"+"BBBBB"+"\x00\x00\x0e"+"\x00\x04", string(got))
 	for i, place := range []int{2, 4, 1, 3} {
 		assert.Equal(t, place, p.place(i), "message %d", i)
 		assert.Equal(t, i, p.index(place))
@@ -49,7 +49,7 @@ func TestV3PackGolden(t *testing.T) {
 	// The next call packs by the state read: hash 0x0f was in block 7, now
 	// in block 15.
 	got, _ = p.pack([]v3Key{v3PackGoldenKeys[0], {d5: [5]byte([]byte("EEEEE")), h: 0x0f}})
-	assert.Equal(t, "\x00\x00\x06"+"AAAAA"+"\x00\x01"+"\x00\x00\x06"+"\x00\x00\x0f"+"EEEEE"+"\x00\x02"+"\x00\x00\x0f", string(got))
+	assert.Equal(t, "\x00\x00\x06"+"AAAAA"+"\x00\x00\x06"+"\x00\x01"+"\x00\x00\x0f"+"EEEEE"+"\x00\x00\x0f"+"\x00\x02", string(got))
 }
 
 // TestV3DecodeRefuses: a reply that is not one is ErrCorrupt and leaves

@@ -236,17 +236,18 @@ end
 -- patterns only, for top-level code: a v3 script defines no function.
 -- Positions count from 1, as string.sub and string.byte do.
 --
--- An entry, 13 bytes: DIGEST5 PLACE2 TOKEN6, the digest bytes 0-4 of the
--- record's index digest, the place in its call and the call's token modulo
--- 2^48, big-endian. Whole again from Redis's clock now: ref = now +
+-- An entry, 16 bytes: DIGEST5 H3 PLACE2 TOKEN6, the digest bytes 0-4 and
+-- the block hash H (bytes 5-7) of the record's index digest, the place in
+-- its call and the call's token modulo 2^48, big-endian. Whole again from Redis's clock now: ref = now +
 -- v3TokenAhead, token = ref - (ref - t48) % v3TokenModulus. A block is
 -- named by its number in 3 bytes, big-endian; of the 2^L + S blocks of
--- state (L, S), the block of H (digest bytes 5-7, big-endian, which the
--- client sends) is H % 2^L, or H % 2^(L+1) when that is below S.
-local v3EntrySize = 13
+-- state (L, S), the block of H is H % 2^L, or H % 2^(L+1) when that is
+-- below S.
+local v3EntrySize = 16
 local v3DigestSize = 5
-local v3EntryPlaceAt = 6
-local v3EntryTokenAt = 8
+local v3EntryHashAt = 6
+local v3EntryPlaceAt = 9
+local v3EntryTokenAt = 11
 local v3BlockNameSize = 3
 local v3MaxLevel = 24
 local v3IndexFill = 8
@@ -255,7 +256,7 @@ local v3TokenAhead = 4294967296
 
 -- The index's state, its field "", 21 bytes: "v3" L1 S3 N4 TOKEN7 DUE4,
 -- big-endian numbers (level, split point, entries, the last token given,
--- when the key's expiry is next due in seconds). string.find(raw,
+-- until when the key is known to live, seconds). string.find(raw,
 -- V3_STATE) is nil for a field of another layout.
 local V3_STATE = '^v3...................$'
 local V3_STATE_TAG = 'v3'
@@ -300,14 +301,14 @@ local v3TakenOver = 84
 local v3Moved = 77
 local v3Forgotten = 70
 
--- The v3 claim's argument: BLOCK3 DIGEST5 PLACE2 H3 a message, sorted by
+-- The v3 claim's argument: BLOCK3 DIGEST5 H3 PLACE2 a message, sorted by
 -- block; its reply: TOKEN7 L1 S3 ANSWERS NUMBERS (see format.go). An answer
 -- is a byte a place (these numbers, string.char's), and the number of those
 -- that carry one follows the answers in place order, decimal, ',' after it.
 local v3PackedSize = 13
 local v3PackedDigestAt = 4
-local v3PackedPlaceAt = 9
-local v3PackedHashAt = 11
+local v3PackedHashAt = 9
+local v3PackedPlaceAt = 12
 local v3MaxPlaces = 65535
 local v3ReplyHeadSize = 11
 local v3AnswerClaimed = 80

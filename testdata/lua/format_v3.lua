@@ -11,12 +11,13 @@
 -- ARGV[1] 'read': ARGV[2] Redis's clock (µs, decimal), ARGV[3] a state
 -- field, ARGV[4] a block of entries, ARGV[5] a call record, ARGV[6] block
 -- hashes, 3 bytes each. Returns {L, S, N, TOKEN, DUE, then for each entry
--- its digest, place and whole token, then the block of each hash in the
+-- its digest, block hash, place and whole token, then the block of each hash in the
 -- state read, then the call record's UNTIL, DONE, RESULT_UNTIL, CALL_ID,
 -- FPW, AW, places, states, then for each place its attempt, recovered (0
 -- or 1) and fingerprint}; or {'not a state'} / {'not a call record'}.
 --
--- ARGV[1] 'write': ARGV[2..6] L, S, N, TOKEN, DUE; ARGV[7] a digest, ARGV[8]
+-- ARGV[1] 'write': ARGV[2..6] L, S, N, TOKEN, DUE; ARGV[7] a digest and its
+-- block hash (8 bytes), ARGV[8]
 -- a place, ARGV[9] a token; ARGV[10] a block number; ARGV[11..13] UNTIL,
 -- DONE, RESULT_UNTIL; ARGV[14] CALL_ID; ARGV[15] states; ARGV[16] attempts,
 -- a place each, 'a' or 'a+' (recovered), comma-separated ('' for AW 0);
@@ -48,7 +49,7 @@ if ARGV[1] == 'claim' then
   end
   for o = 1, #packed, v3PackedSize do
     out[#out + 1] = string.sub(packed, o, o + v3BlockNameSize - 1)
-    out[#out + 1] = string.sub(packed, o + v3PackedDigestAt - 1, o + v3PackedPlaceAt - 2)
+    out[#out + 1] = string.sub(packed, o + v3PackedDigestAt - 1, o + v3PackedHashAt - 2)
     out[#out + 1] = num(packed, o + v3PackedPlaceAt - 1, 2)
     out[#out + 1] = num(packed, o + v3PackedHashAt - 1, 3)
     local a = string.byte(answers, (o - 1) / v3PackedSize + 1)
@@ -72,6 +73,7 @@ if ARGV[1] == 'read' then
     local ref = now + v3TokenAhead
     local t48 = num(blk, pos + v3EntryTokenAt - 1, 6)
     out[#out + 1] = string.sub(blk, pos, pos + v3DigestSize - 1)
+    out[#out + 1] = num(blk, pos + v3EntryHashAt - 1, 3)
     out[#out + 1] = num(blk, pos + v3EntryPlaceAt - 1, 2)
     out[#out + 1] = ref - (ref - t48) % v3TokenModulus
   end

@@ -1,0 +1,372 @@
+-- v3_claim.lua: claim a batch in the v3 index (see format.go, "The v3
+-- layout"). format.lua goes before it; it defines no function and makes no
+-- closure: everything below runs once a call, or once a message.
+--
+-- KEYS[1]    the v3 index key
+-- KEYS[1+j]  the record key of the message at place j: a record of its own
+--            (made by Do, Begin or a Final error) answers for its id, and
+--            the index is not looked at for it
+-- ARGV[1]    lease, ms
+-- ARGV[2]    how long the call record is kept from now, ms: at least the
+--            lease and the longest its markers answer
+-- ARGV[3]    the start of the call record keys
+-- ARGV[4]    the messages, packed and sorted by block (see format.go)
+-- ARGV[5]    the call's id, 11 characters of base64url
+-- ARGV[6]    FPW, the width of each place's fingerprint (0 to 64)
+-- ARGV[7]    the fingerprints, FPW bytes a place in place order, '.'
+--            padded; '' when FPW is 0
+-- ARGV[8]    the index's level and split point the client packed by, L1 S3
+-- ARGV[9]    ms past its token after which an entry's call record is gone
+--            for sure (the call record's keep and the longest a call holds
+--            its claims): such an entry is swept. An entry whose call record
+--            is missing answers busy while younger than ARGV[2] (the call
+--            record was lost), as absent after
+--
+-- Returns the reply string of format.go: TOKEN7 L1 S3, an answer a place,
+-- then the numbers of the answers that carry one.
+--
+-- A message whose id has an entry is answered from the call record that
+-- holds it: completed (done, or expired past its result's retention), held
+-- by a live lease (busy), or taken over (its lease ran out: the old place
+-- is marked T, so that its holder's settle is refused) or claimed again
+-- (released) with this call's token and the attempt after the old one's.
+-- What v3 does not handle yet answers busy, never "not seen": a record of
+-- its own that is pending or released, an entry whose call record is
+-- missing while it may still live, an entry of an earlier run of this call
+-- (go-redis sent it again: its claims stay held until their lease ends).
+--
+-- The call's token is the larger of the last token the index gave plus one
+-- and Redis's clock in µs: above every token an id had, its records' too.
+-- Entries of a block are in the order of their tokens, so a block is swept
+-- of its stale entries from its start. The index splits a block when it
+-- holds more than v3IndexFill entries a block on average, moving each entry
+-- of the block split by its hash. The index key lives at least the call
+-- record's keep past every call (DUE in the state says until when it lives).
+local ikey, lease_ms, keep_ms, cbase, packed = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local callid, fpw, fps = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local stale = tonumber(ARGV[9]) * 1000
+local n = #packed / v3PackedSize
+local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte, string.char, string.format, table.concat
+
+local tm = redis.call('TIME')
+local now = tm[1] * 1000000 + tm[2]
+local ref = now + v3TokenAhead
+
+-- The state and the blocks the client named, in one read.
+local names = {''}
+for j = 1, n do
+  local o = (j - 1) * v3PackedSize + 1
+  names[j + 1] = sub(packed, o, o + v3BlockNameSize - 1)
+end
+local blocks = redis.call('HMGET', ikey, unpack(names))
+local raw = blocks[1]
+local level, split, count, last, due = 0, 0, 0, 0, 0
+if raw then
+  if not find(raw, V3_STATE) then
+    return redis.error_reply('IDEMLAYOUT ' .. raw)
+  end
+  local l, s1, s2, s3, c1, c2, c3, c4 = byte(raw, v3StateLevelAt, v3StateCountAt + 3)
+  level, split, count = l, (s1 * 256 + s2) * 256 + s3, ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+  local t1, t2, t3, t4, t5, t6, t7 = byte(raw, v3StateTokenAt, v3StateTokenAt + 6)
+  last = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+  local d1, d2, d3, d4 = byte(raw, v3StateDueAt, v3StateDueAt + 3)
+  due = ((d1 * 256 + d2) * 256 + d3) * 256 + d4
+end
+if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= ARGV[8] then
+  -- The client packed by another state: place every message again by its
+  -- hash, and read those blocks.
+  local half = 2 ^ level
+  for j = 1, n do
+    local h1, h2, h3 = byte(packed, (j - 1) * v3PackedSize + v3PackedHashAt, (j - 1) * v3PackedSize + v3PackedHashAt + 2)
+    local b = (h1 * 256 + h2) * 256 + h3
+    local lo = b % half
+    if lo < split then
+      lo = b % (2 * half)
+    end
+    names[j + 1] = char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256)
+  end
+  blocks = redis.call('HMGET', ikey, unpack(names))
+end
+
+local token = math.max(last + 1, now)
+local t7 = {}
+local x = token
+for j = 7, 1, -1 do
+  t7[j] = x % 256
+  x = (x - t7[j]) / 256
+end
+local tok7 = char(unpack(t7))
+local tok6 = sub(tok7, 2)
+
+local recs = {}
+if n > 0 then
+  recs = redis.call('MGET', unpack(KEYS, 2, n + 1))
+end
+
+-- bl holds the blocks this call changed, by name, and wnames their names.
+local bl, wnames, nw = {}, {}, 0
+local calls = {}
+local ans, nums, nn, st = {}, {}, 0, {}
+local atts, claimed = nil, false
+local lastf, blk, changed = nil, nil, false
+for j = 1, n do
+  local f = names[j + 1]
+  if f ~= lastf then
+    if changed then
+      if not bl[lastf] then
+        nw = nw + 1
+        wnames[nw] = lastf
+      end
+      bl[lastf] = blk
+    end
+    lastf, blk, changed = f, bl[f] or blocks[j + 1] or '', false
+    -- Sweep the stale entries at the block's start.
+    local cut = 0
+    while cut < #blk do
+      local e1, e2, e3, e4, e5, e6 = byte(blk, cut + v3EntryTokenAt, cut + v3EntryTokenAt + 5)
+      local t48 = ((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6
+      if now - (ref - (ref - t48) % v3TokenModulus) <= stale then
+        break
+      end
+      cut = cut + v3EntrySize
+    end
+    if cut > 0 then
+      blk, changed, count = sub(blk, cut + 1), true, count - cut / v3EntrySize
+    end
+  end
+  local o = (j - 1) * v3PackedSize + 1
+  local a, num, attempt = v3AnswerClaimed, nil, nil
+  local rv = recs[j]
+  if rv then
+    -- A record of its own answers for the id.
+    local mine = ''
+    if fpw > 0 then
+      mine = string.match(sub(fps, (j - 1) * fpw + 1, j * fpw), '^(.-)%.*$')
+    end
+    local _, e, sfp = find(rv, RECORD_SHORT)
+    local lfp
+    if not e then
+      _, _, _, _, _, _, _, _, lfp = find(rv, RECORD_LONG)
+    end
+    if e then
+      if sfp ~= mine then
+        a = v3AnswerMismatch
+      else
+        local untl = string.match(rv, RECORD_MARKER, e + 1)
+        if untl and tonumber(untl) < now then
+          a = v3AnswerExpired
+        else
+          a = v3AnswerDone
+        end
+      end
+    elseif not lfp then
+      a = v3AnswerNotOurs
+    elseif sub(rv, 3, 3) == 'C' then
+      if lfp ~= mine then
+        a = v3AnswerMismatch
+      else
+        a = v3AnswerDone
+      end
+    elseif sub(rv, 3, 3) == 'P' and lfp ~= mine then
+      a = v3AnswerMismatch
+    else
+      -- Pending or released: the record's own claim path handles it.
+      a, num = v3AnswerBusy, lease_ms
+    end
+  else
+    local key8 = sub(packed, o + v3PackedDigestAt - 1, o + v3PackedPlaceAt - 2)
+    local pos = find(blk, key8, 1, true)
+    while pos and pos % v3EntrySize ~= 1 do
+      pos = find(blk, key8, pos + 1, true)
+    end
+    if pos then
+      local e1, e2, e3, e4, e5, e6 = byte(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
+      local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
+      local free = false
+      if et == token then
+        a = v3AnswerRepeat
+      else
+        local ks = fmt('%d', et)
+        local cv = calls[ks]
+        if cv == nil then
+          cv = redis.call('GET', cbase .. ks) or false
+          calls[ks] = cv
+        end
+        if not cv then
+          if now - et <= keep_ms * 1000 then
+            a, num = v3AnswerBusy, lease_ms
+          else
+            free = true
+          end
+        elseif not find(cv, V3_CALL) then
+          a = v3AnswerNotOurs
+        else
+          local p1, p2 = byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
+          local p = p1 * 256 + p2
+          local cfpw, caw = byte(cv, v3CallFPWAt), byte(cv, v3CallAWAt)
+          local np = (#cv - v3CallHeadSize) / (1 + caw + cfpw)
+          local s = byte(cv, v3CallHeadSize + p)
+          if p > np then
+            a = v3AnswerNotOurs
+          elseif sub(cv, v3CallIDAt, v3CallIDAt + v3CallIDSize - 1) == callid then
+            -- An earlier run of this call: its claims stay held until their
+            -- lease ends.
+            a, num = v3AnswerBusy, lease_ms
+          elseif s == v3Held or s == v3Completed or s == v3Released then
+            local mine, theirs = '', ''
+            if fpw > 0 then
+              mine = string.match(sub(fps, (j - 1) * fpw + 1, j * fpw), '^(.-)%.*$')
+            end
+            if cfpw > 0 then
+              local fo = v3CallHeadSize + np * (1 + caw) + (p - 1) * cfpw
+              theirs = string.match(sub(cv, fo + 1, fo + cfpw), '^(.-)%.*$')
+            end
+            local prev = 1
+            if caw == v3AttemptSize then
+              local a1, a2 = byte(cv, v3CallHeadSize + np + (p - 1) * caw + 1, v3CallHeadSize + np + p * caw)
+              prev = (a1 * 256 + a2) % v3RecoveredBit
+            end
+            if s ~= v3Released and mine ~= theirs then
+              a = v3AnswerMismatch
+            elseif s == v3Completed then
+              if now <= tonumber(sub(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1)) then
+                a = v3AnswerDone
+              else
+                a = v3AnswerExpired
+              end
+            elseif s == v3Released then
+              a, attempt, free = v3AnswerReclaimed, math.min(prev + 1, v3MaxAttempts), true
+            else
+              local untl = tonumber(sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
+              if untl > now then
+                a, num = v3AnswerBusy, math.ceil((untl - now) / 1000)
+              else
+                -- The lease ran out: fence its holder off and take over.
+                redis.call('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
+                calls[ks] = sub(cv, 1, v3CallHeadSize + p - 1) .. 'T' .. sub(cv, v3CallHeadSize + p + 1)
+                a, attempt, free = v3AnswerTakenOver, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
+              end
+            end
+          else
+            -- Not held there any more (taken over, moved, forgotten): the
+            -- entry is a leftover.
+            free = true
+          end
+        end
+      end
+      if free then
+        blk, changed, count = sub(blk, 1, pos - 1) .. sub(blk, pos + v3EntrySize), true, count - 1
+      end
+    end
+  end
+  if a == v3AnswerClaimed or a == v3AnswerTakenOver or a == v3AnswerReclaimed then
+    blk, changed, count = blk .. sub(packed, o + v3PackedDigestAt - 1, o + v3PackedSize - 1) .. tok6, true, count + 1
+    st[j], claimed = 'P', true
+    if attempt then
+      atts = atts or {}
+      atts[j] = attempt
+      num = attempt % v3RecoveredBit
+    end
+  else
+    st[j] = 'X'
+  end
+  ans[j] = char(a)
+  if num then
+    nn = nn + 1
+    nums[nn] = fmt('%d', num) .. ','
+  end
+end
+if changed then
+  if not bl[lastf] then
+    nw = nw + 1
+    wnames[nw] = lastf
+  end
+  bl[lastf] = blk
+end
+
+-- Split while the index holds more than the fill a block, a few a call.
+local splits = math.ceil(n / v3IndexFill) + 1
+while splits > 0 and level < v3MaxLevel and count > v3IndexFill * (2 ^ level + split) do
+  local half = 2 ^ level
+  local from = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
+  local hi = split + half
+  local to = char(math.floor(hi / 65536), math.floor(hi / 256) % 256, hi % 256)
+  local b = bl[from]
+  if not b then
+    b = redis.call('HGET', ikey, from) or ''
+    nw = nw + 1
+    wnames[nw] = from
+  end
+  local keep, move, nk, nm = {}, {}, 0, 0
+  for q = 1, #b, v3EntrySize do
+    local h1, h2, h3 = byte(b, q + v3EntryHashAt - 1, q + v3EntryHashAt + 1)
+    if math.floor(((h1 * 256 + h2) * 256 + h3) / half) % 2 == 1 then
+      nm = nm + 1
+      move[nm] = sub(b, q, q + v3EntrySize - 1)
+    else
+      nk = nk + 1
+      keep[nk] = sub(b, q, q + v3EntrySize - 1)
+    end
+  end
+  bl[from] = concat(keep)
+  nw = nw + 1
+  wnames[nw] = to
+  bl[to] = concat(move)
+  split = split + 1
+  if split == half then
+    level, split = level + 1, 0
+  end
+  splits = splits - 1
+end
+
+if nw > 0 then
+  local w = {}
+  for j = 1, nw do
+    w[2 * j - 1], w[2 * j] = wnames[j], bl[wnames[j]]
+  end
+  redis.call('HSET', ikey, unpack(w))
+end
+
+local keep_s = math.ceil(keep_ms / 1000)
+local now_s = math.floor(now / 1000000)
+local stateChanged = nw > 0 or claimed
+if due < now_s + keep_s + 1 then
+  redis.call('PEXPIRE', ikey, 2 * keep_ms)
+  due, stateChanged = now_s + 2 * keep_s - 1, true
+end
+if not claimed then
+  token, tok7 = last, '\0\0\0\0\0\0\0'
+end
+local s3 = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
+if stateChanged then
+  local c, d, cb, db = count, due, {}, {}
+  for j = 4, 1, -1 do
+    cb[j], db[j] = c % 256, d % 256
+    c, d = (c - cb[j]) / 256, (d - db[j]) / 256
+  end
+  local tokst = tok7
+  if not claimed then
+    tokst = sub(raw or '', v3StateTokenAt, v3StateTokenAt + 6)
+    if tokst == '' then
+      tokst = '\0\0\0\0\0\0\0'
+    end
+  end
+  redis.call('HSET', ikey, '', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db)))
+end
+
+if claimed then
+  local attempts, aw = '', 0
+  if atts then
+    aw = v3AttemptSize
+    local ab = {}
+    for j = 1, n do
+      local at = atts[j] or 1
+      ab[2 * j - 1], ab[2 * j] = math.floor(at / 256), at % 256
+    end
+    attempts = char(unpack(ab))
+  end
+  redis.call('SET', cbase .. fmt('%d', token),
+    V3_CALL_TAG .. fmt(V3_TIME, now + lease_ms * 1000) .. '00000000000000000000000000000000' .. callid ..
+    char(fpw, aw) .. concat(st) .. attempts .. fps, 'PX', keep_ms)
+end
+return tok7 .. char(level) .. s3 .. concat(ans) .. concat(nums)

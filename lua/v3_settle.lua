@@ -1,0 +1,94 @@
+-- v3_settle.lua: complete, release or renew claims of one v3 call (see
+-- v3_claim.lua) in one read and one write of its call record. format.lua
+-- goes before it; it defines no function.
+--
+-- KEYS[1]  the call record key
+-- KEYS[2]  the v3 index key: completing or renewing keeps it at least as
+--          long as the call record
+-- ARGV[1]  'C' to complete (a marker), 'R' to release, 'E' to renew the
+--          call's lease
+-- ARGV[2]  completing or renewing: keep the call record at least this long
+--          from now, ms (completing: the longest its markers answer)
+-- ARGV[3]  completing: when the results' retention ends, µs of Redis's
+--          clock, or 0 for ARGV[2] from now; renewing: the lease from now,
+--          ms
+-- ARGV[4]  the places of the claims, two bytes each, big-endian
+--
+-- Returns an array whose j-th element answers the j-th claim: 1 done (a
+-- renewal: the call's lease renewed), 2 done before by this call (a call
+-- sent again), 3 moved to a record of its own, 0 lease lost (the place is
+-- no longer held: taken over after its lease ran out, forgotten), or the
+-- reason the call record is not one of ours (nothing written then). The
+-- claims of a call share one lease: renewing any renews every place the
+-- call still holds. Safe to run twice.
+local ck, ikey, mode, places = KEYS[1], KEYS[2], ARGV[1], ARGV[4]
+local k = #places / 2
+local out = {}
+local v = redis.pcall('GET', ck)
+local why
+if type(v) == 'table' then
+  why = 'wrong type'
+elseif not v then
+  why = transitionLost
+elseif not string.find(v, V3_CALL) then
+  why = 'unknown format'
+end
+if why then
+  for j = 1, k do
+    out[j] = why
+  end
+  return out
+end
+local byte, sub = string.byte, string.sub
+local np = (#v - v3CallHeadSize) / (1 + byte(v, v3CallAWAt) + byte(v, v3CallFPWAt))
+local st = {byte(v, v3CallHeadSize + 1, v3CallHeadSize + np)}
+local want, changed = byte(mode), false
+if mode == 'E' then
+  want = v3Held
+end
+for j = 1, k do
+  local hi, lo = byte(places, 2 * j - 1, 2 * j)
+  local p = hi * 256 + lo
+  local s = st[p]
+  if s == v3Held then
+    st[p], out[j], changed = want, transitionDone, true
+  elseif s == want and mode ~= 'E' then
+    out[j] = compactSettleDoneBefore
+  elseif s == v3Moved then
+    out[j] = compactSettleMoved
+  else
+    out[j] = transitionLost
+  end
+end
+if not changed then
+  return out
+end
+local tm = redis.call('TIME')
+local now = tm[1] * 1000000 + tm[2]
+local keep = tonumber(ARGV[2])
+local head = sub(v, 1, v3CallHeadSize)
+local untl = tonumber(sub(v, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
+if mode == 'C' then
+  local asked = tonumber(ARGV[3])
+  if asked <= 0 then
+    asked = now + keep * 1000
+  end
+  local runtil = math.max(asked, tonumber(sub(v, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1)))
+  head = sub(v, 1, v3CallDoneAt - 1) .. string.format(V3_TIME, now) .. string.format(V3_TIME, runtil) ..
+    sub(v, v3CallIDAt, v3CallHeadSize)
+  keep = math.max(keep, math.ceil((untl - now) / 1000) + keep)
+elseif mode == 'E' then
+  untl = now + tonumber(ARGV[3]) * 1000
+  head = sub(v, 1, v3CallUntilAt - 1) .. string.format(V3_TIME, untl) .. sub(v, v3CallDoneAt, v3CallHeadSize)
+  keep = math.max(keep, redis.call('PTTL', ck))
+end
+local body = string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1)
+if mode == 'R' then
+  redis.call('SET', ck, head .. body, 'KEEPTTL')
+  return out
+end
+redis.call('SET', ck, head .. body, 'PX', keep)
+if redis.call('PTTL', ikey) < keep then
+  redis.call('PEXPIRE', ikey, keep)
+end
+return out

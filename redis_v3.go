@@ -1,0 +1,212 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The v3 layout's scripts (see format.go, "The v3 layout"), which a store
+// runs when it was made with the layout (internal/layout, withLayoutV3).
+var (
+	//go:embed lua/v3_claim.lua
+	v3ClaimBody string
+	//go:embed lua/v3_settle.lua
+	v3SettleBody   string
+	v3ClaimScript  = newLuaScript(v3ClaimBody)
+	v3SettleScript = newLuaScript(v3SettleBody)
+)
+
+// withLayoutV3 makes a RedisStore keep its compact claims in the v3 layout,
+// where it can (see newV3Layout): for tests that run both layouts side by
+// side. internal/layout does the same for every store made after it is set.
+func withLayoutV3() Option {
+	return Option{name: "withLayoutV3", to: toStore, set: func(s *settings) { s.layoutV3 = true }}
+}
+
+// v3Layout is where a store of the v3 layout keeps its compact claims: one
+// index key and its call records, on one server. What it does not carry
+// yet goes as v2 would: the claims of a Keeper made WithoutMarkers or
+// without compact claims (records of their own), a completion of a compact
+// claim with a value and its checkpoints are refused (errV3Unsupported).
+type v3Layout struct {
+	index, calls string
+	// ls is the index's level and split point as the last reply said,
+	// level<<24 | split: the next call packs by them.
+	ls      atomic.Uint32
+	packers sync.Pool
+}
+
+// v3Chunk is the most messages one v3 claim call holds: Lua's unpack of its
+// keys and blocks stays far below the stack's limit.
+const v3Chunk = 1000
+
+// v3MaxHold is how long past its call record's keep a v3 entry may still be
+// held by a call that renews its lease: past it, the entry is swept, or
+// answers as absent when its call record is missing.
+const v3MaxHold = time.Hour
+
+// errV3Unsupported answers what the v3 layout does not carry yet.
+var errV3Unsupported = fmt.Errorf("%w: the v3 layout keeps no value or checkpoint of a compact claim yet", ErrInvalidConfig)
+
+// newV3Layout returns the v3 layout of store s, or nil where v3 does not
+// serve yet (a client of another kind than *redis.Client or *redis.Conn,
+// WithReplicas, WithoutMarkers): the store keeps v2 there.
+func newV3Layout(s *RedisStore) *v3Layout {
+	switch s.client.(type) {
+	case *redis.Client, *redis.Conn:
+	default:
+		return nil
+	}
+	if s.durable != nil || s.noCompact {
+		return nil
+	}
+	return &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
+}
+
+// v3CallID is the call id of attempt: itself when it is one (11
+// characters of base64url), else 64 bits of its SHA-256.
+func v3CallID(attempt string) string {
+	if len(attempt) == v3CallIDSize && isBase64URL(attempt) {
+		return attempt
+	}
+	sum := sha256.Sum256([]byte(attempt))
+	return base64.RawURLEncoding.EncodeToString(sum[:8])
+}
+
+// claim is ClaimBatch's compact claim of the records todo, in calls of
+// v3Chunk, answered into out.
+func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
+	keys := s.keysOf(req.IDs, todo)
+	for len(todo) > 0 {
+		chunk := todo[:min(len(todo), v3Chunk)]
+		todo = todo[len(chunk):]
+		l.claimChunk(ctx, s, req, chunk, keys, out)
+	}
+}
+
+// claimChunk claims the records chunk in one call; keys are the records'
+// keys (by the caller's index), out their answers.
+func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, out []BatchClaimReply) {
+	fail := func(err error) {
+		for _, i := range chunk {
+			out[i].Err = err
+		}
+	}
+	fpw := 0
+	if req.Fingerprints != nil {
+		for _, i := range chunk {
+			fpw = max(fpw, len(req.Fingerprints[i]))
+		}
+	}
+	if fpw > v3MaxFingerprint {
+		fail(fmt.Errorf("%w: a fingerprint of %d bytes, over %d", ErrInvalidConfig, fpw, v3MaxFingerprint))
+		return
+	}
+	p, _ := l.packers.Get().(*v3Packer)
+	if p == nil {
+		p = &v3Packer{}
+	}
+	defer l.packers.Put(p)
+	ls := l.ls.Load()
+	p.level, p.split = uint8(ls>>24), ls&(1<<24-1)
+	vk := make([]v3Key, len(chunk))
+	for j, i := range chunk {
+		vk[j] = v3KeyOf(req.IDs[i])
+	}
+	arg, _ := p.pack(vk)
+	rkeys := make([]string, 1+len(chunk))
+	rkeys[0] = l.index
+	var fps []byte
+	if fpw > 0 {
+		fps = make([]byte, 0, fpw*len(chunk))
+	}
+	for place := 1; place <= len(chunk); place++ {
+		i := chunk[p.index(place)]
+		rkeys[place] = keys[i]
+		if fpw > 0 {
+			fp := req.Fingerprints[i]
+			fps = append(fps, fp...)
+			for k := len(fp); k < fpw; k++ {
+				fps = append(fps, '.')
+			}
+		}
+	}
+	state := []byte{p.level, byte(p.split >> 16), byte(p.split >> 8), byte(p.split)}
+	callKeep := req.Lease + max(req.Keep-req.Lease, req.MarkerRetention)
+	r, err := v3ClaimScript.Run(ctx, s.client, rkeys, millis(req.Lease), millis(callKeep), l.calls, arg,
+		v3CallID(req.Attempt), fpw, fps, state, millis(callKeep+v3MaxHold)).Text()
+	if err != nil {
+		fail(s.layoutError(err))
+		return
+	}
+	ans := make([]v3Answer, len(chunk))
+	tok, err := p.decode(r, ans)
+	if err != nil {
+		fail(err)
+		return
+	}
+	l.ls.Store(uint32(p.level)<<24 | p.split)
+	for j, i := range chunk {
+		out[i].Reply, out[i].Err = v3Reply(ans[j], tok, p.place(j), req.Lease)
+	}
+}
+
+// v3Reply is the ClaimReply of answer a of a v3 claim call of token tok,
+// the message at place.
+func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply, error) {
+	switch a.code {
+	case v3AnswerClaimed:
+		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
+	case v3AnswerTakenOver, v3AnswerReclaimed:
+		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(a.n), Recovered: a.code == v3AnswerTakenOver, Ref: place}, nil
+	case v3AnswerRepeat:
+		// Another id of this call with the same 64 bits (see format.go):
+		// as in progress, held by this call.
+		return ClaimReply{Status: StatusInProgress, LeaseLeft: lease}, nil
+	case v3AnswerDone:
+		return ClaimReply{Status: StatusCompleted, Attempt: 1, Marker: true, Value: emptyBytes}, nil
+	case v3AnswerExpired:
+		return ClaimReply{Status: StatusResultExpired, Attempt: 1, Marker: true}, nil
+	case v3AnswerBusy:
+		return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
+	case v3AnswerMismatch:
+		return ClaimReply{Status: StatusMismatch}, nil
+	}
+	return ClaimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
+}
+
+// settleCalls returns the calls that complete (target "C"), release ("R")
+// or renew ("E") the v3 compact claims of groups, one call record each;
+// keep and arg as v3_settle.lua takes them (completing: the call record's
+// keep and when the results' retention ends; renewing: the call record's
+// keep and the lease). Their answers go into errs.
+func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
+	st := &batchStep{script: v3SettleScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	calls := make([]batchCall, 0, len(groups))
+	for _, items := range groups {
+		places := make([]byte, 0, 2*len(items))
+		for _, j := range items {
+			r := fence(j).Ref
+			places = append(places, byte(r>>8), byte(r))
+		}
+		keys := []string{l.calls + strconv.FormatInt(fence(items[0]).Token, 10), l.index}
+		calls = append(calls, batchCall{records: items, keys: keys, args: []any{target, millis(keep), arg, string(places)}, step: st})
+	}
+	return calls
+}
+
+// refuse answers the claims picks with errV3Unsupported.
+func (l *v3Layout) refuse(picks []int, errs []error) {
+	for _, j := range picks {
+		errs[j] = errV3Unsupported
+	}
+}

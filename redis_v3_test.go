@@ -1,0 +1,243 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The guarantees of the v3 layout's claim and settle (lua/v3_claim.lua,
+// lua/v3_settle.lua), at the Store, on miniredis and redis-server: a live
+// claim answers busy; an expired lease is taken over with a higher token
+// and the old holder's settle refused; a released id is claimed again with
+// a higher token; a settled id answers done within the retention and is
+// free after it; an id twice in a call is claimed once; a call sent again
+// claims nothing twice.
+
+// v3Store returns a RedisStore of the v3 layout on b.
+func v3Store(t *testing.T, b *redistest.Backend) *RedisStore {
+	t.Helper()
+	s, err := NewRedisStore(b.Client, withLayoutV3())
+	require.NoError(t, err)
+	require.NotNil(t, s.v3, "a *redis.Client store takes the v3 layout")
+	return s
+}
+
+// v3Request is a compact claim request of ids with lease, the marker
+// answering as done for retention and as expired for twice that.
+func v3Request(ids []string, lease, retention time.Duration) BatchClaimRequest {
+	return BatchClaimRequest{IDs: ids, Attempt: newAttemptID(), Lease: lease, Keep: lease,
+		Retention: retention, MarkerRetention: 2 * retention, Compact: true, distinct: true}
+}
+
+func v3IDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = recordID("s", fmt.Sprintf("%s-%d", prefix, i))
+	}
+	return ids
+}
+
+// claimAll asserts every reply claimed, by one call, at attempt 1, and
+// returns the fences.
+func claimAll(t *testing.T, out []BatchClaimReply, ids []string) []Fence {
+	t.Helper()
+	fences := make([]Fence, len(out))
+	for i, r := range out {
+		require.NoError(t, r.Err, "id %d", i)
+		require.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+		assert.Equal(t, 1, r.Reply.Attempt, "id %d", i)
+		assert.Positive(t, r.Reply.Ref, "id %d", i)
+		assert.Equal(t, out[0].Reply.Token, r.Reply.Token, "one token a call")
+		fences[i] = Fence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
+	}
+	return fences
+}
+
+// markersOf completes fences as Consume does: markers whose results are
+// kept for retention from now by Redis's clock, the call record for keep.
+func markersOf(t *testing.T, b *redistest.Backend, fences []Fence, retention, keep time.Duration) []BatchCompletion {
+	now, err := b.Client.Time(context.Background()).Result()
+	require.NoError(t, err)
+	items := make([]BatchCompletion, len(fences))
+	for i, f := range fences {
+		items[i] = BatchCompletion{Fence: f, Value: markerEnvelope(now.Add(retention)), Keep: keep}
+	}
+	return items
+}
+
+func TestV3ClaimSettleGuarantees(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		const lease, retention = 300 * time.Millisecond, time.Second
+		ids := v3IDs("g", 5)
+
+		// New ids: claimed by one call.
+		first := claimAll(t, s.ClaimBatch(ctx, v3Request(ids, lease, retention)), ids)
+
+		// A live claim answers busy, with the lease left.
+		for i, r := range s.ClaimBatch(ctx, v3Request(ids, lease, retention)) {
+			require.NoError(t, r.Err)
+			assert.Equal(t, StatusInProgress, r.Reply.Status, "id %d", i)
+			assert.Greater(t, r.Reply.LeaseLeft, time.Duration(0))
+			assert.LessOrEqual(t, r.Reply.LeaseLeft, lease)
+		}
+
+		// Renewed, completed (ids 0-1) and released (id 2); ids 3-4 are
+		// left to run out.
+		for _, err := range s.ExtendBatch(ctx, first, lease, lease) {
+			require.NoError(t, err)
+		}
+		done, given := s.SettleBatch(ctx, markersOf(t, b, first[:2], retention, 2*retention), first[2:3], lease)
+		require.Equal(t, []error{nil, nil}, done)
+		require.Equal(t, []error{nil}, given)
+		// A settle sent again is done before, not lost.
+		done, given = s.SettleBatch(ctx, markersOf(t, b, first[:2], retention, 2*retention), first[2:3], lease)
+		require.Equal(t, []error{nil, nil}, done)
+		require.Equal(t, []error{nil}, given)
+
+		b.Advance(lease + 50*time.Millisecond)
+		out := s.ClaimBatch(ctx, v3Request(ids, lease, retention))
+		for i := 0; i < 2; i++ {
+			require.NoError(t, out[i].Err)
+			assert.Equal(t, StatusCompleted, out[i].Reply.Status, "a settled id answers done")
+			assert.True(t, out[i].Reply.Marker)
+		}
+		// The released id: claimed again, attempt 2, a higher token.
+		require.NoError(t, out[2].Err)
+		assert.Equal(t, StatusClaimed, out[2].Reply.Status)
+		assert.Equal(t, 2, out[2].Reply.Attempt)
+		assert.False(t, out[2].Reply.Recovered)
+		assert.Greater(t, out[2].Reply.Token, first[2].Token)
+		// The expired leases: taken over, attempt 2, recovered.
+		for i := 3; i < 5; i++ {
+			require.NoError(t, out[i].Err)
+			assert.Equal(t, StatusClaimed, out[i].Reply.Status, "id %d", i)
+			assert.Equal(t, 2, out[i].Reply.Attempt)
+			assert.True(t, out[i].Reply.Recovered)
+			assert.Equal(t, out[2].Reply.Token, out[i].Reply.Token)
+		}
+		// The old holder's settle of them is refused, and its renewal.
+		done, _ = s.SettleBatch(ctx, markersOf(t, b, first[3:5], retention, 2*retention), nil, lease)
+		for _, err := range done {
+			assert.ErrorIs(t, err, ErrLeaseLost)
+		}
+		for _, err := range s.ExtendBatch(ctx, first[3:5], lease, lease) {
+			assert.ErrorIs(t, err, ErrLeaseLost)
+		}
+		// The new holder settles them.
+		token2 := out[2].Reply.Token
+		second := []Fence{{ids[3], out[3].Reply.Token, out[3].Reply.Ref}, {ids[4], out[4].Reply.Token, out[4].Reply.Ref}}
+		done, _ = s.SettleBatch(ctx, markersOf(t, b, second, retention, 2*retention), nil, lease)
+		assert.Equal(t, []error{nil, nil}, done)
+
+		// Past the retention: expired; past the marker retention: free.
+		b.Advance(retention + 100*time.Millisecond)
+		out = s.ClaimBatch(ctx, v3Request(ids[:2], lease, retention))
+		for i := range out {
+			require.NoError(t, out[i].Err)
+			assert.Equal(t, StatusResultExpired, out[i].Reply.Status, "id %d", i)
+		}
+		b.Advance(retention + 100*time.Millisecond)
+		again := claimAll(t, s.ClaimBatch(ctx, v3Request(ids[:2], lease, retention)), ids[:2])
+		assert.Greater(t, again[0].Token, token2)
+	})
+}
+
+// TestV3OneClaimAnId: an id twice in one call is claimed once (the second
+// place answers as held), and a call sent again (go-redis resends a script
+// whose reply was lost) claims nothing a second time.
+func TestV3OneClaimAnId(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		ids := v3IDs("twice", 3)
+		req := v3Request(append(ids, ids[1]), time.Minute, time.Minute)
+		req.distinct = true // as if the caller did not look: the script must
+		out := s.ClaimBatch(ctx, req)
+		claimAll(t, out[:3], ids)
+		require.NoError(t, out[3].Err)
+		assert.Equal(t, StatusInProgress, out[3].Reply.Status)
+
+		again := s.ClaimBatch(ctx, req)
+		for i, r := range again {
+			require.NoError(t, r.Err)
+			assert.Equal(t, StatusInProgress, r.Reply.Status, "place %d", i)
+		}
+	})
+}
+
+// TestV3Grows: the index splits its blocks as it grows, moving each entry
+// to the block its hash chooses, and a store that packs by a state the
+// index has left behind is answered rightly.
+func TestV3Grows(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, stale := v3Store(t, b), v3Store(t, b)
+		ids := v3IDs("grow", 2000)
+		for at := 0; at < len(ids); at += 250 {
+			part := ids[at : at+250]
+			fences := claimAll(t, s.ClaimBatch(ctx, v3Request(part, time.Minute, time.Minute)), part)
+			done, _ := s.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
+			for _, err := range done {
+				require.NoError(t, err)
+			}
+		}
+		raw, err := b.Client.HGet(ctx, s.v3.index, "").Result()
+		require.NoError(t, err)
+		m, ok := parseV3State(raw)
+		require.True(t, ok)
+		assert.Equal(t, uint32(len(ids)), m.count)
+		assert.LessOrEqual(t, m.count, uint32(v3IndexFill)*m.blocks()+uint32(v3IndexFill), "split to the fill")
+		assert.GreaterOrEqual(t, m.blocks(), uint32(len(ids)/v3IndexFill/2))
+		n, err := b.Client.HLen(ctx, s.v3.index).Result()
+		require.NoError(t, err)
+		assert.Equal(t, int64(m.blocks())+1, n, "a field a block, and the state")
+
+		for _, st := range []*RedisStore{s, stale} {
+			for i, r := range st.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)) {
+				require.NoError(t, r.Err)
+				require.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+			}
+		}
+		assert.Equal(t, uint32(m.level)<<24|m.split, stale.v3.ls.Load(), "the stale store learned the state")
+	})
+}
+
+// TestV3RecordsAndFingerprints: a record of its own answers for its id; an
+// id held or done under another fingerprint answers mismatch.
+func TestV3RecordsAndFingerprints(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		k, err := New(s)
+		require.NoError(t, err)
+		_, err = Do(ctx, k, "s", "own", func(context.Context) (string, error) { return "x", nil })
+		require.NoError(t, err)
+
+		ids := []string{recordID("s", "own"), recordID("s", "fp")}
+		req := v3Request(ids, time.Minute, time.Minute)
+		req.Fingerprints = []string{"", "AAAA"}
+		out := s.ClaimBatch(ctx, req)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, StatusCompleted, out[0].Reply.Status, "the record of its own")
+		require.NoError(t, out[1].Err)
+		require.Equal(t, StatusClaimed, out[1].Reply.Status)
+
+		req = v3Request(ids[1:], time.Minute, time.Minute)
+		req.Fingerprints = []string{"BBBBBB"}
+		out = s.ClaimBatch(ctx, req)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, StatusMismatch, out[0].Reply.Status)
+		req.Fingerprints = []string{"AAAA"}
+		out = s.ClaimBatch(ctx, req)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, StatusInProgress, out[0].Reply.Status)
+	})
+}
