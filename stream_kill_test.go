@@ -40,12 +40,7 @@ func TestStreamConsumerKill(t *testing.T) {
 		lease       = 2 * time.Second
 	)
 
-	bin := filepath.Join(t.TempDir(), "streamworker")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "./internal/streamworker")
-	var out bytes.Buffer
-	build.Stdout, build.Stderr = &out, &out
-	require.NoError(t, proc.Start(build))
-	require.NoError(t, build.Wait(), "building the worker: %s", out.String())
+	bin := buildStreamWorker(t)
 
 	// The ids: a fifth repeat an earlier one, half of those within the
 	// last batch's width, half from anywhere before.
@@ -164,6 +159,19 @@ func TestStreamConsumerKill(t *testing.T) {
 	assert.Zero(t, lost, "ids never handled")
 	assert.Equal(t, len(distinct), len(ran), "ids handled that were never sent")
 	assert.LessOrEqual(t, again, 2*defaultSettleCount+concurrency, "handlers that ran again")
+}
+
+// buildStreamWorker builds internal/streamworker into a temporary
+// directory and returns the binary's path.
+func buildStreamWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "streamworker")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "./internal/streamworker")
+	var out bytes.Buffer
+	build.Stdout, build.Stderr = &out, &out
+	require.NoError(t, proc.Start(build))
+	require.NoError(t, build.Wait(), "building the worker: %s", out.String())
+	return bin
 }
 
 // testWriter writes a worker's stderr to the test's log.
