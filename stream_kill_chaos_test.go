@@ -2,12 +2,15 @@ package idem
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,7 +54,7 @@ func stopMidHandler(t *testing.T, w *chaosWorker, deadline time.Time) []runlog.R
 // a stream on a redis-server with AOF (appendfsync always) while, in turn,
 // one is killed with SIGKILL in the middle of a handler and started again
 // under its name, the redis-server is killed and started again on its
-// data a quarter of a lease later, and another worker is stopped
+// data two fifths of a lease later, and another worker is stopped
 // (SIGSTOP) in the middle of a handler for three leases, then let go on
 // (SIGCONT). No worker exits on the outage; no id is lost; no handler runs
 // again once its outcome was stored; every run of an id beyond its first
@@ -68,7 +71,7 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 		concurrency = 1
 		lease       = 2 * time.Second
 		delay       = 50 * time.Millisecond // each handler's run
-		outage      = lease / 4
+		outage      = lease * 2 / 5         // shorter than half a lease: it loses no lease
 		pause       = 3 * lease
 	)
 	bin := buildStreamWorker(t)
@@ -84,6 +87,7 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 
 	dir := t.TempDir()
 	var logs []string
+	refused := &refusedCounter{w: &testWriter{t}} // the dials the workers' go-redis logged as refused: the outage they saw
 	start := func(name string) *chaosWorker {
 		w := &chaosWorker{name: name, log: filepath.Join(dir, fmt.Sprintf("%s.%d.log", name, len(logs))), done: make(chan struct{})}
 		logs = append(logs, w.log)
@@ -92,7 +96,7 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 			"-log", w.log, "-delay", delay.String())
 		stdout, err := w.cmd.StdoutPipe()
 		require.NoError(t, err)
-		w.cmd.Stderr = &testWriter{t}
+		w.cmd.Stderr = refused
 		require.NoError(t, proc.Start(w.cmd))
 		line, err := bufio.NewReader(stdout).ReadString('\n')
 		require.NoError(t, err)
@@ -180,8 +184,9 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 	dead, err := c.XLen(ctx, "s:dead-letter").Result()
 	require.NoError(t, err)
 	t.Logf("go test -race -count=1 -run '^TestStreamConsumerKillOutagePause$' .: %s; %d not completed, %d dead-lettered; "+
-		"the SIGKILL stopped %d handlers, the SIGSTOP (%s, a lease %s) %d",
-		n, notCompleted, dead, len(killed), pause, lease, len(stopped))
+		"the SIGKILL stopped %d handlers, the SIGSTOP (%s, a lease %s) %d; "+
+		"the outage (%s): %d dials refused",
+		n, notCompleted, dead, len(killed), pause, lease, len(stopped), outage, refused.count())
 	for _, p := range n.Problems {
 		t.Log(p)
 	}
@@ -198,6 +203,27 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 		assert.True(t, slices.ContainsFunc(l.Runs, func(r runlog.RunLine) bool { return r.ID == s.ID && r.Token == s.Token }),
 			"%s: the stopped handler did not make its side effect once let go on", s.ID)
 	}
+}
+
+// refusedCounter passes a worker's stderr on to w, counting the
+// connections it says were refused.
+type refusedCounter struct {
+	w  io.Writer
+	mu sync.Mutex
+	n  int
+}
+
+func (r *refusedCounter) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	r.n += bytes.Count(p, []byte("connection refused"))
+	r.mu.Unlock()
+	return r.w.Write(p)
+}
+
+func (r *refusedCounter) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
 }
 
 // assertTakenOver checks that each handler of under (killed or stopped
