@@ -46,7 +46,11 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("IDEMJS_WORKER") != "" {
+	switch os.Getenv("IDEMJS_WORKER") {
+	case "":
+	case "chaos":
+		os.Exit(chaosWorker())
+	default:
 		os.Exit(killWorker())
 	}
 	os.Exit(m.Run())
