@@ -54,9 +54,9 @@ func stopMidHandler(t *testing.T, w *chaosWorker, deadline time.Time) []runlog.R
 // a stream on a redis-server with AOF (appendfsync always) while, in turn,
 // one is killed with SIGKILL in the middle of a handler and started again
 // under its name, the redis-server is killed and started again on its
-// data two fifths of a lease later, and another worker is stopped
-// (SIGSTOP) in the middle of a handler for three leases, then let go on
-// (SIGCONT). No worker exits on the outage; no id is lost; no handler runs
+// data twice (two fifths of a lease later, then a whole lease later), and
+// another worker is stopped (SIGSTOP) in the middle of a handler for three
+// leases, then let go on (SIGCONT). No worker exits on the outages; no id is lost; no handler runs
 // again once its outcome was stored; every run of an id beyond its first
 // is Recovered (the killed and the stopped handlers' ids among them), and
 // the stopped handlers' late completions are not stored.
@@ -71,7 +71,6 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 		concurrency = 1
 		lease       = 2 * time.Second
 		delay       = 50 * time.Millisecond // each handler's run
-		outage      = lease * 2 / 5         // shorter than half a lease: it loses no lease
 		pause       = 3 * lease
 	)
 	bin := buildStreamWorker(t)
@@ -87,7 +86,7 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 
 	dir := t.TempDir()
 	var logs []string
-	refused := &refusedCounter{w: &testWriter{t}} // the dials the workers' go-redis logged as refused: the outage they saw
+	refused := &refusedCounter{w: &testWriter{t}} // the dials the workers' go-redis logged as refused: the outages they saw
 	start := func(name string) *chaosWorker {
 		w := &chaosWorker{name: name, log: filepath.Join(dir, fmt.Sprintf("%s.%d.log", name, len(logs))), done: make(chan struct{})}
 		logs = append(logs, w.log)
@@ -139,15 +138,20 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 	<-workers[0].done
 	workers[0] = start("w0")
 
-	// The redis-server killed, and started again on its AOF.
-	waitRuns(2 * messages / 10)
-	srv.Stop()
-	time.Sleep(outage)
-	srv.Restart(t)
-	alive()
+	// The redis-server killed, and started again on its AOF: first after
+	// two fifths of a lease (shorter than half a lease, it loses no lease),
+	// then after a whole lease (leases run out: their claims are taken over).
+	outages := []time.Duration{lease * 2 / 5, lease}
+	for i, outage := range outages {
+		waitRuns((2 + i) * messages / 10)
+		srv.Stop()
+		time.Sleep(outage)
+		srv.Restart(t)
+		alive()
+	}
 
 	// A worker stopped mid-handler for three leases.
-	waitRuns(3 * messages / 10)
+	waitRuns((2 + len(outages)) * messages / 10)
 	stopped := stopMidHandler(t, workers[1], deadline)
 	time.Sleep(pause)
 	require.NoError(t, workers[1].cmd.Process.Signal(syscall.SIGCONT))
@@ -185,8 +189,8 @@ func TestStreamConsumerKillOutagePause(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("go test -race -count=1 -run '^TestStreamConsumerKillOutagePause$' .: %s; %d not completed, %d dead-lettered; "+
 		"the SIGKILL stopped %d handlers, the SIGSTOP (%s, a lease %s) %d; "+
-		"the outage (%s): %d dials refused",
-		n, notCompleted, dead, len(killed), pause, lease, len(stopped), outage, refused.count())
+		"the outages (%v): %d dials refused",
+		n, notCompleted, dead, len(killed), pause, lease, len(stopped), outages, refused.count())
 	for _, p := range n.Problems {
 		t.Log(p)
 	}

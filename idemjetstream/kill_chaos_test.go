@@ -162,9 +162,9 @@ func stopMidHandler(t *testing.T, w *chaosProc, deadline time.Time) []runlog.Run
 // TestKillOutagePause: three workers consume 600 messages while, in turn,
 // one is killed with SIGKILL in the middle of a handler and another
 // started in its place, the redis-server is killed and started again on
-// its AOF (appendfsync always) two fifths of a lease later, and another
-// worker is stopped (SIGSTOP) in the middle of a handler for three leases,
-// then let go on (SIGCONT). No worker exits on the outage; no id is lost;
+// its AOF (appendfsync always) twice (two fifths of a lease later, then a
+// whole lease later), and another worker is stopped (SIGSTOP) in the
+// middle of a handler for three leases, then let go on (SIGCONT). No worker exits on the outages; no id is lost;
 // no handler runs again once its outcome was stored; every run of an id
 // beyond its first is Recovered (the killed and the stopped handlers' ids
 // among them), and the stopped handlers' late completions are not stored.
@@ -177,10 +177,7 @@ func TestKillOutagePause(t *testing.T) {
 	ctx := context.Background()
 	_, js := connect(t, natsURL)
 	rc := srv.Client(t)
-	const (
-		outage = chaosLease * 2 / 5 // shorter than half a lease: it loses no lease
-		pause  = 3 * chaosLease
-	)
+	const pause = 3 * chaosLease
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: chaosStream, Subjects: []string{"chaos.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -245,15 +242,20 @@ func TestKillOutagePause(t *testing.T) {
 	<-workers[0].done
 	workers[0] = start("w3")
 
-	// The redis-server killed, and started again on its AOF.
-	waitRuns(2 * chaosMessages / 10)
-	srv.Stop()
-	time.Sleep(outage)
-	srv.Restart(t)
-	alive()
+	// The redis-server killed, and started again on its AOF: first after
+	// two fifths of a lease (shorter than half a lease, it loses no lease),
+	// then after a whole lease (leases run out: their claims are taken over).
+	outages := []time.Duration{chaosLease * 2 / 5, chaosLease}
+	for i, outage := range outages {
+		waitRuns((2 + i) * chaosMessages / 10)
+		srv.Stop()
+		time.Sleep(outage)
+		srv.Restart(t)
+		alive()
+	}
 
 	// A worker stopped mid-handler for three leases.
-	waitRuns(3 * chaosMessages / 10)
+	waitRuns((2 + len(outages)) * chaosMessages / 10)
 	stopped := stopMidHandler(t, workers[1], deadline)
 	time.Sleep(pause)
 	if err := workers[1].cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -274,7 +276,7 @@ func TestKillOutagePause(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// What the workers saw of the outage: the dials go-redis logged as
+	// What the workers saw of the outages: the dials go-redis logged as
 	// refused, the errors the runners went on from (WithErrorHandler), and
 	// the steps the Observer was told Redis did not answer.
 	refused, told, unavailable := 0, 0, 0
@@ -309,8 +311,8 @@ func TestKillOutagePause(t *testing.T) {
 	}
 	t.Logf("cd idemjetstream && go test -race -count=1 -run '^TestKillOutagePause$' .: %s; %d not completed; "+
 		"the SIGKILL stopped %d handlers, the SIGSTOP (%s, a lease %s) %d; "+
-		"the outage (%s): %d dials refused, the runners went on from %d errors, %d steps unavailable",
-		n, notCompleted, len(killed), pause, chaosLease, len(stopped), outage, refused, told, unavailable)
+		"the outages (%v): %d dials refused, the runners went on from %d errors, %d steps unavailable",
+		n, notCompleted, len(killed), pause, chaosLease, len(stopped), outages, refused, told, unavailable)
 	for _, p := range n.Problems {
 		t.Log(p)
 	}
