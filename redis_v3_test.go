@@ -179,12 +179,16 @@ func TestV3OneClaimAnId(t *testing.T) {
 func TestV3Grows(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, stale := v3Store(t, b), v3Store(t, b)
+		// s and other take turns, so that each packs by a state the other
+		// has split since (same level, a split point behind); stale packs
+		// by the empty index's.
+		s, other, stale := v3Store(t, b), v3Store(t, b), v3Store(t, b)
 		ids := v3IDs("grow", 2000)
-		for at := 0; at < len(ids); at += 250 {
-			part := ids[at : at+250]
-			fences := claimAll(t, s.ClaimBatch(ctx, v3Request(part, time.Minute, time.Minute)), part)
-			done, _ := s.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
+		for at := 0; at < len(ids); at += 100 {
+			part := ids[at : at+100]
+			st := []*RedisStore{s, other}[at/100%2]
+			fences := claimAll(t, st.ClaimBatch(ctx, v3Request(part, time.Minute, time.Minute)), part)
+			done, _ := st.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
 			for _, err := range done {
 				require.NoError(t, err)
 			}
@@ -200,7 +204,7 @@ func TestV3Grows(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(m.blocks())+1, n, "a field a block, and the state")
 
-		for _, st := range []*RedisStore{s, stale} {
+		for _, st := range []*RedisStore{s, other, stale} {
 			for i, r := range st.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)) {
 				require.NoError(t, r.Err)
 				require.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)

@@ -48,6 +48,9 @@ local stale = tonumber(ARGV[9]) * 1000
 local n = #packed / v3PackedSize
 local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte, string.char, string.format, table.concat
 
+local aP, aU, aD, aE, aB = char(v3AnswerClaimed), char(v3AnswerRepeat), char(v3AnswerDone), char(v3AnswerExpired), char(v3AnswerBusy)
+local aT, aA, aM, aN = char(v3AnswerTakenOver), char(v3AnswerReclaimed), char(v3AnswerMismatch), char(v3AnswerNotOurs)
+
 local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
 local ref = now + v3TokenAhead
@@ -72,20 +75,47 @@ if raw then
   local d1, d2, d3, d4 = byte(raw, v3StateDueAt, v3StateDueAt + 3)
   due = ((d1 * 256 + d2) * 256 + d3) * 256 + d4
 end
-if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= ARGV[8] then
-  -- The client packed by another state: place every message again by its
-  -- hash, and read those blocks.
+local cl = ARGV[8]
+if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= cl then
   local half = 2 ^ level
-  for j = 1, n do
-    local h1, h2, h3 = byte(packed, (j - 1) * v3PackedSize + v3PackedHashAt, (j - 1) * v3PackedSize + v3PackedHashAt + 2)
-    local b = (h1 * 256 + h2) * 256 + h3
-    local lo = b % half
-    if lo < split then
-      lo = b % (2 * half)
+  if byte(cl, 1) == level and sub(cl, 2, 4) <= char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256) then
+    -- The blocks split since the client's state (a range of names, which
+    -- compare as their numbers do): each message of one goes where bit L
+    -- of its hash says, its own block or that block plus 2^L, and the
+    -- latter are read.
+    local k = 3 - math.floor(level / 8)
+    local bit, at = 2 ^ (level % 8), v3PackedHashAt + 2 - math.floor(level / 8)
+    local cs = sub(cl, 2, 4)
+    local ns = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
+    local moved, mnames = {}, {}
+    for j = 1, n do
+      local f = names[j + 1]
+      if f >= cs and f < ns and math.floor(byte(packed, (j - 1) * v3PackedSize + at) / bit) % 2 == 1 then
+        f = sub(f, 1, k - 1) .. char(byte(f, k) + bit) .. sub(f, k + 1)
+        names[j + 1] = f
+        moved[#moved + 1] = j + 1
+        mnames[#mnames + 1] = f
+      end
     end
-    names[j + 1] = char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256)
+    if #moved > 0 then
+      local got = redis.call('HMGET', ikey, unpack(mnames))
+      for q = 1, #moved do
+        blocks[moved[q]] = got[q]
+      end
+    end
+  else
+    -- Another level: place every message again by its hash.
+    for j = 1, n do
+      local h1, h2, h3 = byte(packed, (j - 1) * v3PackedSize + v3PackedHashAt, (j - 1) * v3PackedSize + v3PackedHashAt + 2)
+      local b = (h1 * 256 + h2) * 256 + h3
+      local lo = b % half
+      if lo < split then
+        lo = b % (2 * half)
+      end
+      names[j + 1] = char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256)
+    end
+    blocks = redis.call('HMGET', ikey, unpack(names))
   end
-  blocks = redis.call('HMGET', ikey, unpack(names))
 end
 
 local token = math.max(last + 1, now)
@@ -135,7 +165,7 @@ for j = 1, n do
     end
   end
   local o = (j - 1) * v3PackedSize + 1
-  local a, num, attempt = v3AnswerClaimed, nil, nil
+  local a, num, attempt = aP, nil, nil
   local rv = recs[j]
   if rv then
     -- A record of its own answers for the id.
@@ -150,28 +180,28 @@ for j = 1, n do
     end
     if e then
       if sfp ~= mine then
-        a = v3AnswerMismatch
+        a = aM
       else
         local untl = string.match(rv, RECORD_MARKER, e + 1)
         if untl and tonumber(untl) < now then
-          a = v3AnswerExpired
+          a = aE
         else
-          a = v3AnswerDone
+          a = aD
         end
       end
     elseif not lfp then
-      a = v3AnswerNotOurs
+      a = aN
     elseif sub(rv, 3, 3) == 'C' then
       if lfp ~= mine then
-        a = v3AnswerMismatch
+        a = aM
       else
-        a = v3AnswerDone
+        a = aD
       end
     elseif sub(rv, 3, 3) == 'P' and lfp ~= mine then
-      a = v3AnswerMismatch
+      a = aM
     else
       -- Pending or released: the record's own claim path handles it.
-      a, num = v3AnswerBusy, lease_ms
+      a, num = aB, lease_ms
     end
   else
     local key8 = sub(packed, o + v3PackedDigestAt - 1, o + v3PackedPlaceAt - 2)
@@ -184,7 +214,7 @@ for j = 1, n do
       local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
       local free = false
       if et == token then
-        a = v3AnswerRepeat
+        a = aU
       else
         local ks = fmt('%d', et)
         local cv = calls[ks]
@@ -194,24 +224,24 @@ for j = 1, n do
         end
         if not cv then
           if now - et <= keep_ms * 1000 then
-            a, num = v3AnswerBusy, lease_ms
+            a, num = aB, lease_ms
           else
             free = true
           end
-        elseif not find(cv, V3_CALL) then
-          a = v3AnswerNotOurs
+        elseif sub(cv, 1, 3) ~= V3_CALL_TAG or #cv < v3CallHeadSize then
+          a = aN
         else
           local p1, p2 = byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
           local p = p1 * 256 + p2
           local cfpw, caw = byte(cv, v3CallFPWAt), byte(cv, v3CallAWAt)
           local np = (#cv - v3CallHeadSize) / (1 + caw + cfpw)
           local s = byte(cv, v3CallHeadSize + p)
-          if p > np then
-            a = v3AnswerNotOurs
+          if p > np or np % 1 ~= 0 then
+            a = aN
           elseif sub(cv, v3CallIDAt, v3CallIDAt + v3CallIDSize - 1) == callid then
             -- An earlier run of this call: its claims stay held until their
             -- lease ends.
-            a, num = v3AnswerBusy, lease_ms
+            a, num = aB, lease_ms
           elseif s == v3Held or s == v3Completed or s == v3Released then
             local mine, theirs = '', ''
             if fpw > 0 then
@@ -227,24 +257,24 @@ for j = 1, n do
               prev = (a1 * 256 + a2) % v3RecoveredBit
             end
             if s ~= v3Released and mine ~= theirs then
-              a = v3AnswerMismatch
+              a = aM
             elseif s == v3Completed then
               if now <= tonumber(sub(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1)) then
-                a = v3AnswerDone
+                a = aD
               else
-                a = v3AnswerExpired
+                a = aE
               end
             elseif s == v3Released then
-              a, attempt, free = v3AnswerReclaimed, math.min(prev + 1, v3MaxAttempts), true
+              a, attempt, free = aA, math.min(prev + 1, v3MaxAttempts), true
             else
               local untl = tonumber(sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
               if untl > now then
-                a, num = v3AnswerBusy, math.ceil((untl - now) / 1000)
+                a, num = aB, math.ceil((untl - now) / 1000)
               else
                 -- The lease ran out: fence its holder off and take over.
                 redis.call('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
                 calls[ks] = sub(cv, 1, v3CallHeadSize + p - 1) .. 'T' .. sub(cv, v3CallHeadSize + p + 1)
-                a, attempt, free = v3AnswerTakenOver, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
+                a, attempt, free = aT, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
               end
             end
           else
@@ -259,7 +289,7 @@ for j = 1, n do
       end
     end
   end
-  if a == v3AnswerClaimed or a == v3AnswerTakenOver or a == v3AnswerReclaimed then
+  if a == aP or a == aT or a == aA then
     blk, changed, count = blk .. sub(packed, o + v3PackedDigestAt - 1, o + v3PackedSize - 1) .. tok6, true, count + 1
     st[j], claimed = 'P', true
     if attempt then
@@ -270,7 +300,7 @@ for j = 1, n do
   else
     st[j] = 'X'
   end
-  ans[j] = char(a)
+  ans[j] = a
   if num then
     nn = nn + 1
     nums[nn] = fmt('%d', num) .. ','
@@ -298,14 +328,14 @@ while splits > 0 and level < v3MaxLevel and count > v3IndexFill * (2 ^ level + s
     wnames[nw] = from
   end
   local keep, move, nk, nm = {}, {}, 0, 0
-  for q = 1, #b, v3EntrySize do
-    local h1, h2, h3 = byte(b, q + v3EntryHashAt - 1, q + v3EntryHashAt + 1)
-    if math.floor(((h1 * 256 + h2) * 256 + h3) / half) % 2 == 1 then
+  local at, bit = v3EntryHashAt + 2 - math.floor(level / 8), 2 ^ (level % 8)
+  for q = 0, #b - 1, v3EntrySize do
+    if math.floor(byte(b, q + at) / bit) % 2 == 1 then
       nm = nm + 1
-      move[nm] = sub(b, q, q + v3EntrySize - 1)
+      move[nm] = sub(b, q + 1, q + v3EntrySize)
     else
       nk = nk + 1
-      keep[nk] = sub(b, q, q + v3EntrySize - 1)
+      keep[nk] = sub(b, q + 1, q + v3EntrySize)
     end
   end
   bl[from] = concat(keep)
@@ -317,14 +347,6 @@ while splits > 0 and level < v3MaxLevel and count > v3IndexFill * (2 ^ level + s
     level, split = level + 1, 0
   end
   splits = splits - 1
-end
-
-if nw > 0 then
-  local w = {}
-  for j = 1, nw do
-    w[2 * j - 1], w[2 * j] = wnames[j], bl[wnames[j]]
-  end
-  redis.call('HSET', ikey, unpack(w))
 end
 
 local keep_s = math.ceil(keep_ms / 1000)
@@ -351,7 +373,12 @@ if stateChanged then
       tokst = '\0\0\0\0\0\0\0'
     end
   end
-  redis.call('HSET', ikey, '', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db)))
+  -- The state and the blocks written, in one HSET.
+  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db))}
+  for j = 1, nw do
+    w[2 * j + 1], w[2 * j + 2] = wnames[j], bl[wnames[j]]
+  end
+  redis.call('HSET', ikey, unpack(w))
 end
 
 if claimed then

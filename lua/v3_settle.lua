@@ -30,7 +30,7 @@ if type(v) == 'table' then
   why = 'wrong type'
 elseif not v then
   why = transitionLost
-elseif not string.find(v, V3_CALL) then
+elseif string.sub(v, 1, 3) ~= V3_CALL_TAG or #v < v3CallHeadSize then
   why = 'unknown format'
 end
 if why then
@@ -41,6 +41,12 @@ if why then
 end
 local byte, sub = string.byte, string.sub
 local np = (#v - v3CallHeadSize) / (1 + byte(v, v3CallAWAt) + byte(v, v3CallFPWAt))
+if np % 1 ~= 0 then
+  for j = 1, k do
+    out[j] = 'unknown format'
+  end
+  return out
+end
 local st = {byte(v, v3CallHeadSize + 1, v3CallHeadSize + np)}
 local want, changed = byte(mode), false
 if mode == 'E' then
