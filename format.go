@@ -484,16 +484,18 @@ func parseCallRecord(v string) (callRecord, bool) {
 // the block of hash H is H mod 2^L, or H mod 2^(L+1) when that is below S
 // (v3Block). L is at most 24, and S is 0 at 24: at most 2^24 blocks.
 //
-// The index's state, its field "", 21 bytes:
+// The index's state, its field "", 32 bytes:
 //
-//	"v3" L1 S3 N4 TOKEN7 DUE4
+//	"v3" L1 S3 N4 TOKEN7 DUE4 CALL11
 //
 // bytes 0-1 "v3"; byte 2 L, the level (0 to 24); bytes 3-5 S, the split
 // point (below 2^L); bytes 6-9 N, the entries the index holds; bytes 10-16
 // TOKEN, the last token the index gave a call; bytes 17-20 DUE, Redis's
 // clock in seconds until when the index key is known to live (0: not
 // known): a call that needs it to live longer pushes its expiry out; every
-// number big-endian. A call's token is the larger
+// number big-endian; bytes 21-31 CALL, the id of the call that TOKEN was
+// given to (11 characters of base64url; zero bytes before any), by which a
+// call that go-redis sent again finds its first run. A call's token is the larger
 // of TOKEN + 1 and Redis's clock in microseconds, and becomes TOKEN: above
 // every token the index gave, and, as the clock, above every token a
 // record of its own had before (a record's token is the clock at its
@@ -531,12 +533,13 @@ const (
 	v3TokenModulus  = 1 << 48
 	v3TokenAhead    = 1 << 32
 
-	v3StateSize    = 21
+	v3StateSize    = 32
 	v3StateLevelAt = 3
 	v3StateSplitAt = 4
 	v3StateCountAt = 7
 	v3StateTokenAt = 11
 	v3StateDueAt   = 18
+	v3StateCallAt  = 22
 
 	v3CallHeadSize      = 64
 	v3CallUntilAt       = 4
@@ -714,7 +717,9 @@ type v3State struct {
 	split uint32 // S
 	count uint32 // N, entries held
 	token int64  // the last token given
-	due   uint32 // when the index key's expiry is next pushed out, seconds
+	due   uint32 // until when the index key is known to live, seconds
+	// callID is the id of the call given token, or "" before any.
+	callID string
 }
 
 // blocks is how many blocks an index of state m has.
@@ -723,16 +728,20 @@ func (m v3State) blocks() uint32 { return 1<<m.level + m.split }
 // valid reports whether m can be written.
 func (m v3State) valid() bool {
 	return m.level <= v3MaxLevel && m.split < 1<<m.level && (m.level < v3MaxLevel || m.split == 0) &&
-		m.token >= 0 && m.token <= maxToken
+		m.token >= 0 && m.token <= maxToken && (m.callID == "" || len(m.callID) == v3CallIDSize && isBase64URL(m.callID))
 }
 
-// appendV3State appends the state field of m, 21 bytes.
+// appendV3State appends the state field of m, 32 bytes.
 func appendV3State(dst []byte, m v3State) []byte {
 	dst = append(dst, 'v', '3', m.level, byte(m.split>>16), byte(m.split>>8), byte(m.split))
 	dst = append(dst, byte(m.count>>24), byte(m.count>>16), byte(m.count>>8), byte(m.count))
 	t := m.token
 	dst = append(dst, byte(t>>48), byte(t>>40), byte(t>>32), byte(t>>24), byte(t>>16), byte(t>>8), byte(t))
-	return append(dst, byte(m.due>>24), byte(m.due>>16), byte(m.due>>8), byte(m.due))
+	dst = append(dst, byte(m.due>>24), byte(m.due>>16), byte(m.due>>8), byte(m.due))
+	if m.callID == "" {
+		return append(dst, make([]byte, v3CallIDSize)...)
+	}
+	return append(dst, m.callID...)
 }
 
 // parseV3State reads the state field raw; false when it is not a v3 state
@@ -753,6 +762,12 @@ func parseV3State(raw string) (v3State, bool) {
 		count: uint32(be(raw[6:10])),
 		token: int64(be(raw[10:17])),
 		due:   uint32(be(raw[17:21])),
+	}
+	if id := raw[21:32]; id != "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00" {
+		if id == "" || !isBase64URL(id) {
+			return v3State{}, false
+		}
+		m.callID = id
 	}
 	return m, m.valid()
 }

@@ -32,10 +32,11 @@ const v3GoldenCallBytes = "i3B" + "1700000030000000" + "1700000001000000" + "170
 	"CXT" + "\x00\x01\x80\x03\x00\x02" + "ZZZZZZZZZZZZZZZZ" + "................" + "abc............."
 
 // v3GoldenState: level 16, split point 59,464, 1,000,000 entries, last
-// token 1700000000000123, expiry due at 1700000000 s.
-var v3GoldenState = v3State{level: 16, split: 59464, count: 1000000, token: 1700000000000123, due: 1700000000}
+// token 1700000000000123 given to call AAAAAAAAAAE, the key known to live
+// until 1700000000 s.
+var v3GoldenState = v3State{level: 16, split: 59464, count: 1000000, token: 1700000000000123, due: 1700000000, callID: "AAAAAAAAAAE"}
 
-const v3GoldenStateBytes = "v3" + "\x10" + "\x00\xe8\x48" + "\x00\x0f\x42\x40" + "\x06\x0a\x24\x18\x1e\x40\x7b" + "\x65\x53\xf1\x00"
+const v3GoldenStateBytes = "v3" + "\x10" + "\x00\xe8\x48" + "\x00\x0f\x42\x40" + "\x06\x0a\x24\x18\x1e\x40\x7b" + "\x65\x53\xf1\x00" + "AAAAAAAAAAE"
 
 // v3GoldenEntry: digest "k@Y\xe1\xc6" and block hash 0xfaa63e (golden-1's),
 // place 2, token 1700000000000123 (0x060a24181e407b: its low 48 bits kept).
@@ -51,7 +52,7 @@ func TestFormatV3Golden(t *testing.T) {
 	assert.Equal(t, "\x00\x00\x00", string(v3AppendBlockName(nil, 0)))
 	assert.Equal(t, "\xff\xff\xff", string(v3AppendBlockName(nil, 1<<24-1)))
 	assert.Equal(t, v3GoldenStateBytes, string(appendV3State(nil, v3GoldenState)))
-	assert.Equal(t, "v3\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", string(appendV3State(nil, v3State{})))
+	assert.Equal(t, "v3"+strings.Repeat("\x00", 30), string(appendV3State(nil, v3State{})))
 
 	call, ok := appendV3Call(nil, v3GoldenCall)
 	require.True(t, ok)
@@ -135,7 +136,7 @@ func TestFormatV3ReadsWhatItWrites(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, v3GoldenState, m)
 	assert.Equal(t, uint32(65536+59464), m.blocks())
-	top := v3State{level: 24, token: maxToken, count: 1<<32 - 1, due: 1<<32 - 1}
+	top := v3State{level: 24, token: maxToken, count: 1<<32 - 1, due: 1<<32 - 1, callID: "___________"}
 	m, ok = parseV3State(string(appendV3State(nil, top)))
 	require.True(t, ok)
 	assert.Equal(t, top, m)
@@ -179,18 +180,20 @@ func TestFormatV3RefusesWhatIsNotIt(t *testing.T) {
 	for name, raw := range map[string]string{
 		"empty":               "",
 		"v2":                  "v2 16 59464 1000000",
-		"short":               v3GoldenStateBytes[:20],
+		"short":               v3GoldenStateBytes[:31],
+		"call id":             v3GoldenStateBytes[:31] + "=",
+		"call id short":       v3GoldenStateBytes[:21] + "\x00\x00\x00\x00\x00AAAAAA",
 		"long":                v3GoldenStateBytes + "\x00",
 		"tag":                 "v4" + v3GoldenStateBytes[2:],
 		"level 25":            "v3\x19" + v3GoldenStateBytes[3:],
 		"split not below 2^L": "v3\x02\x00\x00\x04" + v3GoldenStateBytes[6:],
 		"split at level 24":   "v3\x18\x00\x00\x01" + v3GoldenStateBytes[6:],
-		"token past 2^53":     "v3\x00\x00\x00\x00\x00\x00\x00\x00" + "\x20\x00\x00\x00\x00\x00\x00" + "\x00\x00\x00\x00",
+		"token past 2^53":     "v3\x00\x00\x00\x00\x00\x00\x00\x00" + "\x20\x00\x00\x00\x00\x00\x00" + "\x00\x00\x00\x00" + strings.Repeat("\x00", 11),
 	} {
 		_, ok := parseV3State(raw)
 		assert.False(t, ok, name)
 	}
-	_, ok := parseV3State("v3\x00\x00\x00\x00\x00\x00\x00\x00" + "\x1f\xff\xff\xff\xff\xff\xff" + "\x00\x00\x00\x00")
+	_, ok := parseV3State("v3\x00\x00\x00\x00\x00\x00\x00\x00" + "\x1f\xff\xff\xff\xff\xff\xff" + "\x00\x00\x00\x00" + strings.Repeat("\x00", 11))
 	assert.True(t, ok, "token 2^53 - 1")
 
 	head := v3GoldenCallBytes[:v3CallHeadSize]
@@ -272,7 +275,7 @@ func TestFormatV3Lua(t *testing.T) {
 		}
 
 		got := run("read", now, v3GoldenStateBytes, string(blk), v3GoldenCallBytes, string(hs))
-		want := []any{int64(16), int64(59464), int64(1000000), int64(1700000000000123), int64(1700000000),
+		want := []any{int64(16), int64(59464), int64(1000000), int64(1700000000000123), int64(1700000000), "AAAAAAAAAAE",
 			"k@Y\xe1\xc6", int64(0xfaa63e), int64(2), int64(1700000000000123),
 			"\x00\x00\x00\x00\x01", int64(0xffffff), int64(65535), now + 1<<31,
 			"\xff\x00\x00\x00\x00", int64(0), int64(1), now - 1<<40}
@@ -309,7 +312,7 @@ func TestFormatV3Lua(t *testing.T) {
 			now+30_000_000, 0, 0, "AAAAAAAAAAE", "PPC", "", "", 0)
 		m, ok = parseV3State(got[0].(string))
 		require.True(t, ok)
-		assert.Equal(t, v3State{level: 24, token: now}, m)
+		assert.Equal(t, v3State{level: 24, token: now, callID: "AAAAAAAAAAE"}, m)
 		e, ok := v3ReadEntry(got[1].(string))
 		require.True(t, ok)
 		assert.Equal(t, uint16(65535), e.place)

@@ -152,24 +152,56 @@ func TestV3ClaimSettleGuarantees(t *testing.T) {
 
 // TestV3OneClaimAnId: an id twice in one call is claimed once (the second
 // place answers as held), and a call sent again (go-redis resends a script
-// whose reply was lost) claims nothing a second time.
+// whose reply was lost) answers as its first run did, claiming nothing a
+// second time: its own claims by its first token, the rest as they were
+// answered; once another call came between, it answers them held.
 func TestV3OneClaimAnId(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		s := v3Store(t, b)
-		ids := v3IDs("twice", 3)
+		const lease = 300 * time.Millisecond
+		ids := v3IDs("twice", 4)
+		done := claimAll(t, s.ClaimBatch(ctx, v3Request(ids[3:], time.Minute, time.Minute)), ids[3:])
+		d, _ := s.SettleBatch(ctx, markersOf(t, b, done, time.Minute, time.Minute), nil, time.Minute)
+		require.Equal(t, []error{nil}, d)
+
 		req := v3Request(append(ids, ids[1]), time.Minute, time.Minute)
-		req.distinct = true // as if the caller did not look: the script must
 		out := s.ClaimBatch(ctx, req)
-		claimAll(t, out[:3], ids)
+		first := claimAll(t, out[:3], ids[:3])
 		require.NoError(t, out[3].Err)
-		assert.Equal(t, StatusInProgress, out[3].Reply.Status)
+		assert.Equal(t, StatusCompleted, out[3].Reply.Status, "done before")
+		require.NoError(t, out[4].Err)
+		assert.Equal(t, StatusInProgress, out[4].Reply.Status, "the repeat")
 
 		again := s.ClaimBatch(ctx, req)
-		for i, r := range again {
+		assert.Equal(t, out, again, "sent again, the call answers as its first run did")
+
+		// A takeover, sent again: the same attempt, recovered.
+		take := v3IDs("take", 1)
+		short := v3Request(take, lease, time.Minute)
+		claimAll(t, s.ClaimBatch(ctx, short), take)
+		b.Advance(lease + 50*time.Millisecond)
+		short.Attempt = newAttemptID()
+		took := s.ClaimBatch(ctx, short)
+		require.NoError(t, took[0].Err)
+		require.Equal(t, StatusClaimed, took[0].Reply.Status)
+		require.True(t, took[0].Reply.Recovered)
+		assert.Equal(t, took, s.ClaimBatch(ctx, short))
+
+		// Another call came between: the first run's claims answer held.
+		claimAll(t, s.ClaimBatch(ctx, v3Request(v3IDs("between", 2), time.Minute, time.Minute)), v3IDs("between", 2))
+		late := s.ClaimBatch(ctx, req)
+		for i, r := range late {
 			require.NoError(t, r.Err)
+			if i == 3 {
+				assert.Equal(t, StatusCompleted, r.Reply.Status)
+				continue
+			}
 			assert.Equal(t, StatusInProgress, r.Reply.Status, "place %d", i)
 		}
+		// Nothing was claimed twice: the first claims settle.
+		d, _ = s.SettleBatch(ctx, markersOf(t, b, first[1:], time.Minute, time.Minute), nil, time.Minute)
+		assert.Equal(t, []error{nil, nil}, d)
 	})
 }
 
@@ -243,5 +275,39 @@ func TestV3RecordsAndFingerprints(t *testing.T) {
 		out = s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
 		assert.Equal(t, StatusInProgress, out[0].Reply.Status)
+	})
+}
+
+// TestV3StepsSentTwice: with every script sent twice, as go-redis sends a
+// script whose reply was lost, each v3 step answers as on a clean line:
+// the claim as its first run, the renewal, completion and release as done.
+func TestV3StepsSentTwice(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		client, twice := resendClient(t, b)
+		s, err := NewRedisStore(client, withLayoutV3())
+		require.NoError(t, err)
+		require.NoError(t, s.LoadScripts(ctx))
+		twice.on.Store(true)
+		ids := v3IDs("sent-twice", 6)
+		first := claimAll(t, s.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)), ids)
+		for _, err := range s.ExtendBatch(ctx, first, time.Minute, time.Minute) {
+			require.NoError(t, err)
+		}
+		done, given := s.SettleBatch(ctx, markersOf(t, b, first[:4], time.Minute, time.Minute), first[4:], time.Minute)
+		assert.Equal(t, []error{nil, nil, nil, nil}, done)
+		assert.Equal(t, []error{nil, nil}, given)
+		twice.on.Store(false)
+		clean := v3Store(t, b)
+		out := clean.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute))
+		for i, r := range out {
+			require.NoError(t, r.Err)
+			if i < 4 {
+				assert.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+			} else {
+				assert.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+				assert.Equal(t, 2, r.Reply.Attempt, "id %d: released once", i)
+			}
+		}
 	})
 }

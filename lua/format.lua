@@ -254,18 +254,20 @@ local v3IndexFill = 8
 local v3TokenModulus = 281474976710656
 local v3TokenAhead = 4294967296
 
--- The index's state, its field "", 21 bytes: "v3" L1 S3 N4 TOKEN7 DUE4,
+-- The index's state, its field "", 32 bytes: "v3" L1 S3 N4 TOKEN7 DUE4 CALL11,
 -- big-endian numbers (level, split point, entries, the last token given,
--- until when the key is known to live, seconds). string.find(raw,
+-- until when the key is known to live, seconds), then the id of the call
+-- given TOKEN (zero bytes before any). string.find(raw,
 -- V3_STATE) is nil for a field of another layout.
-local V3_STATE = '^v3...................$'
+local V3_STATE = '^v3..............................$'
 local V3_STATE_TAG = 'v3'
-local v3StateSize = 21
+local v3StateSize = 32
 local v3StateLevelAt = 3
 local v3StateSplitAt = 4
 local v3StateCountAt = 7
 local v3StateTokenAt = 11
 local v3StateDueAt = 18
+local v3StateCallAt = 22
 
 -- The call record: "i3B" UNTIL16 DONE16 RESULT_UNTIL16 CALL_ID11 FPW1 AW1,
 -- then a state byte a place, AW bytes a place (attempt, plus

@@ -32,8 +32,14 @@
 -- (released) with this call's token and the attempt after the old one's.
 -- What v3 does not handle yet answers busy, never "not seen": a record of
 -- its own that is pending or released, an entry whose call record is
--- missing while it may still live, an entry of an earlier run of this call
--- (go-redis sent it again: its claims stay held until their lease ends).
+-- missing while it may still live.
+--
+-- A call go-redis sent again (its reply was lost) answers as its first run
+-- did when no other call took a token since (the state keeps the id of the
+-- call its last token went to): the claims of that run by its token, the
+-- rest answered anew but none claimed, nothing written. Once another call
+-- came between, the first run's claims answer busy and stay held until
+-- their lease ends.
 --
 -- The call's token is the larger of the last token the index gave plus one
 -- and Redis's clock in µs: above every token an id had, its records' too.
@@ -118,7 +124,15 @@ if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= cl then
   end
 end
 
-local token = math.max(last + 1, now)
+-- A call that go-redis sent again after its first run (the state says
+-- its token went to this call's id) answers as that run did: its claims,
+-- by that run's token, and nothing claimed anew, nothing written.
+local resend = raw and sub(raw, v3StateCallAt, v3StateCallAt + v3CallIDSize - 1) == callid
+local token, cv0 = math.max(last + 1, now), nil
+if resend then
+  token = last
+  cv0 = redis.call('GET', cbase .. fmt('%d', last)) or nil
+end
 local t7 = {}
 local x = token
 for j = 7, 1, -1 do
@@ -136,6 +150,9 @@ end
 -- bl holds the blocks this call changed, by name, and wnames their names.
 local bl, wnames, nw = {}, {}, 0
 local calls = {}
+if cv0 then
+  calls[fmt('%d', token)] = cv0
+end
 local ans, nums, nn, st = {}, {}, 0, {}
 local atts, claimed = nil, false
 local lastf, blk, changed = nil, nil, false
@@ -165,7 +182,7 @@ for j = 1, n do
     end
   end
   local o = (j - 1) * v3PackedSize + 1
-  local a, num, attempt = aP, nil, nil
+  local a, num, attempt, own = aP, nil, nil, false
   local rv = recs[j]
   if rv then
     -- A record of its own answers for the id.
@@ -214,7 +231,26 @@ for j = 1, n do
       local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
       local free = false
       if et == token then
-        a = aU
+        local p1, p2 = byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
+        if not resend or p1 * 256 + p2 ~= j then
+          a = aU
+        elseif cv0 and byte(cv0, v3CallHeadSize + j) == v3Held then
+          -- This call's own claim, by its first run.
+          own, a = true, aP
+          local caw = byte(cv0, v3CallAWAt)
+          if caw == v3AttemptSize then
+            local np0 = (#cv0 - v3CallHeadSize) / (1 + caw + byte(cv0, v3CallFPWAt))
+            local a1, a2 = byte(cv0, v3CallHeadSize + np0 + (j - 1) * caw + 1, v3CallHeadSize + np0 + j * caw)
+            local at = a1 * 256 + a2
+            if at >= v3RecoveredBit then
+              a, num = aT, at - v3RecoveredBit
+            elseif at > 1 then
+              a, num = aA, at
+            end
+          end
+        else
+          a, num = aB, lease_ms
+        end
       else
         local ks = fmt('%d', et)
         local cv = calls[ks]
@@ -270,6 +306,8 @@ for j = 1, n do
               local untl = tonumber(sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
               if untl > now then
                 a, num = aB, math.ceil((untl - now) / 1000)
+              elseif resend then
+                a, num = aB, lease_ms
               else
                 -- The lease ran out: fence its holder off and take over.
                 redis.call('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
@@ -289,7 +327,11 @@ for j = 1, n do
       end
     end
   end
-  if a == aP or a == aT or a == aA then
+  if own then
+    st[j] = 'P'
+  elseif resend and (a == aP or a == aT or a == aA) then
+    a, num, st[j] = aB, lease_ms, 'X'
+  elseif a == aP or a == aT or a == aA then
     blk, changed, count = blk .. sub(packed, o + v3PackedDigestAt - 1, o + v3PackedSize - 1) .. tok6, true, count + 1
     st[j], claimed = 'P', true
     if attempt then
@@ -312,6 +354,10 @@ if changed then
     wnames[nw] = lastf
   end
   bl[lastf] = blk
+end
+
+if resend then
+  return tok7 .. sub(raw, v3StateLevelAt, v3StateCountAt - 1) .. concat(ans) .. concat(nums)
 end
 
 -- Split while the index holds more than the fill a block, a few a call.
@@ -374,7 +420,14 @@ if stateChanged then
     end
   end
   -- The state and the blocks written, in one HSET.
-  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db))}
+  local cid = callid
+  if not claimed then
+    cid = sub(raw or '', v3StateCallAt, v3StateCallAt + v3CallIDSize - 1)
+    if cid == '' then
+      cid = '\0\0\0\0\0\0\0\0\0\0\0'
+    end
+  end
+  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db)) .. cid}
   for j = 1, nw do
     w[2 * j + 1], w[2 * j + 2] = wnames[j], bl[wnames[j]]
   end

@@ -10,7 +10,7 @@
 --
 -- ARGV[1] 'read': ARGV[2] Redis's clock (µs, decimal), ARGV[3] a state
 -- field, ARGV[4] a block of entries, ARGV[5] a call record, ARGV[6] block
--- hashes, 3 bytes each. Returns {L, S, N, TOKEN, DUE, then for each entry
+-- hashes, 3 bytes each. Returns {L, S, N, TOKEN, DUE, CALL, then for each entry
 -- its digest, block hash, place and whole token, then the block of each hash in the
 -- state read, then the call record's UNTIL, DONE, RESULT_UNTIL, CALL_ID,
 -- FPW, AW, places, states, then for each place its attempt, recovered (0
@@ -19,7 +19,7 @@
 -- ARGV[1] 'write': ARGV[2..6] L, S, N, TOKEN, DUE; ARGV[7] a digest and its
 -- block hash (8 bytes), ARGV[8]
 -- a place, ARGV[9] a token; ARGV[10] a block number; ARGV[11..13] UNTIL,
--- DONE, RESULT_UNTIL; ARGV[14] CALL_ID; ARGV[15] states; ARGV[16] attempts,
+-- DONE, RESULT_UNTIL; ARGV[14] CALL_ID (the state's too); ARGV[15] states; ARGV[16] attempts,
 -- a place each, 'a' or 'a+' (recovered), comma-separated ('' for AW 0);
 -- ARGV[17] fingerprints, comma-separated, and ARGV[18] their width.
 -- Returns {state, entry, block name, call record}.
@@ -68,7 +68,8 @@ if ARGV[1] == 'read' then
   end
   local l = string.byte(raw, v3StateLevelAt)
   local s = num(raw, v3StateSplitAt, 3)
-  local out = {l, s, num(raw, v3StateCountAt, 4), num(raw, v3StateTokenAt, 7), num(raw, v3StateDueAt, 4)}
+  local out = {l, s, num(raw, v3StateCountAt, 4), num(raw, v3StateTokenAt, 7), num(raw, v3StateDueAt, 4),
+    string.sub(raw, v3StateCallAt, v3StateCallAt + v3CallIDSize - 1)}
   for pos = 1, #blk, v3EntrySize do
     local ref = now + v3TokenAhead
     local t48 = num(blk, pos + v3EntryTokenAt - 1, 6)
@@ -121,7 +122,7 @@ if ARGV[1] == 'read' then
 end
 
 local state = V3_STATE_TAG .. be(tonumber(ARGV[2]), 1) .. be(tonumber(ARGV[3]), 3) .. be(tonumber(ARGV[4]), 4) ..
-  be(tonumber(ARGV[5]), 7) .. be(tonumber(ARGV[6]), 4)
+  be(tonumber(ARGV[5]), 7) .. be(tonumber(ARGV[6]), 4) .. ARGV[14]
 local entry = ARGV[7] .. be(tonumber(ARGV[8]), 2) .. be(tonumber(ARGV[9]) % v3TokenModulus, 6)
 local name = be(tonumber(ARGV[10]), v3BlockNameSize)
 local states, fpw = ARGV[15], tonumber(ARGV[18])
