@@ -326,8 +326,8 @@ type options struct {
 	// it.
 	prefill         int64
 	markerRetention time.Duration
-	// scopeShards is -scope-shards: idem.WithScopeShards; scopePerCaller
-	// is -scope-per-caller.
+	// scopeShards is -scope-shards: idem.WithScopeShards, given when the
+	// flag is (set["scope-shards"]); scopePerCaller is -scope-per-caller.
 	scopeShards    int
 	scopePerCaller bool
 	// side is -side: "" for both sides, or sideIdem or sideBaseline;
@@ -389,7 +389,7 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.markers, "markers", true, "with -workload batch: keep each handled message as a compact marker (false: idem.WithoutMarkers, a record a message)")
 	fs.Int64Var(&o.prefill, "prefill", 0, fmt.Sprintf("with -workload batch: before the clock starts, handle this many distinct ids (not measured) on each side, by the path of the measured run (idem.Consume; the baseline's pipelines), in batches of -batch or %d if larger, from -c callers or twice the cores if more, with progress on stderr; the measured stream then finds them remembered, as a consumer that has run for long does. Its ids are counted among the ids remembered in the memory per id, and in no other figure", prefillMinBatch))
 	fs.DurationVar(&o.markerRetention, "marker-retention", 0, "with -workload batch: the steady state of memory. idem's markers are kept this long (idem.WithMarkerRetention; at least the lease, 30s), and so are its records and the baseline's keys (-retention is set to it); run for -d of several times as long, so that as many markers expire as arrive. The memory per id is then per live id: used_memory after the run minus before, less the connections, over the ids the side delivered in the last marker retention before its last slice ended (the markers, or baseline keys, still live; those that expired and were not yet swept or evicted count in the bytes, not in the ids). The report says when the run lasted less than twice the marker retention, which is not yet steady")
-	fs.IntVar(&o.scopeShards, "scope-shards", 0, "idem.WithScopeShards: the run's scope in this many shards, each one Cluster slot, so that a batch costs a few script calls (default 0: keys placed by their own digests)")
+	fs.IntVar(&o.scopeShards, "scope-shards", 0, "idem.WithScopeShards: the run's scope in this many shards, each one Cluster slot, so that a batch costs a few script calls; 0: keys placed by their own digests (default: the Keeper's, idem.ClusterScopeShards with -cluster, 0 otherwise)")
 	fs.BoolVar(&o.scopePerCaller, "scope-per-caller", false, "with -workload batch: each caller consumes its messages in a scope of its own (the run's scope, \"/\" and the caller's number), as consumers of a partition each do; default: one scope shared by every caller")
 	fs.StringVar(&o.layout, "layout", "v2", "with -workload batch: the layout of idem's index of compact claims and markers, v2 (the default) or v3 (the marker floor's, on one server; it carries part of what v2 does yet)")
 	fs.StringVar(&o.side, "side", "", "with -workload batch and -baseline: run only this side, idem or baseline (default: both, interleaved), after the prefill of that side alone; for counting one side's Redis instructions (bench/callgrind.sh)")

@@ -156,7 +156,10 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if err != nil {
 			return nil, err
 		}
-		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce), idem.WithScopeShards(o.scopeShards)}
+		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		if o.set["scope-shards"] {
+			opts = append(opts, idem.WithScopeShards(o.scopeShards))
+		}
 		if !o.markers {
 			opts = append(opts, idem.WithoutMarkers())
 		}

@@ -45,7 +45,11 @@ func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 		client.Close()
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	keeper, err := idem.New(store, idem.WithScopeShards(g.shards))
+	var opts []idem.Option
+	if g.shardsSet {
+		opts = append(opts, idem.WithScopeShards(g.shards))
+	}
+	keeper, err := idem.New(store, opts...)
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -18,7 +18,9 @@
 // by default, so -scope can be left out) and the Idempotency-Key header: the
 // method and path are in the record's fingerprint, not in its name. The
 // records of Keepers made with idem.WithScopeShards(N) are named so with
-// -scope-shards N.
+// -scope-shards N; without it, idemctl places a scope's keys as a Keeper
+// made without the option does: in idem.ClusterScopeShards shards with
+// -cluster, by their own digests with -redis.
 //
 // Redis keeps only a digest of the scope and key, so a listing (pending)
 // shows Redis keys and ids, not the keys clients sent; inspect and forget take
@@ -125,8 +127,10 @@ type globals struct {
 	redisURL string
 	cluster  string
 	prefix   string
-	shards   int
-	json     bool
+	// shards is -scope-shards when shardsSet; else the Keeper's default.
+	shards    int
+	shardsSet bool
+	json      bool
 }
 
 // run is the whole command; it returns the exit status.
@@ -137,12 +141,13 @@ func run(ctx context.Context, args []string, con console) int {
 	fs.StringVar(&g.redisURL, "redis", "", "Redis URL, redis:// or rediss:// as go-redis parses it (default redis://127.0.0.1:6379/0)")
 	fs.StringVar(&g.cluster, "cluster", "", "Redis Cluster seed nodes, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&g.prefix, "prefix", idem.DefaultPrefix, "the prefix of the store's Redis keys (idem.WithPrefix)")
-	fs.IntVar(&g.shards, "scope-shards", 0, "the Keepers' idem.WithScopeShards, which a scope and key need to name a record (default: none)")
+	fs.IntVar(&g.shards, "scope-shards", 0, "the Keepers' idem.WithScopeShards, which a scope and key need to name a record (default: the Keepers' default, 16 with -cluster, none with -redis)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of text")
 	fs.Usage = func() { usage(fs) }
 	if err := parseFlags(fs, args); err != nil {
 		return exitStatus(err, con)
 	}
+	fs.Visit(func(f *flag.Flag) { g.shardsSet = g.shardsSet || f.Name == "scope-shards" })
 	if fs.NArg() == 0 {
 		usage(fs)
 		return exitUsage
