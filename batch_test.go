@@ -199,7 +199,7 @@ func twinRun(t *testing.T, client redis.Scripter, seed uint64, steps int, seen m
 	// onBoth runs lua on the record of key in both scopes.
 	onBoth := func(key, lua string) {
 		for _, scope := range []string{single.scope, batch.scope} {
-			require.NoError(t, client.Eval(ctx, lua, []string{store.RecordKey(scope, key)}).Err())
+			require.NoError(t, client.Eval(ctx, lua, []string{store.key(k.RecordID(scope, key))}).Err())
 		}
 	}
 	for step := 0; step < steps; step++ {

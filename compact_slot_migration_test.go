@@ -40,10 +40,10 @@ func TestClusterSlotMigrationRunsMarkersAgain(t *testing.T) {
 	// their claims compactly (clusterCompactMin).
 	sameSlot := func(prefix string) []string {
 		first := prefix + "0"
-		want := keySlot(s.key(recordID("s", first)))
+		want := keySlot(s.key(k.RecordID("s", first)))
 		keys := []string{first}
 		for i := 1; len(keys) < 4; i++ {
-			if key := fmt.Sprint(prefix, i); keySlot(s.key(recordID("s", key))) == want {
+			if key := fmt.Sprint(prefix, i); keySlot(s.key(k.RecordID("s", key))) == want {
 				keys = append(keys, key)
 			}
 		}
@@ -61,10 +61,10 @@ func TestClusterSlotMigrationRunsMarkersAgain(t *testing.T) {
 			for i, r := range res {
 				require.Equal(t, MessageHandled, r.Status, msgs[i])
 			}
-			slot := keySlot(s.key(recordID("s", msgs[0])))
+			slot := keySlot(s.key(k.RecordID("s", msgs[0])))
 			ikey := s.compact.keyNames[slot]
 			m := startSlotMigration(t, cl, cc, int64(slot))
-			calls, err := m.src.Keys(ctx, s.callBase(s.key(recordID("s", msgs[0])))+"*").Result()
+			calls, err := m.src.Keys(ctx, s.callBase(s.key(k.RecordID("s", msgs[0])))+"*").Result()
 			require.NoError(t, err)
 			require.Len(t, calls, 1, "one call record: the markers are compact")
 			require.EqualValues(t, 1, m.src.Exists(ctx, ikey).Val(), "the index key")
@@ -115,10 +115,10 @@ func TestClusterSlotMigrationLosesCompletions(t *testing.T) {
 	require.NoError(t, err)
 	s := k.store.(*RedisStore)
 	first := "c0"
-	slot := keySlot(s.key(recordID("s", first)))
+	slot := keySlot(s.key(k.RecordID("s", first)))
 	msgs := []string{first}
 	for i := 1; len(msgs) < 4; i++ {
-		if key := fmt.Sprint("c", i); keySlot(s.key(recordID("s", key))) == slot {
+		if key := fmt.Sprint("c", i); keySlot(s.key(k.RecordID("s", key))) == slot {
 			msgs = append(msgs, key)
 		}
 	}

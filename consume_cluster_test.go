@@ -32,12 +32,14 @@ import (
 // is acknowledged once the moves end, each one whose handler ran (nothing
 // acknowledged that did not take effect).
 //
-// It runs twice: with keys placed by their own digests, and with the scope
-// in six shards (WithScopeShards), where each slot moved holds a sixth of
-// the scope.
+// It runs three times: with the Cluster's default placement (the scope in
+// ClusterScopeShards shards), with keys placed by their own digests
+// (WithScopeShards(0)), and with the scope in six shards, where each slot
+// moved holds a sixth of the scope.
 func TestClusterReshardUnderLoad(t *testing.T) {
 	redistest.Long(t)
-	t.Run("keys placed by digest", func(t *testing.T) { clusterReshard(t) })
+	t.Run("the default placement", func(t *testing.T) { clusterReshard(t) })
+	t.Run("keys placed by digest", func(t *testing.T) { clusterReshard(t, WithScopeShards(0)) })
 	t.Run("a scope in six shards", func(t *testing.T) { clusterReshard(t, WithScopeShards(6)) })
 }
 
@@ -172,12 +174,13 @@ func reshardSlot(t *testing.T, cl *redistest.Cluster, slot uint16) {
 // acknowledged once the failover ends, and none can be claimed afterwards:
 // a marker acknowledged before the failover is on the new master.
 //
-// It runs twice: with keys placed by their own digests, and with the scope
-// in 16 shards (WithScopeShards), four of whose slots hold the messages.
+// It runs twice: with keys placed by their own digests (WithScopeShards(0)),
+// and with the Cluster's default placement, the scope in
+// ClusterScopeShards shards, four of whose slots hold the messages.
 func TestClusterConsumeFailover(t *testing.T) {
 	redistest.Long(t)
-	t.Run("keys placed by digest", func(t *testing.T) { clusterConsumeFailover(t) })
-	t.Run("a scope in 16 shards", func(t *testing.T) { clusterConsumeFailover(t, WithScopeShards(16)) })
+	t.Run("keys placed by digest", func(t *testing.T) { clusterConsumeFailover(t, WithScopeShards(0)) })
+	t.Run("the default placement", func(t *testing.T) { clusterConsumeFailover(t) })
 }
 
 func clusterConsumeFailover(t *testing.T, opts ...Option) {

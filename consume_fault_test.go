@@ -753,7 +753,11 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 	e.prefix = "cf" + strconv.FormatUint(seed, 10) + ":"
 	var storeOpts, keeperOpts []Option
 	storeOpts = append(storeOpts, WithPrefix(e.prefix))
-	keeperOpts = append(keeperOpts, WithLease(e.lease), WithRetention(time.Minute))
+	// Keys placed by their own digests, whatever the backend: the books
+	// name records by RecordID, and the Keepers on wrapped stores (which
+	// take no store's default) must place keys as the one on the clean
+	// store does.
+	keeperOpts = append(keeperOpts, WithLease(e.lease), WithRetention(time.Minute), WithScopeShards(0))
 	if !markers {
 		storeOpts = append(storeOpts, WithoutMarkers())
 		keeperOpts = append(keeperOpts, WithoutMarkers())

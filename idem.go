@@ -37,8 +37,9 @@ type Keeper struct {
 	// markers is false for a Keeper made WithoutMarkers: Consume then
 	// claims each message in a record of its own.
 	markers bool
-	// scopeShards is WithScopeShards' n: 0, or how many shards of a scope
-	// its record ids place its keys in.
+	// scopeShards is how many shards of a scope its record ids place its
+	// keys in (0: none): WithScopeShards' n, or its store's default
+	// (defaultScopeShards).
 	scopeShards int
 	// placed is set once the store has said for good that its keys are
 	// placed as this Keeper places them (see placementReady).
@@ -49,8 +50,9 @@ type Keeper struct {
 // defaults: WithLease (30s), WithRetention (24h), WithErrorRetention (the
 // retention), WithMarkerRetention (7 days), WithoutMarkers (markers on),
 // WithCodec (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock
-// (time.Now). Invalid settings, and options that do not apply to a
-// Keeper, are refused with ErrInvalidConfig.
+// (time.Now), WithScopeShards (ClusterScopeShards on a RedisStore of a
+// *redis.ClusterClient, else 0). Invalid settings, and options that do not
+// apply to a Keeper, are refused with ErrInvalidConfig.
 func New(store Store, opts ...Option) (*Keeper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
@@ -77,7 +79,11 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 	case s.scopeShards < 0 || s.scopeShards > maxScopeShards:
 		return nil, fmt.Errorf("%w: %d scope shards, not 0 to %d", ErrInvalidConfig, s.scopeShards, maxScopeShards)
 	}
-	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers, scopeShards: s.scopeShards}
+	shards := s.scopeShards
+	if !s.scopeShardsSet {
+		shards = defaultScopeShards(store)
+	}
+	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers, scopeShards: shards}
 	switch s.codec.(type) {
 	case MsgpackCodec, *MsgpackCodec:
 		k.msgpack = true

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // MaxKeyLen is the longest key accepted, in bytes.
@@ -35,13 +37,15 @@ const idLen = 22
 // RecordID returns the id of the record of (scope, key): the digest under
 // which a Store keeps it, as Event.ID and Record.ID name it, so that an
 // operator or a log can tie an id to a key they know. The key is not
-// checked (see ValidateKey). It is the id a Keeper made without
-// WithScopeShards uses; Keeper.RecordID gives any Keeper's.
+// checked (see ValidateKey). It is the id a Keeper without scope shards
+// uses: one made WithScopeShards(0), or without the option on one server
+// or a Ring (a Keeper on a Cluster places its keys by default, see
+// WithScopeShards); Keeper.RecordID gives any Keeper's.
 func RecordID(scope, key string) string { return recordID(scope, key) }
 
 // RecordID returns the id under which k keeps the record of (scope, key):
-// RecordID's, or for a Keeper made WithScopeShards one that carries the
-// scope's placement.
+// RecordID's, or for a Keeper whose scopes are in shards (WithScopeShards,
+// or on a Cluster by default) one that carries the scope's placement.
 func (k *Keeper) RecordID(scope, key string) string {
 	var id [idLen]byte
 	k.ids(scope).put(&id, key)
@@ -51,14 +55,36 @@ func (k *Keeper) RecordID(scope, key string) string {
 // maxScopeShards is the most shards WithScopeShards takes.
 const maxScopeShards = 256
 
+// ClusterScopeShards is how many shards a Keeper on a Redis Cluster places
+// each scope's keys in when it is made without WithScopeShards: a batch of
+// a scope costs a script call a shard a step (16 for 500 messages, not one
+// a message), and a hot scope's keys spread over the slots of 16 shards,
+// which a Cluster of up to a few masters spreads over all of them
+// (docs/consumers.md has the figures).
+const ClusterScopeShards = 16
+
+// defaultScopeShards is the scope shards of a Keeper made on store without
+// WithScopeShards: ClusterScopeShards on a RedisStore of a
+// *redis.ClusterClient, else none. The client's type decides, not what
+// the store learns of its server later (an AutoPipeliner's), so that a
+// Keeper's placement is fixed when it is made.
+func defaultScopeShards(store Store) int {
+	if rs, ok := store.(*RedisStore); ok {
+		if _, cluster := rs.client.(*redis.ClusterClient); cluster {
+			return ClusterScopeShards
+		}
+	}
+	return 0
+}
+
 // WithScopeShards places the keys of a scope together, so that a Redis
 // Cluster keeps the records, compact claims and markers of one scope in n
 // hash slots (n from 1 to 256): a key goes to one of the
 // scope's n shards, chosen by its digest, and every shard is one slot. A
 // Consume batch of one scope then costs a few script calls on the nodes
-// of its shards' slots, where keys placed by their own digests (the
-// default, n = 0) fall in about as many slots as the batch has messages,
-// each slot's few kept in records of their own, a script call each.
+// of its shards' slots, where keys placed by their own digests (n = 0)
+// fall in about as many slots as the batch has messages, each slot's few
+// kept in records of their own, a script call each.
 //
 // A shard's slot takes a 1/n share of its scope's keys, memory and Redis
 // work: to spread a hot scope over a Cluster's nodes, give it more shards
@@ -79,10 +105,20 @@ const maxScopeShards = 256
 // the option on, or change n, where a prefix is in use, give the new
 // placement a prefix of its own, after draining the old one (see
 // docs/consumers.md, "Placement on a prefix in use"). A RedisStore reads
-// any id, placed or not, without an option. Applies to a Keeper. Default:
-// 0.
+// any id, placed or not, without an option. Applies to a Keeper.
+//
+// Default: ClusterScopeShards (16) on a RedisStore whose client is a
+// *redis.ClusterClient, so that a Cluster's batches cost a few script calls
+// without an option; 0 on any other store (one server, a Ring), where
+// shards would buy nothing. WithScopeShards(0) asks for no shards on a
+// Cluster too: keys placed by their own digests, as a Keeper of a version
+// before this default placed them. A Keeper on a Store of your own that
+// wraps a RedisStore, or on a RedisStore of an AutoPipeliner over a
+// Cluster, takes 0: give it WithScopeShards(ClusterScopeShards) to share a
+// prefix with Keepers made on the ClusterClient (a wrapped store is not
+// checked against the prefix's record).
 func WithScopeShards(n int) Option {
-	return Option{name: "WithScopeShards", to: toKeeper, set: func(s *settings) { s.scopeShards = n }}
+	return Option{name: "WithScopeShards", to: toKeeper, set: func(s *settings) { s.scopeShards, s.scopeShardsSet = n, true }}
 }
 
 // recordID is the fixed-length digest of (scope, key) under which a record is

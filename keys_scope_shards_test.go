@@ -157,8 +157,8 @@ func TestScopeShardsOperators(t *testing.T) {
 }
 
 // TestClusterScopeShards: on a Cluster, a Consume batch of one scope placed
-// in one shard costs a few script calls on one node, where the default
-// placement costs one a message or so; its messages are kept as markers,
+// in one shard costs a few script calls on one node, where keys placed by
+// their own digests (WithScopeShards(0)) cost one a message or so; its messages are kept as markers,
 // and delivered again they are answered by them. A batch of a scope in
 // three shards makes one round trip a step on each node of its shards.
 func TestClusterScopeShards(t *testing.T) {
@@ -210,7 +210,7 @@ func TestClusterScopeShards(t *testing.T) {
 	// Each placement on a prefix of its own: one prefix refuses a Keeper
 	// of another placement than its first's. LoadScripts writes each
 	// prefix's record, so that the counts below are of the batches alone.
-	byKey := newClusterKeeper(t, cc)
+	byKey := newClusterKeeper(t, cc, WithScopeShards(0))
 	placed := newClusterKeeper(t, cc, WithScopeShards(1), WithPrefix("placed:"))
 	for _, k := range []*Keeper{byKey, placed} {
 		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
@@ -318,4 +318,126 @@ func sum64(v []int64) int64 {
 		s += x
 	}
 	return s
+}
+
+// TestClusterDefaultPlacement: a Keeper made without WithScopeShards on a
+// *redis.ClusterClient places a scope's keys in ClusterScopeShards shards,
+// as WithScopeShards(ClusterScopeShards) does: a Consume batch of 500
+// costs a script call a shard a step, not one a message; Do, Begin,
+// Inspect, Forget and Abandon find what Consume wrote and Consume what
+// they wrote. WithScopeShards(0) places keys by their own digests; a
+// Keeper of another placement than the prefix's is refused. On one server
+// the default is no shards.
+func TestClusterDefaultPlacement(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	var calls redistest.Counter
+	cc := cl.Client(t, nil)
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(&calls) })
+	k := newClusterKeeper(t, cc, WithLease(time.Hour))
+	s := k.store.(*RedisStore)
+	require.NoError(t, s.LoadScripts(ctx))
+
+	// The ids are the ones WithScopeShards(ClusterScopeShards) gives.
+	explicit := newClusterKeeper(t, cc, WithScopeShards(ClusterScopeShards))
+	digest := newClusterKeeper(t, cc, WithScopeShards(0), WithPrefix("digest:"))
+	tags := map[string]bool{}
+	for i := range 400 {
+		key := fmt.Sprint("m-", i)
+		id := k.RecordID("orders", key)
+		require.True(t, placedID(id), "%s: placed by default on a Cluster", key)
+		require.Equal(t, explicit.RecordID("orders", key), id, key)
+		require.Equal(t, RecordID("orders", key), digest.RecordID("orders", key), "WithScopeShards(0): by digest")
+		tags[id[idLen-placedTagLen:]] = true
+	}
+	assert.Len(t, tags, ClusterScopeShards, "the scope's keys in ClusterScopeShards shards")
+
+	// A batch of 500, then its redelivery: a script call a shard a step
+	// (the outcomes stored at once: a settle window longer than the
+	// batch), where keys by digest cost one a message or so.
+	msgs := make([]string, 500)
+	for i := range msgs {
+		msgs[i] = fmt.Sprint("m-", i)
+	}
+	runs := map[string]int{}
+	handle := func(_ context.Context, m string) error { runs[m]++; return nil }
+	id := func(m string) string { return m }
+	consume := func(k *Keeper, want MessageStatus) int64 {
+		before := calls.Commands()
+		res, err := Consume(ctx, k, "orders", msgs, id, handle, WithSettleWindow(time.Hour, len(msgs)))
+		require.NoError(t, err)
+		for i, r := range res {
+			require.Equal(t, want, r.Status, "%s: %v", msgs[i], r.Err)
+		}
+		return calls.Commands() - before
+	}
+	first := consume(k, MessageHandled)
+	again := consume(k, MessageReplayed)
+	require.NoError(t, digest.store.(*RedisStore).LoadScripts(ctx))
+	byDigest := consume(digest, MessageHandled)
+	t.Logf("a batch of 500: %d commands, %d delivered again; %d placed by digest", first, again, byDigest)
+	assert.LessOrEqual(t, first, int64(2*ClusterScopeShards), "a claim and a completion a shard")
+	assert.LessOrEqual(t, again, int64(ClusterScopeShards), "a claim a shard")
+	assert.Greater(t, byDigest, 5*first, "by digest, a script call a slot")
+	for _, m := range msgs {
+		require.Equal(t, 2, runs[m], "%s: once a prefix", m)
+	}
+
+	// Inspect, Do, Begin, Forget and Abandon find the markers Consume
+	// wrote, under the keys of the placed ids.
+	r, err := k.Inspect(ctx, "orders", "m-1")
+	require.NoError(t, err)
+	assert.Equal(t, StateCompleted, r.State)
+	assert.True(t, r.Compact, "a marker")
+	assert.Equal(t, k.RecordID("orders", "m-1"), r.ID)
+	assert.Equal(t, s.key(r.ID), r.Key)
+	assert.NotEqual(t, s.RecordKey("orders", "m-1"), r.Key, "not the key by digest")
+	v, err := Do(ctx, k, "orders", "m-2", func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+	require.NoError(t, err)
+	assert.Empty(t, v, "m-2 was handled: its marker answers")
+	out, err := k.Begin(ctx, "orders", "m-3")
+	require.NoError(t, err)
+	assert.True(t, out.Replayed, "m-3 was handled: %+v", out)
+	_, err = k.Forget(ctx, "orders", "m-1", false)
+	require.NoError(t, err)
+	out, err = k.Begin(ctx, "orders", "m-1")
+	require.NoError(t, err)
+	require.NotNil(t, out.Claim, "forgotten, m-1 is claimed again")
+	_, err = k.Abandon(ctx, "orders", "m-1", out.Claim.Token())
+	require.NoError(t, err)
+
+	// What Do and Begin write, Consume finds: m-1's abandoned claim is
+	// taken over, recovered; "new" was done by Do.
+	_, err = Do(ctx, k, "orders", "new", func(context.Context) (int, error) { return 1, nil })
+	require.NoError(t, err)
+	n, err := cc.Exists(ctx, s.key(k.RecordID("orders", "new"))).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "Do's record under the placed key")
+	var recovered []bool
+	res, err := Consume(ctx, k, "orders", []string{"m-1", "new"}, id, func(ctx context.Context, m string) error {
+		c, _ := ClaimFromContext(ctx)
+		recovered = append(recovered, c.Recovered())
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, MessageHandled, res[0].Status, "m-1 taken over")
+	assert.Equal(t, []bool{true}, recovered, "m-1 ran once more, recovered")
+	assert.Equal(t, MessageReplayed, res[1].Status, "new, done by Do")
+
+	// The prefix is recorded as the default's: a Keeper of another
+	// placement is refused before it writes, WithScopeShards(0) too.
+	for _, n := range []int{0, 4} {
+		other := newClusterKeeper(t, cc, WithScopeShards(n))
+		_, err := Do(ctx, other, "orders", "m-9", func(context.Context) (int, error) { return 1, nil })
+		assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards(%d) on the default's prefix", n)
+		_, err = other.Inspect(ctx, "orders", "m-9")
+		assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards(%d) on the default's prefix", n)
+	}
+	raw, err := cc.Get(ctx, prefixRecordKey(DefaultPrefix)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("v2 shards=%d", ClusterScopeShards), raw)
+
+	// One server's default is no shards.
+	one := newKeeper(t, redistest.Miniredis(t))
+	assert.Equal(t, RecordID("orders", "m-1"), one.RecordID("orders", "m-1"))
 }

@@ -48,10 +48,12 @@ type settings struct {
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration
-	// scopeShards is WithScopeShards' n, for a Keeper.
-	scopeShards int
-	waitSet     bool
-	info        *CallInfo
+	// scopeShards is WithScopeShards' n, for a Keeper, when scopeShardsSet;
+	// else the Keeper takes its store's default (see defaultScopeShards).
+	scopeShards    int
+	scopeShardsSet bool
+	waitSet        bool
+	info           *CallInfo
 	// A batch call (batch.go, consume.go). compact is WithCompactClaims.
 	fingerprints [][]byte
 	concurrency  int

@@ -188,10 +188,14 @@ func (s *RedisStore) placementError(rec prefixRecord, shards int) error {
 		ErrInvalidConfig, s.prefix, placementName(rec.shards), key, rec.raw, placementName(shards))
 }
 
-// placementName says how a Keeper of shards scope shards is made.
+// placementName says how a Keeper of shards scope shards is made: the
+// option, and when it is a default, where.
 func placementName(shards int) string {
-	if shards == 0 {
-		return "without WithScopeShards"
+	switch shards {
+	case 0:
+		return "WithScopeShards(0) (no shards: the default but on a Cluster)"
+	case ClusterScopeShards:
+		return fmt.Sprintf("WithScopeShards(%d) (the default on a Cluster)", shards)
 	}
 	return fmt.Sprintf("WithScopeShards(%d)", shards)
 }

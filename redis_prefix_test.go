@@ -51,7 +51,7 @@ func TestPlacementOfAnotherKeeperIsRefused(t *testing.T) {
 			assert.Equal(t, 1, runs[m], "%s ran once", m)
 		}
 		require.Error(t, res[0].Err)
-		for _, want := range []string{`"idem:"`, "without WithScopeShards", "WithScopeShards(4)"} {
+		for _, want := range []string{`"idem:"`, "WithScopeShards(0) (no shards", "WithScopeShards(4)"} {
 			assert.Contains(t, res[0].Err.Error(), want)
 		}
 

@@ -34,8 +34,8 @@ func TestReplicasFollowAskDuringSlotMigration(t *testing.T) {
 	scripts := &scriptCounter{}
 	cc := cl.Client(t, &redis.ClusterOptions{NewClient: scripts.newClient})
 	ctx := context.Background()
-	key := DefaultPrefix + "{" + recordID("s", "k") + "}"
 	k := durableKeeper(t, cc, WithReplicas(1, time.Second))
+	key := k.store.(*RedisStore).key(k.RecordID("s", "k"))
 	out, err := k.Begin(ctx, "s", "k")
 	require.NoError(t, err)
 	require.NotNil(t, out.Claim)
@@ -86,8 +86,8 @@ func TestReplicasFollowMovedAfterSlotMigration(t *testing.T) {
 	})
 	k := loadedKeeper(t, cc)
 	kf := loadedKeeper(t, frozen, WithPrefix("frozen:"))
+	key := k.store.(*RedisStore).key(k.RecordID("s", "moved"))
 
-	key := DefaultPrefix + "{" + recordID("s", "moved") + "}"
 	m := startMigration(t, cl, cc, key)
 	m.finish(t, cl)
 	owner, err := cc.MasterForKey(ctx, key)

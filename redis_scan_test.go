@@ -32,13 +32,13 @@ func makeRecords(t *testing.T, k *Keeper, n int) records {
 			require.NoError(t, err)
 			switch state {
 			case "pending":
-				rs.pending = append(rs.pending, recordID("s", key))
+				rs.pending = append(rs.pending, k.RecordID("s", key))
 			case "completed":
 				require.NoError(t, out.Claim.Complete(ctx, []byte("v"), 0))
-				rs.completed = append(rs.completed, recordID("s", key))
+				rs.completed = append(rs.completed, k.RecordID("s", key))
 			case "released":
 				require.NoError(t, out.Claim.Release(ctx))
-				rs.released = append(rs.released, recordID("s", key))
+				rs.released = append(rs.released, k.RecordID("s", key))
 			}
 		}
 	}

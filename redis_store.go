@@ -130,7 +130,9 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 
 // NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
 // New, each with the options that apply to it. Options that apply to
-// neither are refused with ErrInvalidConfig.
+// neither are refused with ErrInvalidConfig. On a *redis.ClusterClient the
+// Keeper places each scope's keys in ClusterScopeShards shards unless told
+// otherwise (see WithScopeShards).
 func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
 	s := defaultSettings()
 	if err := s.apply(toKeeper|toStore, "NewRedis", opts); err != nil {
@@ -144,8 +146,10 @@ func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
 }
 
 // RecordKey returns the Redis key under which the store keeps the record of
-// (scope, key) for a Keeper made without WithScopeShards, for an operator
-// or a test that looks at Redis directly. Record.Key is any record's.
+// (scope, key) for a Keeper without scope shards (WithScopeShards(0), or
+// the default on one server or a Ring), for an operator or a test that
+// looks at Redis directly. Record.Key (Keeper.Inspect) is any record's,
+// whatever its Keeper's placement.
 func (s *RedisStore) RecordKey(scope, key string) string {
 	return s.key(recordID(scope, key))
 }

@@ -151,7 +151,7 @@ func clusterMasterKeys(t *testing.T, cc *redis.ClusterClient, prefix string) map
 
 func clusterSpread(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []Option{WithPrefix("spread:")})
+	k := clusterKeeper(t, cc, []Option{WithPrefix("spread:")}, WithScopeShards(0)) // keys placed by digest
 	for i := 0; i < 60; i++ {
 		_, err := Do(ctx, k, "spread", strconv.Itoa(i), func(context.Context) (int, error) { return i, nil })
 		require.NoError(t, err)
@@ -172,7 +172,7 @@ func clusterSpread(t *testing.T, cc *redis.ClusterClient) {
 // that tag, on the master that serves the slot.
 func clusterOneSlot(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	k := clusterKeeper(t, cc, []Option{WithPrefix("slot:")})
+	k := clusterKeeper(t, cc, []Option{WithPrefix("slot:")}, WithScopeShards(0)) // a record id a tag
 	for i := 0; i < 30; i++ {
 		key := fmt.Sprintf("slot-%d", i)
 		out, err := k.Begin(ctx, "slots", key)

@@ -387,7 +387,9 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("batch against setnx2", func(t *testing.T) {
-		code, res, stderr := runJSON(t, append([]string{"-cluster", strings.Join(c.Addrs(), ","), "-baseline", "setnx2"}, batchRun...)...)
+		// Keys placed by their own digests: -scope-shards 0, not the
+		// Cluster's default.
+		code, res, stderr := runJSON(t, append([]string{"-cluster", strings.Join(c.Addrs(), ","), "-baseline", "setnx2", "-scope-shards", "0"}, batchRun...)...)
 		require.Equal(t, 0, code, stderr)
 		assertIdemBatchCounts(t, res, 0)
 		assertBaselineBatchCounts(t, res, "setnx2", 0)
@@ -405,6 +407,29 @@ func TestCluster(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, left, "the baseline's keys are deleted after the run")
 		}
+	})
+
+	t.Run("batch, the Cluster's default placement", func(t *testing.T) {
+		// Without -scope-shards the run's scope is in
+		// idem.ClusterScopeShards shards: a batch of 500 costs a script
+		// call a shard a step, where -scope-shards 0 costs one a slot, a
+		// message or so.
+		cmds := map[string]float64{}
+		for _, shards := range []string{"", "0"} {
+			run := []string{"-cluster", strings.Join(c.Addrs(), ","), "-workload", "batch", "-batch", "500", "-dup", "0.2", "-c", "2", "-messages", "2000"}
+			if shards != "" {
+				run = append(run, "-scope-shards", shards)
+			}
+			code, res, stderr := runJSON(t, run...)
+			require.Equal(t, 0, code, stderr)
+			assert.EqualValues(t, 2000, res["ids"], "-scope-shards %q", shards)
+			assert.EqualValues(t, 2000, res["executions"], "-scope-shards %q: every id handled once", shards)
+			assert.EqualValues(t, 0, res["duplicates"], "-scope-shards %q", shards)
+			assert.EqualValues(t, 0, res["errors"], "-scope-shards %q", shards)
+			cmds[shards] = res["commands_per_op"].(float64)
+		}
+		t.Logf("commands a message: %v by default, %v with -scope-shards 0", cmds[""], cmds["0"])
+		assert.Less(t, cmds[""]*4, cmds["0"], "the default's batches cost a few script calls")
 	})
 
 	t.Run("every master", func(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/redistest"
-	"github.com/idemkit/idem/internal/slot"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -240,17 +239,17 @@ func TestPendingCluster(t *testing.T) {
 	r = ctl("-cluster", cluster, "forget", "-scope", "s", "-force", "-yes", "order-a")
 	require.Equal(t, 0, r.code, r.stderr)
 
-	// Markers on a Cluster.
+	// Markers on a Cluster, of a Keeper that places a scope's keys in
+	// shards by default there, as idemctl does without -scope-shards.
 	mk, err := idem.NewRedis(c.Client(t, nil))
 	require.NoError(t, err)
-	// Six messages whose records share a slot, so that the Cluster keeps
-	// them compactly (a slot's share of fewer than four is kept in
-	// records).
-	st, err := idem.NewRedisStore(c.Client(t, nil))
-	require.NoError(t, err)
+	// Six messages in one shard, so that the Cluster keeps them compactly
+	// (a slot's share of fewer than four is kept in records): the last
+	// characters of a placed id name its shard.
+	shard := func(m string) string { id := mk.RecordID("s", m); return id[len(id)-placedTagLen:] }
 	msgs := []string{"m0"}
 	for n := 1; len(msgs) < 6; n++ {
-		if m := fmt.Sprint("m", n); slot.Of(st.RecordKey("s", m)) == slot.Of(st.RecordKey("s", "m0")) {
+		if m := fmt.Sprint("m", n); shard(m) == shard("m0") {
 			msgs = append(msgs, m)
 		}
 	}
@@ -261,6 +260,9 @@ func TestPendingCluster(t *testing.T) {
 	m4 := decode[jsonRecord](t, r.out)[0]
 	assert.Equal(t, "completed", m4.State)
 	assert.True(t, m4.Compact)
+	r = ctl("-cluster", cluster, "-scope-shards", "0", "inspect", "-scope", "s", msgs[3])
+	assert.Equal(t, 1, r.code, "-scope-shards 0 on a prefix of the Cluster's default placement: refused")
+	assert.Contains(t, r.stderr, "WithScopeShards(16)")
 	r = ctl("-cluster", cluster, "-json", "pending", "-all")
 	require.Equal(t, 0, r.code, r.stderr)
 	markers := 0
