@@ -192,9 +192,35 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	s := k.store.(*RedisStore)
 
 	// Messages in four slots: two of the master that fails over, two of
-	// the others.
-	failing := cl.Masters[0].Addr
+	// the others. It is the first master that holds two of the slots of
+	// the first thousand messages while the others hold two (placed in a
+	// scope's shards, the messages are in a few slots only).
 	owner := cl.Masters[0].Client(t)
+	fails := -1
+	{
+		slotsOf := map[string]map[uint16]bool{}
+		for i := 0; i < 1000; i++ {
+			sl := keySlot(s.key(k.RecordID("s", fmt.Sprint("f", i))))
+			o := slotOwner(ctx, owner, int64(sl))
+			if slotsOf[o] == nil {
+				slotsOf[o] = map[uint16]bool{}
+			}
+			slotsOf[o][sl] = true
+		}
+		for i := 0; i < len(cl.Masters) && fails < 0; i++ {
+			others := 0
+			for addr, sls := range slotsOf {
+				if addr != cl.Masters[i].Addr {
+					others += len(sls)
+				}
+			}
+			if len(slotsOf[cl.Masters[i].Addr]) >= 2 && others >= 2 {
+				fails = i
+			}
+		}
+	}
+	require.GreaterOrEqual(t, fails, 0, "a master with two of the messages' slots, and two elsewhere")
+	failing := cl.Masters[fails].Addr
 	const perSlot, consumers, batch = 120, 3, 60
 	var msgs []string
 	per := map[uint16]int{}
@@ -241,7 +267,7 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 		}
 	}()
 	began := time.Now()
-	cl.Failover(t, cl.Replicas[0][0])
+	cl.Failover(t, cl.Replicas[fails][0])
 	t.Logf("the failover took %s", time.Since(began).Round(time.Millisecond))
 	<-feed
 	// Acknowledged messages keep coming again for as long as the handling

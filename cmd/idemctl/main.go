@@ -141,7 +141,7 @@ func run(ctx context.Context, args []string, con console) int {
 	fs.StringVar(&g.redisURL, "redis", "", "Redis URL, redis:// or rediss:// as go-redis parses it (default redis://127.0.0.1:6379/0)")
 	fs.StringVar(&g.cluster, "cluster", "", "Redis Cluster seed nodes, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&g.prefix, "prefix", idem.DefaultPrefix, "the prefix of the store's Redis keys (idem.WithPrefix)")
-	fs.IntVar(&g.shards, "scope-shards", 0, "the Keepers' idem.WithScopeShards, which a scope and key need to name a record (default: the Keepers' default, 16 with -cluster, none with -redis)")
+	fs.IntVar(&g.shards, "scope-shards", 0, "the Keepers' idem.WithScopeShards, which a scope and key need to name a record (default: the Keepers' default, idem.ClusterScopeShards (16) with -cluster, none with -redis)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of text")
 	fs.Usage = func() { usage(fs) }
 	if err := parseFlags(fs, args); err != nil {

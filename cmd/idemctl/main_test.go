@@ -262,7 +262,7 @@ func TestPendingCluster(t *testing.T) {
 	assert.True(t, m4.Compact)
 	r = ctl("-cluster", cluster, "-scope-shards", "0", "inspect", "-scope", "s", msgs[3])
 	assert.Equal(t, 1, r.code, "-scope-shards 0 on a prefix of the Cluster's default placement: refused")
-	assert.Contains(t, r.stderr, "WithScopeShards(16)")
+	assert.Contains(t, r.stderr, fmt.Sprintf("WithScopeShards(%d)", idem.ClusterScopeShards))
 	r = ctl("-cluster", cluster, "-json", "pending", "-all")
 	require.Equal(t, 0, r.code, r.stderr)
 	markers := 0
