@@ -158,7 +158,7 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	moveErrs := make([]error, len(items))
 	if s.v3 != nil {
 		calls = s.v3.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
-		s.v3.refuse(moving, errs)
+		calls = append(calls, s.v3.moveCalls(s, s.compactGroups(moving, fence), items, errs)...)
 		moving = nil
 	} else {
 		calls = s.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)

@@ -35,8 +35,8 @@ func withLayoutV3() Option {
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
 // index key and its call records, on one server. What it does not carry
 // yet goes as v2 would: the claims of a Keeper made WithoutMarkers or
-// without compact claims (records of their own), a completion of a compact
-// claim with a value and its checkpoints are refused (errV3Unsupported).
+// without compact claims (records of their own); a checkpoint of a compact
+// claim is refused (errV3Unsupported).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said,
@@ -55,7 +55,7 @@ const v3Chunk = 1000
 const v3MaxHold = time.Hour
 
 // errV3Unsupported answers what the v3 layout does not carry yet.
-var errV3Unsupported = fmt.Errorf("%w: the v3 layout keeps no value or checkpoint of a compact claim yet", ErrInvalidConfig)
+var errV3Unsupported = fmt.Errorf("%w: the v3 layout keeps no checkpoint of a compact claim yet", ErrInvalidConfig)
 
 // newV3Layout returns the v3 layout of store s, or nil where v3 does not
 // serve yet (a client of another kind than *redis.Client or *redis.Conn,
@@ -204,9 +204,27 @@ func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, gro
 	return calls
 }
 
-// refuse answers the claims picks with errV3Unsupported.
-func (l *v3Layout) refuse(picks []int, errs []error) {
-	for _, j := range picks {
-		errs[j] = errV3Unsupported
+// moveCalls returns the calls that complete the v3 compact claims of
+// groups, items' fences, with the values of items, each moved to a record
+// of its own kept for its item's Keep (v3_settle.lua's 'M'); their answers
+// go into errs.
+func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchCompletion, errs []error) []batchCall {
+	st := &batchStep{script: v3SettleScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	calls := make([]batchCall, 0, len(groups))
+	for _, g := range groups {
+		tok := items[g[0]].Token
+		places := make([]byte, 0, 2*len(g))
+		keys := make([]string, 2, 2+len(g))
+		keys[0], keys[1] = l.calls+strconv.FormatInt(tok, 10), l.index
+		args := make([]any, 5, 5+2*len(g))
+		for _, j := range g {
+			r := items[j].Ref
+			places = append(places, byte(r>>8), byte(r))
+			keys = append(keys, s.key(items[j].ID))
+			args = append(args, millis(items[j].Keep), items[j].Value)
+		}
+		args[0], args[1], args[2], args[3], args[4] = "M", 0, 0, string(places), strconv.FormatInt(tok, 36)
+		calls = append(calls, batchCall{records: g, keys: keys, args: args, step: st})
 	}
+	return calls
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -309,5 +310,54 @@ func TestV3StepsSentTwice(t *testing.T) {
 				assert.Equal(t, 2, r.Reply.Attempt, "id %d: released once", i)
 			}
 		}
+	})
+}
+
+// TestV3CompletionWithAValue: a compact claim completed with a value (a
+// Final error's, as Consume stores it) moves to a record of its own, which
+// answers for the id, to a v3 claim and to Begin alike; sent again it is
+// done before; the old holder of a claim taken over cannot move it.
+func TestV3CompletionWithAValue(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		k, err := New(s, WithLease(time.Minute))
+		require.NoError(t, err)
+		const lease = 300 * time.Millisecond
+		ids := []string{k.RecordID("s", "valued"), k.RecordID("s", "marker"), k.RecordID("s", "late")}
+		req := v3Request(ids, lease, time.Minute)
+		out := s.ClaimBatch(ctx, req)
+		f := claimAll(t, out, ids)
+		value := seal(kindBytes, []byte("declined"))
+		items := []BatchCompletion{{Fence: f[0], Value: value, Keep: time.Minute}}
+		items = append(items, markersOf(t, b, f[1:2], time.Minute, time.Minute)...)
+		for range 2 {
+			assert.Equal(t, []error{nil, nil}, s.CompleteBatch(ctx, items), "done, then done before")
+		}
+		rec, err := b.Client.Get(ctx, s.key(ids[0])).Result()
+		require.NoError(t, err, "a record of its own")
+		assert.Contains(t, rec, "declined")
+
+		for i, r := range s.ClaimBatch(ctx, v3Request(ids[:2], time.Minute, time.Minute)) {
+			require.NoError(t, r.Err)
+			assert.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+		}
+		got, err := k.Begin(ctx, "s", "valued")
+		require.NoError(t, err)
+		assert.True(t, got.Replayed)
+		assert.Equal(t, "declined", string(got.Value), "Begin reads the record of its own")
+		fp := v3Request(ids[:1], time.Minute, time.Minute)
+		fp.Fingerprints = []string{"BBBB"}
+		assert.Equal(t, StatusMismatch, s.ClaimBatch(ctx, fp)[0].Reply.Status, "the record keeps its fingerprint")
+
+		// Taken over after its lease: the old holder's value is refused.
+		b.Advance(lease + 50*time.Millisecond)
+		taken := s.ClaimBatch(ctx, v3Request(ids[2:], lease, time.Minute))
+		require.NoError(t, taken[0].Err)
+		require.True(t, taken[0].Reply.Recovered)
+		errs := s.CompleteBatch(ctx, []BatchCompletion{{Fence: f[2], Value: value, Keep: time.Minute}})
+		assert.ErrorIs(t, errs[0], ErrLeaseLost)
+		_, err = b.Client.Get(ctx, s.key(ids[2])).Result()
+		assert.ErrorIs(t, err, redis.Nil, "nothing written for the old holder")
 	})
 }

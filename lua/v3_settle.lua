@@ -13,6 +13,13 @@
 --          clock, or 0 for ARGV[2] from now; renewing: the lease from now,
 --          ms
 -- ARGV[4]  the places of the claims, two bytes each, big-endian
+-- 'M' completes each claim with a value of its own, moving it to a record
+-- of its own (the short completed form, as complete.lua writes it, with the
+-- fingerprint and attempt its place holds), and marks its place M:
+-- KEYS[2+j] the j-th claim's record key, ARGV[5] the call's token in base
+-- 36, ARGV[4+2j] the record's keep in ms and ARGV[5+2j] its value. A place
+-- already M whose record holds the call's token was moved by an earlier
+-- run (done before).
 --
 -- Returns an array whose j-th element answers the j-th claim: 1 done (a
 -- renewal: the call's lease renewed), 2 done before by this call (a call
@@ -51,6 +58,38 @@ local st = {byte(v, v3CallHeadSize + 1, v3CallHeadSize + np)}
 local want, changed = byte(mode), false
 if mode == 'E' then
   want = v3Held
+end
+if mode == 'M' then
+  local aw, fpw = byte(v, v3CallAWAt), byte(v, v3CallFPWAt)
+  local tok36 = ARGV[5]
+  for j = 1, k do
+    local hi, lo = byte(places, 2 * j - 1, 2 * j)
+    local p = hi * 256 + lo
+    local s = st[p]
+    if s == v3Held then
+      local att, rec = 1, '0'
+      if aw == v3AttemptSize then
+        local a1, a2 = byte(v, v3CallHeadSize + np + (p - 1) * aw + 1, v3CallHeadSize + np + p * aw)
+        att = a1 * 256 + a2
+        if att >= v3RecoveredBit then
+          att, rec = att - v3RecoveredBit, '1'
+        end
+      end
+      local fo = v3CallHeadSize + np * (1 + aw) + (p - 1) * fpw
+      local fp = string.match(sub(v, fo + 1, fo + fpw), '^(.-)%.*$')
+      redis.call('SET', KEYS[2 + j], RECORD_SHORT_START .. fp .. ':' .. tok36 .. ':' .. att .. ':' .. rec .. ':' .. ARGV[5 + 2 * j],
+        'PX', ARGV[4 + 2 * j])
+      st[p], out[j], changed = v3Moved, transitionDone, true
+    elseif s == v3Moved and string.match(redis.call('GET', KEYS[2 + j]) or '', RECORD_TOKEN36) == tok36 then
+      out[j] = compactSettleDoneBefore
+    else
+      out[j] = transitionLost
+    end
+  end
+  if changed then
+    redis.call('SET', ck, sub(v, 1, v3CallHeadSize) .. string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1), 'KEEPTTL')
+  end
+  return out
 end
 for j = 1, k do
   local hi, lo = byte(places, 2 * j - 1, 2 * j)
