@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,9 @@ type consumption struct {
 	// panicked. panicked is the first panic's value.
 	stopped  bool
 	panicked any
+	// panicAsError is settings.panicAsError: a handler's panic is its
+	// message's failure, and neither stops the batch nor is raised again.
+	panicAsError bool
 	// watch fires when the first lease of a message not yet settled runs
 	// out by this process's clock, whatever a renewal in flight is doing;
 	// watchOff is set once the handlers have returned.
@@ -92,6 +96,7 @@ func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration, s *set
 	b := &consumption{
 		k: k, lease: lease, every: max(lease/3, time.Millisecond), results: make([]MessageResult, len(claims)),
 		settleDelay: defaultSettleDelay, settleCount: defaultSettleCount, returned: make(chan struct{}, 1),
+		panicAsError: s.panicAsError,
 	}
 	if s.settleSet {
 		b.settleDelay, b.settleCount = s.settleDelay, s.settleCount
@@ -278,7 +283,7 @@ func (b *consumption) handleOne(ctx context.Context, h *heldMessage, handle func
 	if !ok {
 		return
 	}
-	err, p := callHandler(opCtx, h.place, handle)
+	err, p := callHandler(opCtx, h.place, handle, b.panicAsError)
 	b.finish(h, err, p)
 }
 
@@ -307,12 +312,17 @@ func (b *consumption) start(ctx context.Context, h *heldMessage) (context.Contex
 }
 
 // callHandler runs handle for the message at place, and returns its error,
-// or the value it panicked with.
-func callHandler(ctx context.Context, place int, handle func(ctx context.Context, i int) error) (err error, panicked any) {
+// or the value it panicked with. With asError, a recovered panic is only
+// an error, holding the panic's value and stack.
+func callHandler(ctx context.Context, place int, handle func(ctx context.Context, i int) error, asError bool) (err error, panicked any) {
 	finished := false
 	defer func() {
 		if !finished {
 			panicked = recover()
+			if panicked != nil && asError {
+				err, panicked = fmt.Errorf("idem: the handler panicked: %v\n%s", panicked, debug.Stack()), nil
+				return
+			}
 			if panicked == nil { // runtime.Goexit, or panic(nil) before Go 1.21
 				panicked = errors.New("idem: the handler did not return")
 			}

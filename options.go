@@ -70,6 +70,10 @@ type settings struct {
 	maxDeliveriesSet bool
 	idleConsumers    time.Duration
 	idleConsumersSet bool
+	// panicAsError, set by a StreamConsumer and by no Option, makes a
+	// handler's panic in Consume its message's failure (an error holding
+	// the panic's value and stack) instead of the batch's, raised again.
+	panicAsError bool
 }
 
 func defaultSettings() settings {

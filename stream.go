@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +75,7 @@ func NewStreamConsumer(k *Keeper, client redis.Cmdable, stream, group, consumer 
 		scope: stream + " " + group, deadLetter: s.deadLetter, batch: int64(s.batchSize),
 		maxDeliveries: int64(s.maxDeliveries), consume: s,
 	}
+	c.consume.panicAsError = true
 	if !s.maxDeliveriesSet {
 		c.maxDeliveries = defaultMaxDeliveries
 	}
@@ -421,15 +421,10 @@ func (c *StreamConsumer) handle(stop, ctx context.Context, msgs []redis.XMessage
 		return deliveries[i]
 	}
 	s := c.consume
-	res, err := c.k.consume(ctx, stop, c.scope, keys, &s, func(ctx context.Context, i int) (err error) {
+	res, err := c.k.consume(ctx, stop, c.scope, keys, &s, func(ctx context.Context, i int) error {
 		if n := delivered(i); n > c.maxDeliveries {
 			return fmt.Errorf("idem: not handled: delivered %d times, more than WithMaxDeliveries' %d", n, c.maxDeliveries)
 		}
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("idem: the handler panicked: %v\n%s", p, debug.Stack())
-			}
-		}()
 		return handle(ctx, msgs[i])
 	})
 	if res == nil {
