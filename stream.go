@@ -386,22 +386,33 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 }
 
 // deliveries returns how many times the group delivered each of msgs,
-// entries delivered before (XPENDING's counter, in one pipeline); 0 for
-// one no longer pending for this consumer.
+// entries delivered before: XPENDING's counters over the range of their
+// ids, for this consumer, in one call (a call more only when entries not
+// in msgs, pending for it, lie between theirs); 0 for one no longer
+// pending for this consumer. msgs are in id order, as Redis returns them.
 func (c *StreamConsumer) deliveries(ctx context.Context, msgs []redis.XMessage) ([]int64, error) {
-	pipe := c.client.Pipeline()
-	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	at := make(map[string]int, len(msgs))
 	for i, m := range msgs {
-		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: c.stream, Group: c.group, Start: m.ID, End: m.ID, Count: 1, Consumer: c.name})
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, storeError(ctx, "xpending", err)
+		at[m.ID] = i
 	}
 	n := make([]int64, len(msgs))
-	for i, cmd := range cmds {
-		if p := cmd.Val(); len(p) == 1 && p[0].ID == msgs[i].ID {
-			n[i] = p[0].RetryCount
+	start, end := msgs[0].ID, msgs[len(msgs)-1].ID
+	count := int64(len(msgs)) + 1 // one more, so a range read on from its last id moves past it
+	for len(at) > 0 {
+		p, err := c.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: c.stream, Group: c.group, Start: start, End: end, Count: count, Consumer: c.name}).Result()
+		if err != nil {
+			return nil, storeError(ctx, "xpending", err)
 		}
+		for _, e := range p {
+			if i, ok := at[e.ID]; ok {
+				n[i] = e.RetryCount
+				delete(at, e.ID)
+			}
+		}
+		if int64(len(p)) < count {
+			break
+		}
+		start = p[len(p)-1].ID
 	}
 	return n, nil
 }

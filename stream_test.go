@@ -282,6 +282,98 @@ func TestStreamConsumerReadsItsBacklogOnce(t *testing.T) {
 	})
 }
 
+// TestStreamConsumerAsksDeliveriesOncePerBatch: a batch of entries
+// delivered before costs one XPENDING, not one per entry, and each entry's
+// count is its own: the one delivered 4 times is dead-lettered unrun.
+func TestStreamConsumerAsksDeliveriesOncePerBatch(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		var cnt redistest.Counter
+		c.AddHook(&cnt)
+		k := newKeeper(t, b, WithLease(10*time.Second))
+		ids := map[string]string{}
+		for _, key := range []string{"a", "b", "crashes", "c", "d"} {
+			id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": key}}).Result()
+			require.NoError(t, err)
+			ids[key] = id
+		}
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		// The consumer's previous processes read every entry; "crashes"
+		// was delivered twice more.
+		_, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{"s", ">"}, Count: 10}).Result()
+		require.NoError(t, err)
+		for range 2 {
+			require.NoError(t, c.XClaim(ctx, &redis.XClaimArgs{Stream: "s", Group: "g", Consumer: "c1", Messages: []string{ids["crashes"]}}).Err())
+		}
+
+		sc, err := NewStreamConsumer(k, c, "s", "g", "c1", WithMaxDeliveries(3))
+		require.NoError(t, err)
+		var mu sync.Mutex
+		runs := map[string]int{}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
+				func(ctx context.Context, m redis.XMessage) error {
+					mu.Lock()
+					defer mu.Unlock()
+					runs[m.Values["id"].(string)]++
+					return nil
+				})
+		}()
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for {
+			n, err := c.XLen(ctx, "s:dead-letter").Result()
+			require.NoError(t, err)
+			mu.Lock()
+			handled := len(runs)
+			mu.Unlock()
+			if n == 1 && handled == 4 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%d dead letters, %d entries handled", n, handled)
+			time.Sleep(5 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled)
+		assert.EqualValues(t, 1, cnt.Named("xpending"), "one XPENDING for the backlog's batch of 5")
+
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1}, runs)
+		dl, err := c.XRange(ctx, "s:dead-letter", "-", "+").Result()
+		require.NoError(t, err)
+		require.Len(t, dl, 1)
+		assert.Equal(t, ids["crashes"], dl[0].Values["idem-id"])
+		assert.Equal(t, "4", dl[0].Values["idem-deliveries"])
+
+		// Entries between a batch's, pending for the consumer but not in
+		// the batch, cost a call more; one no longer pending counts 0.
+		for _, key := range []string{"e", "f", "g", "h", "i"} {
+			id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": key}}).Result()
+			require.NoError(t, err)
+			ids[key] = id
+		}
+		got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{"s", ">"}, Count: 10}).Result()
+		require.NoError(t, err)
+		msgs := got[0].Messages
+		require.Len(t, msgs, 5)
+		require.NoError(t, c.XClaim(ctx, &redis.XClaimArgs{Stream: "s", Group: "g", Consumer: "c1", Messages: []string{ids["g"]}}).Err())
+		require.NoError(t, c.XAck(ctx, "s", "g", ids["i"]).Err())
+		before := cnt.Named("xpending")
+		n, err := sc.deliveries(ctx, []redis.XMessage{msgs[0], msgs[2], msgs[4]})
+		require.NoError(t, err)
+		assert.Equal(t, []int64{1, 2, 0}, n, "e read once, g twice, i acknowledged")
+		assert.EqualValues(t, 2, cnt.Named("xpending")-before, "f and h lie between e, g and i")
+		before = cnt.Named("xpending")
+		n, err = sc.deliveries(ctx, msgs[:4])
+		require.NoError(t, err)
+		assert.Equal(t, []int64{1, 1, 2, 1}, n)
+		assert.EqualValues(t, 1, cnt.Named("xpending")-before)
+	})
+}
+
 // TestStreamConsumerDeadLettersAfterMaxDeliveries: with WithMaxDeliveries(3)
 // an entry whose handler keeps failing, one whose handler panics, and one
 // new entry that keeps failing are moved to the dead-letter stream and

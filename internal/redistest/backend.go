@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"github.com/idemkit/idem/internal/minitime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,6 +88,25 @@ func NewClient(tb testing.TB, addr string) *redis.Client {
 // CLIENT, AUTH, SELECT) is not counted. Add it with client.AddHook.
 type Counter struct {
 	roundTrips, commands atomic.Int64
+	named                sync.Map // a command's name: *atomic.Int64, how many were sent
+}
+
+// Named returns how many commands called name (lower case, as go-redis
+// names them: "xpending") were counted so far.
+func (c *Counter) Named(name string) int64 {
+	if n, ok := c.named.Load(name); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// count adds cmd to the count of its name.
+func (c *Counter) count(cmd redis.Cmder) {
+	n, ok := c.named.Load(cmd.Name())
+	if !ok {
+		n, _ = c.named.LoadOrStore(cmd.Name(), new(atomic.Int64))
+	}
+	n.(*atomic.Int64).Add(1)
 }
 
 // RoundTrips returns the round trips counted so far.
@@ -111,6 +131,7 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !handshake(cmd) {
 			c.roundTrips.Add(1)
 			c.commands.Add(1)
+			c.count(cmd)
 		}
 		return next(ctx, cmd)
 	}
@@ -122,6 +143,9 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		if len(cmds) > 0 && !handshake(cmds[0]) {
 			c.roundTrips.Add(1)
 			c.commands.Add(int64(len(cmds)))
+			for _, cmd := range cmds {
+				c.count(cmd)
+			}
 		}
 		return next(ctx, cmds)
 	}
