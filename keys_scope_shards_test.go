@@ -201,7 +201,11 @@ func TestClusterScopeShards(t *testing.T) {
 		for i := range msgs {
 			msgs[i] = fmt.Sprint("m-", i)
 		}
-		res, err := Consume(ctx, k, scope, msgs, func(m string) string { return m }, func(context.Context, string) error { return nil })
+		// One settle at the end, whatever the machine's load: the default
+		// window (10 ms or 128 outcomes) settles a batch of 500 in four
+		// calls or more, as the handlers happen to return.
+		res, err := Consume(ctx, k, scope, msgs, func(m string) string { return m }, func(context.Context, string) error { return nil },
+			WithSettleWindow(time.Hour, len(msgs)))
 		require.NoError(t, err)
 		for i, r := range res {
 			require.Equal(t, want, r.Status, "%s %s: %v", scope, msgs[i], r.Err)
@@ -237,7 +241,7 @@ func TestClusterScopeShards(t *testing.T) {
 		assert.Equal(t, first[i] > 0, again[i] > 0, "master %d: the redelivery goes to the same node", i)
 	}
 	assert.Equal(t, 1, busy, "one node runs a batch of one shard")
-	assert.LessOrEqual(t, sum64(first), int64(8), "a few script calls for 500 messages: claims by 200, then the settle")
+	assert.LessOrEqual(t, sum64(first), int64(6), "a few script calls for 500 messages: claims and settles by 200")
 	assert.LessOrEqual(t, sum64(again), int64(8), "and for their redelivery")
 	assert.Greater(t, sum64(spread), 10*sum64(first), "placed by key, the batch costs a script call a slot")
 	assert.LessOrEqual(t, all-keys, int64(4), "markers: an index key and a call record or two, no record a message")
