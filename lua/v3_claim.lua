@@ -84,15 +84,14 @@ end
 local cl = ARGV[8]
 if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= cl then
   local half = 2 ^ level
-  if byte(cl, 1) == level and sub(cl, 2, 4) <= char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256) then
+  local cs, ns = sub(cl, 2, 4), char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
+  if byte(cl, 1) == level and cs <= ns then
     -- The blocks split since the client's state (a range of names, which
     -- compare as their numbers do): each message of one goes where bit L
     -- of its hash says, its own block or that block plus 2^L, and the
     -- latter are read.
     local k = 3 - math.floor(level / 8)
     local bit, at = 2 ^ (level % 8), v3PackedHashAt + 2 - math.floor(level / 8)
-    local cs = sub(cl, 2, 4)
-    local ns = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
     local moved, mnames = {}, {}
     for j = 1, n do
       local f = names[j + 1]
@@ -156,8 +155,10 @@ end
 local ans, nums, nn, st = {}, {}, 0, {}
 local atts, claimed = nil, false
 local lastf, blk, changed = nil, nil, false
-for j = 1, n do
-  local f = names[j + 1]
+-- One turn past the last message ('' is no block's name) keeps the last
+-- block changed, as every earlier one is kept when the next begins.
+for j = 1, n + 1 do
+  local f = names[j + 1] or ''
   if f ~= lastf then
     if changed then
       if not bl[lastf] then
@@ -165,6 +166,9 @@ for j = 1, n do
         wnames[nw] = lastf
       end
       bl[lastf] = blk
+    end
+    if j > n then
+      break
     end
     lastf, blk, changed = f, bl[f] or blocks[j + 1] or '', false
     -- Sweep the stale entries at the block's start.
@@ -347,13 +351,6 @@ for j = 1, n do
     nn = nn + 1
     nums[nn] = fmt('%d', num) .. ','
   end
-end
-if changed then
-  if not bl[lastf] then
-    nw = nw + 1
-    wnames[nw] = lastf
-  end
-  bl[lastf] = blk
 end
 
 if resend then
