@@ -467,7 +467,11 @@ func parseCallRecord(v string) (callRecord, bool) {
 // entry's: handled before (acked without running) or in progress. The index
 // splits a block whenever it holds more than v3IndexFill = 8 entries a
 // block on average, up to 2^24 blocks (134M entries at the fill), so a
-// lookup reads about 8 entries of 16 bytes.
+// lookup reads about 8 entries of 16 bytes. An index begins at level
+// v3StartLevel = 10, 1,024 blocks: a block is a field that exists only
+// while it holds an entry, so a small index pays nothing for the blocks it
+// does not use, and an index splits (moves entries, which costs a claim
+// some 2 entries' work an id) only once it holds over 8,192 ids.
 //
 // The index entry, 16 bytes, entries end to end in a block:
 //
@@ -529,6 +533,7 @@ const (
 	v3EntryTokenAt  = 11
 	v3BlockNameSize = 3
 	v3MaxLevel      = 24
+	v3StartLevel    = 10
 	v3IndexFill     = 8
 	v3TokenModulus  = 1 << 48
 	v3TokenAhead    = 1 << 32

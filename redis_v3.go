@@ -39,8 +39,9 @@ func withLayoutV3() Option {
 // claim is refused (errV3Unsupported).
 type v3Layout struct {
 	index, calls string
-	// ls is the index's level and split point as the last reply said,
-	// level<<24 | split: the next call packs by them.
+	// ls is the index's level and split point as the last reply said
+	// (an empty index's before any), level<<24 | split: the next call
+	// packs by them.
 	ls      atomic.Uint32
 	packers sync.Pool
 }
@@ -69,7 +70,9 @@ func newV3Layout(s *RedisStore) *v3Layout {
 	if s.durable != nil || s.noCompact {
 		return nil
 	}
-	return &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
+	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
+	l.ls.Store(v3StartLevel << 24)
+	return l
 }
 
 // v3CallID is the call id of attempt: itself when it is one (11
@@ -86,16 +89,22 @@ func v3CallID(attempt string) string {
 // v3Chunk, answered into out.
 func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
 	keys := s.keysOf(req.IDs, todo)
-	for len(todo) > 0 {
+	for c := 0; len(todo) > 0; c++ {
 		chunk := todo[:min(len(todo), v3Chunk)]
 		todo = todo[len(chunk):]
-		l.claimChunk(ctx, s, req, chunk, keys, out)
+		// Each call has an id of its own, the first the attempt's: a
+		// chunk is not taken for the previous one sent again.
+		callID := v3CallID(req.Attempt)
+		if c > 0 {
+			callID = v3CallID(req.Attempt + "/" + strconv.Itoa(c))
+		}
+		l.claimChunk(ctx, s, req, chunk, keys, callID, out)
 	}
 }
 
-// claimChunk claims the records chunk in one call; keys are the records'
-// keys (by the caller's index), out their answers.
-func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, out []BatchClaimReply) {
+// claimChunk claims the records chunk in one call of id callID; keys are
+// the records' keys (by the caller's index), out their answers.
+func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, callID string, out []BatchClaimReply) {
 	fail := func(err error) {
 		for _, i := range chunk {
 			out[i].Err = err
@@ -143,7 +152,7 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 	state := []byte{p.level, byte(p.split >> 16), byte(p.split >> 8), byte(p.split)}
 	callKeep := req.Lease + max(req.Keep-req.Lease, req.MarkerRetention)
 	r, err := v3ClaimScript.Run(ctx, s.client, rkeys, millis(req.Lease), millis(callKeep), l.calls, arg,
-		v3CallID(req.Attempt), fpw, fps, state, millis(callKeep+v3MaxHold)).Text()
+		callID, fpw, fps, state, millis(callKeep+v3MaxHold)).Text()
 	if err != nil {
 		fail(s.layoutError(err))
 		return

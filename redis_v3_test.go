@@ -206,6 +206,35 @@ func TestV3OneClaimAnId(t *testing.T) {
 	})
 }
 
+// TestV3ChunksAreCalls: a request over v3Chunk ids goes as calls of their
+// own, each claiming its part under a token and a call id of its own; no
+// chunk is taken for the one before it sent again.
+func TestV3ChunksAreCalls(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		ids := v3IDs("chunks", v3Chunk+v3Chunk/2)
+		out := s.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute))
+		tokens := map[int64]int{}
+		fences := make([]Fence, len(out))
+		for i, r := range out {
+			require.NoError(t, r.Err, "id %d", i)
+			require.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+			tokens[r.Reply.Token]++
+			fences[i] = Fence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
+		}
+		assert.Len(t, tokens, 2, "a token a call")
+		done, _ := s.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
+		for i, err := range done {
+			require.NoError(t, err, "id %d", i)
+		}
+		for i, r := range s.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)) {
+			require.NoError(t, r.Err)
+			require.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+		}
+	})
+}
+
 // TestV3Grows: the index splits its blocks as it grows, moving each entry
 // to the block its hash chooses, and a store that packs by a state the
 // index has left behind is answered rightly.
@@ -215,11 +244,14 @@ func TestV3Grows(t *testing.T) {
 		// s and other take turns, so that each packs by a state the other
 		// has split since (same level, a split point behind); stale packs
 		// by the empty index's.
+		// An index begins at 2^v3StartLevel blocks: past the fill of
+		// those, it splits.
 		s, other, stale := v3Store(t, b), v3Store(t, b), v3Store(t, b)
-		ids := v3IDs("grow", 2000)
-		for at := 0; at < len(ids); at += 100 {
-			part := ids[at : at+100]
-			st := []*RedisStore{s, other}[at/100%2]
+		ids := v3IDs("grow", 17*v3Chunk)
+		require.Greater(t, len(ids), 2*v3IndexFill<<v3StartLevel)
+		for at := 0; at < len(ids); at += v3Chunk {
+			part := ids[at : at+v3Chunk]
+			st := []*RedisStore{s, other}[at/v3Chunk%2]
 			fences := claimAll(t, st.ClaimBatch(ctx, v3Request(part, time.Minute, time.Minute)), part)
 			done, _ := st.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
 			for _, err := range done {
@@ -232,6 +264,7 @@ func TestV3Grows(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, uint32(len(ids)), m.count)
 		assert.LessOrEqual(t, m.count, uint32(v3IndexFill)*m.blocks()+uint32(v3IndexFill), "split to the fill")
+		assert.Greater(t, m.blocks(), uint32(1)<<v3StartLevel, "split past the start")
 		assert.GreaterOrEqual(t, m.blocks(), uint32(len(ids)/v3IndexFill/2))
 		n, err := b.Client.HLen(ctx, s.v3.index).Result()
 		require.NoError(t, err)

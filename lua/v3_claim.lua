@@ -44,9 +44,10 @@
 -- The call's token is the larger of the last token the index gave plus one
 -- and Redis's clock in µs: above every token an id had, its records' too.
 -- Entries of a block are in the order of their tokens, so a block is swept
--- of its stale entries from its start. The index splits a block when it
--- holds more than v3IndexFill entries a block on average, moving each entry
--- of the block split by its hash. The index key lives at least the call
+-- of its stale entries from its start. An index begins at v3StartLevel
+-- (its blocks exist only once they hold an entry) and splits a block when
+-- it holds more than v3IndexFill entries a block on average, moving the
+-- entries of the block split whose hash says so. The index key lives at least the call
 -- record's keep past every call (DUE in the state says until when it lives).
 local ikey, lease_ms, keep_ms, cbase, packed = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local callid, fpw, fps = ARGV[5], tonumber(ARGV[6]), ARGV[7]
@@ -69,7 +70,7 @@ for j = 1, n do
 end
 local blocks = redis.call('HMGET', ikey, unpack(names))
 local raw = blocks[1]
-local level, split, count, last, due = 0, 0, 0, 0, 0
+local level, split, count, last, due = v3StartLevel, 0, 0, 0, 0
 if raw then
   if not find(raw, V3_STATE) then
     return redis.error_reply('IDEMLAYOUT ' .. raw)
@@ -82,44 +83,41 @@ if raw then
   due = ((d1 * 256 + d2) * 256 + d3) * 256 + d4
 end
 local cl = ARGV[8]
-if sub(raw or '\0\0\0\0\0\0', v3StateLevelAt, v3StateCountAt - 1) ~= cl then
-  local half = 2 ^ level
-  local cs, ns = sub(cl, 2, 4), char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
-  if byte(cl, 1) == level and cs <= ns then
-    -- The blocks split since the client's state (a range of names, which
-    -- compare as their numbers do): each message of one goes where bit L
-    -- of its hash says, its own block or that block plus 2^L, and the
-    -- latter are read.
-    local k = 3 - math.floor(level / 8)
-    local bit, at = 2 ^ (level % 8), v3PackedHashAt + 2 - math.floor(level / 8)
-    local moved, mnames = {}, {}
-    for j = 1, n do
-      local f = names[j + 1]
-      if f >= cs and f < ns and math.floor(byte(packed, (j - 1) * v3PackedSize + at) / bit) % 2 == 1 then
-        f = sub(f, 1, k - 1) .. char(byte(f, k) + bit) .. sub(f, k + 1)
-        names[j + 1] = f
-        moved[#moved + 1] = j + 1
-        mnames[#mnames + 1] = f
+if (raw and sub(raw, v3StateLevelAt, v3StateCountAt - 1) or char(v3StartLevel, 0, 0, 0)) ~= cl then
+  -- The index split (or began again) since the state the client packed
+  -- by: each message goes to the block its hash names in the index's
+  -- state, and the blocks of those whose block is another are read.
+  local c0, c1, c2, c3 = byte(cl, 1, 4)
+  local chalf, csplit, half = -1, 0, 2 ^ level
+  if #cl == 4 and c0 <= v3MaxLevel then
+    chalf, csplit = 2 ^ c0, (c1 * 256 + c2) * 256 + c3
+  end
+  local moved, mnames, nm = {}, {}, 0
+  for j = 1, n do
+    local q = (j - 1) * v3PackedSize + v3PackedHashAt
+    local h1, h2, h3 = byte(packed, q, q + 2)
+    local b = (h1 * 256 + h2) * 256 + h3
+    local lo, was = b % half, -1
+    if lo < split then
+      lo = b % (2 * half)
+    end
+    if chalf > 0 then
+      was = b % chalf
+      if was < csplit then
+        was = b % (2 * chalf)
       end
     end
-    if #moved > 0 then
-      local got = redis.call('HMGET', ikey, unpack(mnames))
-      for q = 1, #moved do
-        blocks[moved[q]] = got[q]
-      end
+    if lo ~= was then
+      local f = char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256)
+      nm = nm + 1
+      names[j + 1], moved[nm], mnames[nm] = f, j + 1, f
     end
-  else
-    -- Another level: place every message again by its hash.
-    for j = 1, n do
-      local h1, h2, h3 = byte(packed, (j - 1) * v3PackedSize + v3PackedHashAt, (j - 1) * v3PackedSize + v3PackedHashAt + 2)
-      local b = (h1 * 256 + h2) * 256 + h3
-      local lo = b % half
-      if lo < split then
-        lo = b % (2 * half)
-      end
-      names[j + 1] = char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256)
+  end
+  if nm > 0 then
+    local got = redis.call('HMGET', ikey, unpack(mnames))
+    for q = 1, nm do
+      blocks[moved[q]] = got[q]
     end
-    blocks = redis.call('HMGET', ikey, unpack(names))
   end
 end
 
@@ -370,16 +368,22 @@ while splits > 0 and level < v3MaxLevel and count > v3IndexFill * (2 ^ level + s
     nw = nw + 1
     wnames[nw] = from
   end
+  -- Runs of entries that stay or go, each cut out once.
   local keep, move, nk, nm = {}, {}, 0, 0
-  local at, bit = v3EntryHashAt + 2 - math.floor(level / 8), 2 ^ (level % 8)
-  for q = 0, #b - 1, v3EntrySize do
-    if math.floor(byte(b, q + at) / bit) % 2 == 1 then
+  local at, bit, q, m = v3EntryHashAt + 2 - math.floor(level / 8), 2 ^ (level % 8), 0, #b
+  while q < m do
+    local side, r = math.floor(byte(b, q + at) / bit) % 2, q + v3EntrySize
+    while r < m and math.floor(byte(b, r + at) / bit) % 2 == side do
+      r = r + v3EntrySize
+    end
+    if side == 1 then
       nm = nm + 1
-      move[nm] = sub(b, q + 1, q + v3EntrySize)
+      move[nm] = sub(b, q + 1, r)
     else
       nk = nk + 1
-      keep[nk] = sub(b, q + 1, q + v3EntrySize)
+      keep[nk] = sub(b, q + 1, r)
     end
+    q = r
   end
   bl[from] = concat(keep)
   nw = nw + 1
