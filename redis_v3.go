@@ -199,18 +199,70 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 // keep and when the results' retention ends; renewing: the call record's
 // keep and the lease). Their answers go into errs.
 func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
-	st := &batchStep{script: v3SettleScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	answer := compactAnswers(errs)
 	calls := make([]batchCall, 0, len(groups))
 	for _, items := range groups {
 		places := make([]byte, 0, 2*len(items))
-		for _, j := range items {
+		refs := make([]int, len(items))
+		for k, j := range items {
 			r := fence(j).Ref
+			refs[k] = r
 			places = append(places, byte(r>>8), byte(r))
 		}
+		st := &batchStep{script: v3SettleScript, split: v3SettleSplit(target[0], refs), answer: answer}
 		keys := []string{l.calls + strconv.FormatInt(fence(items[0]).Token, 10), l.index}
 		calls = append(calls, batchCall{records: items, keys: keys, args: []any{target, millis(keep), arg, string(places)}, step: st})
 	}
 	return calls
+}
+
+// v3SettleSplit cuts the reply of v3_settle.lua to a call of mode (C, R or
+// E) whose claims are at places refs into each claim's reply, as
+// splitCompactTransitions gives them: the script answers with the call's
+// place states before it ran, and a claim's answer is its place's state.
+// With refs nil (mode M) it reads the reply of a move, an answer a claim.
+func v3SettleSplit(mode byte, refs []int) func(res []any, n int) ([][]any, error) {
+	return func(res []any, n int) ([][]any, error) {
+		each := make([][]any, n)
+		switch {
+		case len(res) == 1 && res[0] == int64(transitionLost):
+			for j := range each {
+				each[j] = replyLost
+			}
+			return each, nil
+		case len(res) == 2 && res[0] == int64(transitionLost):
+			if why, ok := res[1].(string); ok {
+				for j := range each {
+					each[j] = []any{int64(replyNotOurs), why}
+				}
+				return each, nil
+			}
+		}
+		before, ok := "", false
+		if len(res) == 1 {
+			before, ok = res[0].(string)
+		}
+		if !ok || refs == nil {
+			return splitCompactTransitions(res, n)
+		}
+		if len(refs) != n {
+			return nil, fmt.Errorf("%w: a v3 settle of %d claims for %d", ErrCorrupt, len(refs), n)
+		}
+		for j, p := range refs {
+			if p < 1 || p > len(before) {
+				return nil, fmt.Errorf("%w: a v3 call record of %d places has no place %d", ErrCorrupt, len(before), p)
+			}
+			switch s := before[p-1]; {
+			case s == v3Held, s == mode && mode != 'E':
+				each[j] = replyDone
+			case s == v3Moved:
+				each[j] = []any{int64(compactSettleMoved)}
+			default:
+				each[j] = replyLost
+			}
+		}
+		return each, nil
+	}
 }
 
 // moveCalls returns the calls that complete the v3 compact claims of
@@ -218,7 +270,7 @@ func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, gro
 // of its own kept for its item's Keep (v3_settle.lua's 'M'); their answers
 // go into errs.
 func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchCompletion, errs []error) []batchCall {
-	st := &batchStep{script: v3SettleScript, split: splitCompactTransitions, answer: compactAnswers(errs)}
+	st := &batchStep{script: v3SettleScript, split: v3SettleSplit(0, nil), answer: compactAnswers(errs)}
 	calls := make([]batchCall, 0, len(groups))
 	for _, g := range groups {
 		tok := items[g[0]].Token

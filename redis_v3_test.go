@@ -394,3 +394,32 @@ func TestV3CompletionWithAValue(t *testing.T) {
 		assert.ErrorIs(t, err, redis.Nil, "nothing written for the old holder")
 	})
 }
+
+// TestV3SettleSplit: a settle's answer for each claim is its place's state
+// before the call (held: done; the target: done before; moved; else lost),
+// a missing call record loses every claim, a value not ours answers so for
+// each, and a place past the record's is corrupt.
+func TestV3SettleSplit(t *testing.T) {
+	each, err := v3SettleSplit('C', []int{1, 2, 3, 4, 5})([]any{"PCMRT"}, 5)
+	require.NoError(t, err)
+	assert.Equal(t, [][]any{replyDone, replyDone, {int64(compactSettleMoved)}, replyLost, replyLost}, each)
+
+	each, err = v3SettleSplit('E', []int{2, 1})([]any{"EP"}, 2)
+	require.NoError(t, err)
+	assert.Equal(t, [][]any{replyDone, replyLost}, each, "a renewal is done only where held")
+
+	each, err = v3SettleSplit('R', []int{1, 2})([]any{int64(transitionLost)}, 2)
+	require.NoError(t, err)
+	assert.Equal(t, [][]any{replyLost, replyLost}, each)
+
+	each, err = v3SettleSplit('R', []int{1})([]any{int64(transitionLost), "wrong type"}, 1)
+	require.NoError(t, err)
+	assert.Equal(t, [][]any{{int64(replyNotOurs), "wrong type"}}, each)
+
+	_, err = v3SettleSplit('C', []int{3})([]any{"PP"}, 1)
+	assert.ErrorIs(t, err, ErrCorrupt)
+
+	each, err = v3SettleSplit(0, nil)([]any{int64(transitionDone), int64(compactSettleDoneBefore)}, 2)
+	require.NoError(t, err)
+	assert.Equal(t, [][]any{replyDone, replyDone}, each, "a move's answers, a claim each")
+}

@@ -150,7 +150,7 @@ local calls = {}
 if cv0 then
   calls[fmt('%d', token)] = cv0
 end
-local ans, nums, nn, st = {}, {}, 0, {}
+local ans, nums, nn = {}, {}, 0
 local atts, claimed = nil, false
 local lastf, blk, changed = nil, nil, false
 -- One turn past the last message ('' is no block's name) keeps the last
@@ -329,20 +329,20 @@ for j = 1, n + 1 do
       end
     end
   end
+  -- A place's state in the call record follows from its answer: held
+  -- when claimed (P, T, A), else X (see the SET below).
   if own then
-    st[j] = 'P'
+    -- Held by the first run.
   elseif resend and (a == aP or a == aT or a == aA) then
-    a, num, st[j] = aB, lease_ms, 'X'
+    a, num = aB, lease_ms
   elseif a == aP or a == aT or a == aA then
     blk, changed, count = blk .. sub(packed, o + v3PackedDigestAt - 1, o + v3PackedSize - 1) .. tok6, true, count + 1
-    st[j], claimed = 'P', true
+    claimed = true
     if attempt then
       atts = atts or {}
       atts[j] = attempt
       num = attempt % v3RecoveredBit
     end
-  else
-    st[j] = 'X'
   end
   ans[j] = a
   if num then
@@ -351,8 +351,9 @@ for j = 1, n + 1 do
   end
 end
 
+local answers = concat(ans)
 if resend then
-  return tok7 .. sub(raw, v3StateLevelAt, v3StateCountAt - 1) .. concat(ans) .. concat(nums)
+  return tok7 .. sub(raw, v3StateLevelAt, v3StateCountAt - 1) .. answers .. concat(nums)
 end
 
 -- Split while the index holds more than the fill a block, a few a call.
@@ -448,6 +449,6 @@ if claimed then
   end
   redis.call('SET', cbase .. fmt('%d', token),
     V3_CALL_TAG .. fmt(V3_TIME, now + lease_ms * 1000) .. '00000000000000000000000000000000' .. callid ..
-    char(fpw, aw) .. concat(st) .. attempts .. fps, 'PX', keep_ms)
+    char(fpw, aw) .. (string.gsub((string.gsub(answers, '[^PTA]', 'X')), '[TA]', 'P')) .. attempts .. fps, 'PX', keep_ms)
 end
-return tok7 .. char(level) .. s3 .. concat(ans) .. concat(nums)
+return tok7 .. char(level) .. s3 .. answers .. concat(nums)

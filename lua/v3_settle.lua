@@ -21,44 +21,34 @@
 -- already M whose record holds the call's token was moved by an earlier
 -- run (done before).
 --
--- Returns an array whose j-th element answers the j-th claim: 1 done (a
--- renewal: the call's lease renewed), 2 done before by this call (a call
--- sent again), 3 moved to a record of its own, 0 lease lost (the place is
--- no longer held: taken over after its lease ran out, forgotten), or the
--- reason the call record is not one of ours (nothing written then). The
--- claims of a call share one lease: renewing any renews every place the
--- call still holds. Safe to run twice.
+-- Completing, releasing or renewing returns {STATES}, the call's place
+-- states before (a byte a place, format.go): the caller reads each claim's
+-- answer at its place (P: done, and a renewal renews the call's lease;
+-- the target state: done before, by this call sent again; M moved to a
+-- record of its own; else lease lost: taken over after its lease ran out,
+-- forgotten). Moving returns an array whose j-th element answers the j-th
+-- claim: 1 done, 2 done before by this call, 0 lease lost. {0}: the call
+-- record is gone (every claim lost); {0, why}: the key holds no call record
+-- of ours (nothing written). The claims of a call share one lease:
+-- renewing any renews every place the call still holds. Safe to run twice.
 local ck, ikey, mode, places = KEYS[1], KEYS[2], ARGV[1], ARGV[4]
-local k = #places / 2
-local out = {}
 local v = redis.pcall('GET', ck)
-local why
 if type(v) == 'table' then
-  why = 'wrong type'
+  return {transitionLost, 'wrong type'}
 elseif not v then
-  why = transitionLost
+  return {transitionLost}
 elseif string.sub(v, 1, 3) ~= V3_CALL_TAG or #v < v3CallHeadSize then
-  why = 'unknown format'
-end
-if why then
-  for j = 1, k do
-    out[j] = why
-  end
-  return out
+  return {transitionLost, 'unknown format'}
 end
 local byte, sub = string.byte, string.sub
 local np = (#v - v3CallHeadSize) / (1 + byte(v, v3CallAWAt) + byte(v, v3CallFPWAt))
 if np % 1 ~= 0 then
-  for j = 1, k do
-    out[j] = 'unknown format'
-  end
-  return out
+  return {transitionLost, 'unknown format'}
 end
+local k = #places / 2
+local out = {}
 local st = {byte(v, v3CallHeadSize + 1, v3CallHeadSize + np)}
-local want, changed = byte(mode), false
-if mode == 'E' then
-  want = v3Held
-end
+local changed = false
 if mode == 'M' then
   local aw, fpw = byte(v, v3CallAWAt), byte(v, v3CallFPWAt)
   local tok36 = ARGV[5]
@@ -91,22 +81,20 @@ if mode == 'M' then
   end
   return out
 end
-for j = 1, k do
-  local hi, lo = byte(places, 2 * j - 1, 2 * j)
-  local p = hi * 256 + lo
-  local s = st[p]
-  if s == v3Held then
-    st[p], out[j], changed = want, transitionDone, true
-  elseif s == want and mode ~= 'E' then
-    out[j] = compactSettleDoneBefore
-  elseif s == v3Moved then
-    out[j] = compactSettleMoved
-  else
-    out[j] = transitionLost
+local before = sub(v, v3CallHeadSize + 1, v3CallHeadSize + np)
+local want = byte(mode)
+local pb = {byte(places, 1, 2 * k)}
+for j = 1, 2 * k, 2 do
+  local p = pb[j] * 256 + pb[j + 1]
+  if st[p] == v3Held then
+    changed = true
+    if mode ~= 'E' then
+      st[p] = want
+    end
   end
 end
 if not changed then
-  return out
+  return {before}
 end
 local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
@@ -130,10 +118,10 @@ end
 local body = string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1)
 if mode == 'R' then
   redis.call('SET', ck, head .. body, 'KEEPTTL')
-  return out
+  return {before}
 end
 redis.call('SET', ck, head .. body, 'PX', keep)
 if redis.call('PTTL', ikey) < keep then
   redis.call('PEXPIRE', ikey, keep)
 end
-return out
+return {before}
