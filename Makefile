@@ -1,7 +1,7 @@
 # make test runs every module's tests with -race, as CI does (.ci/run): the
 # core (idem, idemhttp, idemtest, the commands) and the integrations that keep
-# their own go.mod (idemgrpc, idemotel, idemwatermill, idemjetstream and
-# bench/peers). It downloads every module's dependencies first, so that no
+# their own go.mod (idemgrpc, idemotel, idemwatermill, idemjetstream,
+# idemkafka and bench/peers). It downloads every module's dependencies first, so that no
 # download lands in the middle of a run, and prints each module as it starts
 # and how long it took. Tests that need redis-server use it from PATH, or skip
 # with a message; IDEM_REQUIRE_REDIS=1 turns the skips into failures.
