@@ -86,6 +86,56 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 	})
 }
 
+// TestStreamConsumerWithDeadLetter: WithDeadLetter names the stream the
+// rejected entries go to, with the fields the default one gets; the default
+// stream is not written, and the entries are acknowledged.
+func TestStreamConsumerWithDeadLetter(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client
+		k := newKeeper(t, b, WithLease(time.Second), WithRetention(time.Hour))
+		require.NoError(t, c.XGroupCreateMkStream(ctx, "s", "g", "0").Err())
+		for _, id := range []string{"", "fine"} { // "": an invalid key
+			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: map[string]any{"id": id, "body": "b-" + id}}).Err())
+		}
+		sc, err := NewStreamConsumer(k, c, "s", "g", "live", WithDeadLetter("rejects"))
+		require.NoError(t, err)
+		var handled atomic.Int32
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) }, func(context.Context, redis.XMessage) error {
+				handled.Add(1)
+				return nil
+			})
+		}()
+		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
+		for {
+			p, err := c.XPending(ctx, "s", "g").Result()
+			require.NoError(t, err)
+			n, err := c.XLen(ctx, "rejects").Result()
+			require.NoError(t, err)
+			if p.Count == 0 && handled.Load() == 1 && n == 1 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "pending %d, handled %d, dead-lettered %d", p.Count, handled.Load(), n)
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		require.ErrorIs(t, <-done, context.Canceled)
+		dl, err := c.XRange(ctx, "rejects", "-", "+").Result()
+		require.NoError(t, err)
+		require.Len(t, dl, 1)
+		assert.Equal(t, "", dl[0].Values["id"])
+		assert.Equal(t, "b-", dl[0].Values["body"], "the entry's own fields are kept")
+		assert.Contains(t, dl[0].Values["idem-error"], "key")
+		exists, err := c.Exists(ctx, "s:dead-letter").Result()
+		require.NoError(t, err)
+		assert.Zero(t, exists, "the default dead-letter stream is not written")
+		assert.EqualValues(t, 1, handled.Load(), "the valid entry is handled, the rejected one is not")
+	})
+}
+
 func TestStreamConsumerRefusesMisuse(t *testing.T) {
 	b := redistest.Miniredis(t)
 	k := newKeeper(t, b)
