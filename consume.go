@@ -83,11 +83,11 @@ import (
 // waits only when its call says so, since its answers wait with it.
 //
 // On a RedisStore the claims are compact (see WithCompactClaims): a claim
-// of a key that has no record is an entry of 16 bytes in an index, and a
-// message handled without error leaves a marker, about 22 bytes of Redis
-// memory (the index sizes itself as it fills), kept for the marker
-// retention (WithMarkerRetention, 7 days by default), where a record costs
-// more than a hundred. The claims of one batch share one lease. A handler
+// of a key that has no record is an entry in an index (its layout:
+// format.go), and a message handled without error leaves a marker, about
+// 22 bytes of Redis memory (the index sizes itself as it fills), kept for
+// the marker retention (WithMarkerRetention, 7 days by default), where a
+// record costs more than a hundred. The claims of one batch share one lease. A handler
 // that records a Checkpoint, or whose outcome is a Final error, moves its
 // claim to a record of its own. WithoutMarkers on the Keeper keeps every
 // claim in a record.
