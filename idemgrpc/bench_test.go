@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -23,7 +24,7 @@ func benchKey(prefix string) string {
 // The server interceptor called directly, on a redis-server started for the
 // benchmark: what it adds to a call, without gRPC's transport.
 func BenchmarkServerInterceptor(b *testing.B) {
-	k := (&backend{client: newRedisClient(b, startRedis(b))}).keeper(b)
+	k := newKeeper(b, redistest.Real(b).Client)
 	guard, err := idemgrpc.UnaryServerInterceptor(k)
 	require.NoError(b, err)
 	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
@@ -57,7 +58,7 @@ func BenchmarkServerInterceptor(b *testing.B) {
 // Calls over an in-memory connection, through both interceptors, on a
 // redis-server started for the benchmark, against the same call unguarded.
 func BenchmarkPair(b *testing.B) {
-	k := (&backend{client: newRedisClient(b, startRedis(b))}).keeper(b)
+	k := newKeeper(b, redistest.Real(b).Client)
 	h := func(_ context.Context, _ string, req *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 		return wrapperspb.String("charged " + req.GetValue()), nil
 	}

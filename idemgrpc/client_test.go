@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -281,7 +282,7 @@ func TestClientUnguardedMethodIsSentOnce(t *testing.T) {
 // With the server interceptor: a retry of a call in progress is answered
 // Aborted, waits the hint, and gets the first call's answer as a replay.
 func TestPairRetryWaitsForTheCallInProgress(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		entered, release := make(chan struct{}), make(chan struct{})
 		var runs atomic.Int64
 		h := func(context.Context, string, *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
@@ -290,7 +291,7 @@ func TestPairRetryWaitsForTheCallInProgress(t *testing.T) {
 			<-release
 			return wrapperspb.String("charged"), nil
 		}
-		lis := serve(t, b.keeper(t), h, idemgrpc.WithRetryHint(300*time.Millisecond))
+		lis := serve(t, newKeeper(t, b.Client), h, idemgrpc.WithRetryHint(300*time.Millisecond))
 		firstDone := make(chan answer, 1)
 		waits := sleeps{then: func(ctx context.Context) bool {
 			close(release) // the first call ends while the retry waits

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -101,7 +102,7 @@ func (c *flakyConn) Write(p []byte) (int, error) {
 // link that cuts connections mid-request and mid-response: each operation
 // runs once, and every copy gets the same answer.
 func TestPairOverAFlakyLink(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const operations, copies = 24, 4
 		var (
 			mu    sync.Mutex
@@ -119,7 +120,7 @@ func TestPairOverAFlakyLink(t *testing.T) {
 			total++
 			return wrapperspb.String(fmt.Sprintf("%s: execution %d", req.GetValue(), total)), nil
 		}
-		lis := serve(t, b.keeper(t), h, idemgrpc.WithRetryHint(5*time.Millisecond))
+		lis := serve(t, newKeeper(t, b.Client), h, idemgrpc.WithRetryHint(5*time.Millisecond))
 		// 96 calls carry more than 3000 bytes: the first connection is cut,
 		// and so are most of the next eleven.
 		cutter := newLink(7, 300, 3000, 12)
@@ -174,6 +175,6 @@ func TestPairOverAFlakyLink(t *testing.T) {
 		})
 		slices.Sort(byCode)
 		t.Logf("%s: %d operations × %d copies: %d executions, %d answers (%d replayed), %d attempts (at most %d for one call; %s), %d connections cut",
-			b.name, operations, copies, total, operations*copies, replays, attempts, most, strings.Join(byCode, ", "), cutter.cuts.Load())
+			b.Name, operations, copies, total, operations*copies, replays, attempts, most, strings.Join(byCode, ", "), cutter.cuts.Load())
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -46,7 +47,7 @@ func (s *stallStore) Claim(ctx context.Context, id string, req idem.ClaimRequest
 func stallKeeper(t *testing.T, lease, lag time.Duration) (*idem.Keeper, *stallStore) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	rs, err := idem.NewRedisStore(newRedisClient(t, m.Addr()))
+	rs, err := idem.NewRedisStore(redistest.NewClient(t, m.Addr()))
 	require.NoError(t, err)
 	s := &stallStore{Store: rs, release: make(chan struct{}), lag: lag}
 	t.Cleanup(func() { close(s.release) })

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -51,9 +52,9 @@ func init() {
 // they are safe to repeat: the client attaches no key, the server claims
 // none; the others are guarded. WithMethods replaces the rule with a list.
 func TestMethodsDeclaredIdempotentPassThrough(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs ledger
-		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, []idemgrpc.Option{})
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle), nil, []idemgrpc.Option{})
 		ctx := idemgrpc.ContextWithKey(t.Context(), "k1")
 
 		for _, m := range []string{"Get", "Put", "Post"} {

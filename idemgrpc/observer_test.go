@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -43,9 +44,9 @@ func (r *requests) take() []idem.Event {
 // with its outcome and the code it was answered; the interceptor has no
 // event model of its own.
 func TestCallsReachTheObserver(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		obs := &requests{}
-		k := b.keeper(t, idem.WithObserver(obs))
+		k := newKeeper(t, b.Client, idem.WithObserver(obs))
 		h := func(_ context.Context, _ string, req *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 			if req.GetValue() == "busy" {
 				return nil, status.Error(codes.Unavailable, "try later")

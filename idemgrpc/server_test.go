@@ -26,9 +26,9 @@ import (
 // The first call runs the handler; a retry with the key gets the same
 // message, marked as replayed, without running it.
 func TestFirstCallRunsThenReplays(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs ledger
-		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle), nil, nil)
 		ctx := withKey(t.Context(), "order-42")
 
 		first := call(ctx, conn, chargeMethod, "10 EUR")
@@ -47,7 +47,7 @@ func TestFirstCallRunsThenReplays(t *testing.T) {
 // An error the store policy keeps is replayed exactly: code, message and
 // every detail.
 func TestErrorStatusReplaysWithDetails(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs atomic.Int64
 		declined, err := status.New(codes.FailedPrecondition, "card declined: insufficient funds").WithDetails(
 			&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example.com", Metadata: map[string]string{"decline_code": "insufficient_funds"}},
@@ -58,7 +58,7 @@ func TestErrorStatusReplaysWithDetails(t *testing.T) {
 			runs.Add(1)
 			return nil, declined.Err()
 		}
-		conn := dial(t, serve(t, b.keeper(t), h), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), h), nil, nil)
 		ctx := withKey(t.Context(), "order-43")
 
 		first := call(ctx, conn, chargeMethod, "10 EUR")
@@ -79,7 +79,7 @@ func TestErrorStatusReplaysWithDetails(t *testing.T) {
 func TestAuthenticationFailureReleasesTheKey(t *testing.T) {
 	for _, refusal := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied} {
 		t.Run(refusal.String(), func(t *testing.T) {
-			eachBackend(t, func(t *testing.T, b *backend) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 				var runs atomic.Int64
 				h := func(ctx context.Context, _ string, req *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 					runs.Add(1)
@@ -88,7 +88,7 @@ func TestAuthenticationFailureReleasesTheKey(t *testing.T) {
 					}
 					return wrapperspb.String("charged " + req.GetValue()), nil
 				}
-				conn := dial(t, serve(t, b.keeper(t), h), nil, nil)
+				conn := dial(t, serve(t, newKeeper(t, b.Client), h), nil, nil)
 				ctx := withKey(t.Context(), "order-45")
 
 				assert.Equal(t, refusal, status.Code(call(ctx, conn, chargeMethod, "10 EUR").err))
@@ -108,7 +108,7 @@ func TestAuthenticationFailureReleasesTheKey(t *testing.T) {
 // Codes that say "try again" release the key: the retry runs the handler
 // again, and its success is then stored.
 func TestRetryableErrorReleasesTheKey(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs atomic.Int64
 		h := func(_ context.Context, _ string, req *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 			if runs.Add(1) == 1 {
@@ -116,7 +116,7 @@ func TestRetryableErrorReleasesTheKey(t *testing.T) {
 			}
 			return wrapperspb.String("charged " + req.GetValue()), nil
 		}
-		conn := dial(t, serve(t, b.keeper(t), h), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), h), nil, nil)
 		ctx := withKey(t.Context(), "order-44")
 
 		assert.Equal(t, codes.Unavailable, status.Code(call(ctx, conn, chargeMethod, "10 EUR").err))
@@ -146,7 +146,7 @@ func TestDefaultStorePolicy(t *testing.T) {
 // hint (1s by default), never more than the lease left; once the first
 // call ends, the retry gets its answer.
 func TestInProgressAnswersAbortedWithRetryInfo(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for _, tc := range []struct {
 			name  string
 			lease time.Duration
@@ -168,7 +168,7 @@ func TestInProgressAnswersAbortedWithRetryInfo(t *testing.T) {
 					<-release
 					return wrapperspb.String("done"), nil
 				}
-				conn := dial(t, serve(t, b.keeper(t, idem.WithLease(tc.lease)), h, tc.opts...), nil, nil)
+				conn := dial(t, serve(t, newKeeper(t, b.Client, idem.WithLease(tc.lease)), h, tc.opts...), nil, nil)
 				ctx := withKey(t.Context(), "slow-"+tc.name)
 
 				firstDone := make(chan answer, 1)
@@ -202,7 +202,7 @@ func TestInProgressAnswersAbortedWithRetryInfo(t *testing.T) {
 // its answer and replays it, instead of answering Aborted; the Keeper's own
 // WithWait applies unless the interceptor's replaces it.
 func TestWaitReplaysTheAnswer(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for _, tc := range []struct {
 			name   string
 			keeper []idem.Option
@@ -222,8 +222,8 @@ func TestWaitReplaysTheAnswer(t *testing.T) {
 					<-release
 					return wrapperspb.String("done"), nil
 				}
-				commands := countCommands(b.client)
-				conn := dial(t, serve(t, b.keeper(t, tc.keeper...), h, tc.server...), nil, nil)
+				commands := countCommands(b.Client)
+				conn := dial(t, serve(t, newKeeper(t, b.Client, tc.keeper...), h, tc.server...), nil, nil)
 				ctx := withKey(t.Context(), "waited-"+tc.name)
 
 				firstDone := make(chan answer, 1)
@@ -236,10 +236,10 @@ func TestWaitReplaysTheAnswer(t *testing.T) {
 					require.NoError(t, (<-firstDone).err)
 					return
 				}
-				before := commands.Load()
+				before := commands.Commands()
 				secondDone := make(chan answer, 1)
 				go func() { secondDone <- call(ctx, conn, chargeMethod, "x") }()
-				require.Eventually(t, func() bool { return commands.Load() >= before+3 }, 20*time.Second, time.Millisecond,
+				require.Eventually(t, func() bool { return commands.Commands() >= before+3 }, 20*time.Second, time.Millisecond,
 					"the second call asks again and again while it waits")
 				close(release)
 
@@ -256,9 +256,9 @@ func TestWaitReplaysTheAnswer(t *testing.T) {
 
 // The same key with another request message is refused, never replayed.
 func TestKeyReusedWithAnotherRequest(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs ledger
-		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle), nil, nil)
 		ctx := withKey(t.Context(), "order-45")
 
 		require.NoError(t, call(ctx, conn, chargeMethod, "10 EUR").err)
@@ -272,13 +272,13 @@ func TestKeyReusedWithAnotherRequest(t *testing.T) {
 // A record is named by the full method, the tenant and the key: the same
 // key on another method or under another tenant runs again.
 func TestRecordPerMethodAndTenant(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs ledger
 		tenant := idemgrpc.WithTenant(func(ctx context.Context) (string, error) {
 			md, _ := metadata.FromIncomingContext(ctx)
 			return strings.Join(md.Get("tenant"), ","), nil
 		})
-		conn := dial(t, serve(t, b.keeper(t), runs.handle, tenant), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle, tenant), nil, nil)
 		acme := metadata.AppendToOutgoingContext(withKey(t.Context(), "k"), "tenant", "acme")
 		globex := metadata.AppendToOutgoingContext(withKey(t.Context(), "k"), "tenant", "globex")
 
@@ -384,17 +384,16 @@ func TestStoreDownAnswersUnavailable(t *testing.T) {
 		require.NoError(t, call(withKey(t.Context(), "k"), conn, chargeMethod, "x").err)
 	})
 	t.Run("nothing listening", func(t *testing.T) {
-		b := &backend{client: newRedisClient(t, "127.0.0.1:"+itoa(redistest.FreePort(t)))}
+		c := redistest.NewClient(t, "127.0.0.1:"+itoa(redistest.FreePort(t)))
 		var runs ledger
-		check(t, dial(t, serve(t, b.keeper(t), runs.handle), nil, nil), &runs)
+		check(t, dial(t, serve(t, newKeeper(t, c), runs.handle), nil, nil), &runs)
 	})
 	t.Run("redis-server stopped", func(t *testing.T) {
-		addr := startRedis(t)
-		b := &backend{client: newRedisClient(t, addr)}
+		b := redistest.Real(t)
 		var runs ledger
-		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle), nil, nil)
 		require.NoError(t, call(withKey(t.Context(), "before"), conn, chargeMethod, "x").err)
-		_ = b.client.Shutdown(t.Context()).Err() // no reply: the server exits
+		_ = b.Client.Shutdown(t.Context()).Err() // no reply: the server exits
 		runs = ledger{}
 		check(t, conn, &runs)
 	})
@@ -402,20 +401,20 @@ func TestStoreDownAnswersUnavailable(t *testing.T) {
 
 // A record that cannot be read answers Internal, and is not overwritten.
 func TestCorruptRecordAnswersInternal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var runs ledger
-		conn := dial(t, serve(t, b.keeper(t), runs.handle), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client), runs.handle), nil, nil)
 		ctx := withKey(t.Context(), "k")
 		require.NoError(t, call(ctx, conn, chargeMethod, "x").err)
-		keys, err := b.client.Keys(t.Context(), "idem:{*").Result() // the records, not idem:layout
+		keys, err := b.Client.Keys(t.Context(), "idem:{*").Result() // the records, not idem:layout
 		require.NoError(t, err)
 		require.Len(t, keys, 1)
-		require.NoError(t, b.client.Set(t.Context(), keys[0], "not a record", 0).Err())
+		require.NoError(t, b.Client.Set(t.Context(), keys[0], "not a record", 0).Err())
 
 		got := call(ctx, conn, chargeMethod, "x")
 		assert.Equal(t, codes.Internal, status.Code(got.err))
 		assert.Equal(t, idemgrpc.ReasonRecordCorrupt, reason(got.err))
-		v, err := b.client.Get(t.Context(), keys[0]).Result()
+		v, err := b.Client.Get(t.Context(), keys[0]).Result()
 		require.NoError(t, err)
 		assert.Equal(t, "not a record", v)
 		assert.Equal(t, 1, runs.count())
@@ -425,16 +424,16 @@ func TestCorruptRecordAnswersInternal(t *testing.T) {
 // The handler's context carries the claim, and the lease is renewed while
 // it runs.
 func TestHandlerRunsUnderTheClaim(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
-		commands := countCommands(b.client)
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		commands := countCommands(b.Client)
 		var claimed atomic.Int64
 		h := func(ctx context.Context, _ string, _ *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 			cl, ok := idem.ClaimFromContext(ctx)
 			if !ok {
 				return nil, status.Error(codes.Internal, "no claim")
 			}
-			claimed.Store(commands.Load())
-			for deadline := time.Now().Add(20 * time.Second); commands.Load() < claimed.Load()+2 && time.Now().Before(deadline); {
+			claimed.Store(commands.Commands())
+			for deadline := time.Now().Add(20 * time.Second); commands.Commands() < claimed.Load()+2 && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond) // until two renewals went out
 			}
 			if ctx.Err() != nil {
@@ -442,11 +441,11 @@ func TestHandlerRunsUnderTheClaim(t *testing.T) {
 			}
 			return wrapperspb.String("attempt " + itoa(cl.Attempt())), nil
 		}
-		conn := dial(t, serve(t, b.keeper(t, idem.WithLease(1500*time.Millisecond)), h), nil, nil)
+		conn := dial(t, serve(t, newKeeper(t, b.Client, idem.WithLease(1500*time.Millisecond)), h), nil, nil)
 		got := call(withKey(t.Context(), "k"), conn, chargeMethod, "x")
 		require.NoError(t, got.err)
 		assert.Equal(t, "attempt 1", got.resp.GetValue())
-		assert.GreaterOrEqual(t, commands.Load(), claimed.Load()+3, "two renewals, then the completion")
+		assert.GreaterOrEqual(t, commands.Commands(), claimed.Load()+3, "two renewals, then the completion")
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemjetstream"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,7 +30,7 @@ import (
 // pipelined SET id 1 XX EX retention, then Ack (a failed SET NX is acked
 // as seen: the loop cannot tell a live holder from a finished one).
 func BenchmarkConsume(b *testing.B) {
-	natsURL, redisAddr := startNATS(b), startRedis(b)
+	natsURL, redisAddr := startNATS(b), redistest.Start(b).Addr
 	_, js := connect(b, natsURL)
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: 4 * benchCallers})
 	b.Cleanup(func() { rc.Close() })

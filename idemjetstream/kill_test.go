@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemjetstream"
 	"github.com/idemkit/idem/internal/proc"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -151,7 +152,7 @@ func TestKillAWorkerMidBatch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the kill test takes tens of seconds; -short leaves it out")
 	}
-	natsURL, redisAddr := startNATS(t), startRedis(t)
+	natsURL, redisAddr := startNATS(t), redistest.Start(t).Addr
 	ctx := context.Background()
 	_, js := connect(t, natsURL)
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr})

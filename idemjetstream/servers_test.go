@@ -46,17 +46,6 @@ func binary(tb testing.TB, name, require string, also ...string) string {
 	return p
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("finding a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startServer starts bin with args(port, dir) on a free port, its output
 // in dir/server.log, and waits until ready(addr) answers nil; it stops the
 // server (SIGKILL) in Cleanup.
@@ -64,7 +53,7 @@ func startServer(tb testing.TB, bin string, args func(port int, dir string) []st
 	tb.Helper()
 	var last error
 	for try := 0; try < 5; try++ {
-		dir, port := tb.TempDir(), freePort(tb)
+		dir, port := tb.TempDir(), redistest.FreePort(tb)
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		log, err := os.Create(filepath.Join(dir, "server.log"))
 		if err != nil {
@@ -133,13 +122,6 @@ func startNATS(tb testing.TB) string {
 	return "nats://" + addr
 }
 
-// startRedis starts redis-server, persistence off, for the test
-// (internal/redistest) and returns its address.
-func startRedis(tb testing.TB) string {
-	tb.Helper()
-	return redistest.Start(tb).Addr
-}
-
 // connect returns a JetStream context on url, its connection closed in
 // Cleanup.
 func connect(tb testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
@@ -160,8 +142,7 @@ func connect(tb testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 func miniKeeper(tb testing.TB, opts ...idem.Option) (*idem.Keeper, *redis.Client) {
 	tb.Helper()
 	mr := miniredis.RunT(tb)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	tb.Cleanup(func() { c.Close() })
+	c := redistest.NewClient(tb, mr.Addr())
 	k, err := idem.NewRedis(c, opts...)
 	if err != nil {
 		tb.Fatal(err)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 )
 
 // settledMsg records how a message was settled.
@@ -91,8 +91,7 @@ func TestSettleMapsEachResult(t *testing.T) {
 func outageRunner(t *testing.T, lease time.Duration) (r *Runner, runs func() int, reported func() []error) {
 	t.Helper()
 	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetryBackoff: 16 * time.Millisecond, DialerRetryTimeout: 5 * time.Millisecond})
-	t.Cleanup(func() { c.Close() })
+	c := redistest.NewClient(t, mr.Addr())
 	keeper, err := idem.NewRedis(c)
 	if err != nil {
 		t.Fatal(err)

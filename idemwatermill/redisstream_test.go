@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemwatermill"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -22,7 +23,7 @@ import (
 // redisstream publisher, and a subscriber per consumer group, each closed
 // with the test.
 func redisStreamBroker(t *testing.T, addr string) broker {
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: newRedisClient(t, addr)}, watermill.NopLogger{})
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: redistest.NewClient(t, addr)}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	return broker{pub: pub, sub: func(t *testing.T, group string) message.Subscriber {
@@ -36,7 +37,7 @@ func redisStreamBroker(t *testing.T, addr string) broker {
 // (never within the test when 0).
 func redisStreamSubscriber(t *testing.T, addr, group, consumer string, maxIdle time.Duration) message.Subscriber {
 	cfg := redisstream.SubscriberConfig{
-		Client: newRedisClient(t, addr), ConsumerGroup: group, Consumer: consumer,
+		Client: redistest.NewClient(t, addr), ConsumerGroup: group, Consumer: consumer,
 		BlockTime: 50 * time.Millisecond, DisableIndefiniteInitialBlock: true,
 	}
 	if maxIdle > 0 {
@@ -52,8 +53,8 @@ func redisStreamSubscriber(t *testing.T, addr, group, consumer string, maxIdle t
 // Streams through watermill-redisstream, and the Keeper, on a redis-server
 // the test starts.
 func TestTarget2000RedisStreams(t *testing.T) {
-	addr := startRedis(t)
-	k, err := idem.NewRedis(newRedisClient(t, addr))
+	addr := redistest.Start(t).Addr
+	k, err := idem.NewRedis(redistest.NewClient(t, addr))
 	require.NoError(t, err)
 	mw, err := idemwatermill.Middleware(k)
 	require.NoError(t, err)
@@ -68,8 +69,8 @@ func TestTarget2000RedisStreams(t *testing.T) {
 // broker hands the pending message to another consumer of the group, whose
 // delivery publishes the first run's output; the handler ran once.
 func TestRedisStreamsTakeover(t *testing.T) {
-	addr := startRedis(t)
-	k, err := idem.NewRedis(newRedisClient(t, addr))
+	addr := redistest.Start(t).Addr
+	k, err := idem.NewRedis(redistest.NewClient(t, addr))
 	require.NoError(t, err)
 	b := redisStreamBroker(t, addr)
 
