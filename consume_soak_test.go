@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,17 +54,9 @@ import (
 // began, which is before Redis stored the marker).
 func TestSoakConsume(t *testing.T) {
 	n, limit := soakSettings(t)
-	t.Run("single", func(t *testing.T) {
-		srv := redistest.Start(t)
-		p := newFaultProxy(t, srv.Addr, 2025)
-		c := soakClient(t, p.Addr(), 256)
-		p.Set(faultproxy.Faults{Cut: 0.001, DropReply: 0.001, Delay: 300 * time.Millisecond, Slow: 0.0005})
-		stop := cutEvery(p, 5*time.Second)
-		runConsumeSoak(t, c, srv.Client(t), n, limit, func() string { return fmt.Sprintf("proxy %+v", p.Stats()) }, stop)
-	})
-	t.Run("cluster", func(t *testing.T) {
-		cc := soakCluster(t, 256)
-		runConsumeSoak(t, cc, cc, n, limit, func() string { return "no proxy" }, func() {})
+	faults := faultproxy.Faults{Cut: 0.001, DropReply: 0.001, Delay: 300 * time.Millisecond, Slow: 0.0005}
+	eachSoakTarget(t, 2025, 256, faults, func(t *testing.T, tg soakTarget) {
+		runConsumeSoak(t, tg.c, tg.clean, n, limit, tg.faults, tg.stopFaults)
 	})
 }
 

@@ -59,22 +59,47 @@ import (
 // be 0.
 func TestSoak(t *testing.T) {
 	n, limit := soakSettings(t)
+	faults := faultproxy.Faults{Cut: 0.002, DropReply: 0.002, Delay: 300 * time.Millisecond, Slow: 0.0005}
+	eachSoakTarget(t, 2024, 1024, faults, func(t *testing.T, tg soakTarget) {
+		var renew redis.Scripter
+		if tg.srv != nil {
+			renew = tg.srv.Client(t) // holders renew on time
+			if os.Getenv("IDEM_SOAK_RENEW") == "proxy" {
+				renew = nil
+				t.Log("renewals go through the fault proxy (IDEM_SOAK_RENEW=proxy): a holder may lose its lease to an outage")
+			}
+		}
+		runSoak(t, tg.c, renew, tg.clean, n, limit, tg.faults, tg.stopFaults)
+	})
+}
+
+// soakTarget is what a soak runs against: c, the client its calls go
+// through; clean, a client of the same data without faults, for the checks;
+// srv, the redis-server (nil on the Cluster); faults, what the faults did;
+// stopFaults ends them.
+type soakTarget struct {
+	c, clean   redis.Scripter
+	srv        *redistest.Server
+	faults     func() string
+	stopFaults func()
+}
+
+// eachSoakTarget runs run as two subtests: "single", a redis-server behind
+// a fault proxy (seeded with seed, faults f, and every connection cut every
+// five seconds), its client with pool connections; and "cluster", a
+// 3-master Cluster without faults, pool connections per node.
+func eachSoakTarget(t *testing.T, seed uint64, pool int, f faultproxy.Faults, run func(t *testing.T, tg soakTarget)) {
 	t.Run("single", func(t *testing.T) {
 		srv := redistest.Start(t)
-		p := newFaultProxy(t, srv.Addr, 2024)
-		c := soakClient(t, p.Addr(), 1024)
-		p.Set(faultproxy.Faults{Cut: 0.002, DropReply: 0.002, Delay: 300 * time.Millisecond, Slow: 0.0005})
+		p := newFaultProxy(t, srv.Addr, seed)
+		c := soakClient(t, p.Addr(), pool)
+		p.Set(f)
 		stop := cutEvery(p, 5*time.Second)
-		var renew redis.Scripter = srv.Client(t) // holders renew on time
-		if os.Getenv("IDEM_SOAK_RENEW") == "proxy" {
-			renew = nil
-			t.Log("renewals go through the fault proxy (IDEM_SOAK_RENEW=proxy): a holder may lose its lease to an outage")
-		}
-		runSoak(t, c, renew, srv.Client(t), n, limit, func() string { return fmt.Sprintf("proxy %+v", p.Stats()) }, stop)
+		run(t, soakTarget{c: c, clean: srv.Client(t), srv: srv, faults: func() string { return fmt.Sprintf("proxy %+v", p.Stats()) }, stopFaults: stop})
 	})
 	t.Run("cluster", func(t *testing.T) {
-		cc := soakCluster(t, 1024)
-		runSoak(t, cc, nil, cc, n, limit, func() string { return "no proxy" }, func() {})
+		cc := soakCluster(t, pool)
+		run(t, soakTarget{c: cc, clean: cc, faults: func() string { return "no proxy" }, stopFaults: func() {}})
 	})
 }
 
