@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -230,28 +229,6 @@ func TestRedirectAddr(t *testing.T) {
 	}
 }
 
-// resendScripts sends every pipeline that holds a script twice, as go-redis does
-// when the reply of the first was lost: the first run's replies are dropped.
-type resendScripts struct{ on atomic.Bool }
-
-func (h *resendScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *resendScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.on.Load() && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
-			_ = next(ctx, cmd)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *resendScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" }) {
-			_ = next(ctx, cmds)
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // TestCompactClaimResentWaitsForReplicas: a claim answered by a resent script
 // (its first reply lost) waits for the replicas as a new one does. With WithReplicas(1, ...) on a
 // master that has no replica, no claim may be acknowledged (every one is a
@@ -265,7 +242,7 @@ func TestCompactClaimResentWaitsForReplicas(t *testing.T) {
 	srv := redistest.Start(t) // a master with no replica: WAIT 1 answers 0
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { c.Close() })
-	h := &resendScripts{}
+	h := newScriptFaults(1, true, 0) // every script sent twice, the first reply dropped
 	c.AddHook(h)
 	k, err := NewRedis(c, WithReplicas(1, 50*time.Millisecond))
 	require.NoError(t, err)
