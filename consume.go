@@ -82,15 +82,15 @@ import (
 // its handler runs here. The Keeper's own WithWait does not apply: a batch
 // waits only when its call says so, since its answers wait with it.
 //
-// On a RedisStore the claims are compact (see WithCompactClaims): a claim
-// of a key that has no record is an entry in an index (its layout:
-// format.go), and a message handled without error leaves a marker, about
-// 22 bytes of Redis memory (the index sizes itself as it fills), kept for
-// the marker retention (WithMarkerRetention, 7 days by default), where a
-// record costs more than a hundred. The claims of one batch share one lease. A handler
-// that records a Checkpoint, or whose outcome is a Final error, moves its
-// claim to a record of its own. WithoutMarkers on the Keeper keeps every
-// claim in a record.
+// On a RedisStore the claims are compact (see WithCompactClaims): a claim of
+// a key that has no record is an entry in an index (its layout: format.go),
+// and a message handled without error leaves a marker, about 22 bytes of
+// Redis memory (the index sizes itself as it fills), kept for the marker
+// retention (WithMarkerRetention; by default 7 days, DefaultMarkerRetention),
+// where a record costs more than a hundred. The claims of one batch share one
+// lease. A handler that records a Checkpoint, or whose outcome is a Final
+// error, moves its claim to a record of its own. WithoutMarkers on the Keeper
+// keeps every claim in a record.
 //
 // A holder knows its own lease: a claim whose answer came after its lease
 // ran out, by this process's clock, never starts its handler
@@ -248,15 +248,6 @@ func (k *Keeper) awaitHolders(ctx, stop context.Context, scope string, keys []st
 func WithSettleWindow(d time.Duration, n int) Option {
 	return Option{name: "WithSettleWindow", to: toConsume | toStream, set: func(s *settings) { s.settleDelay, s.settleCount, s.settleSet = d, n, true }}
 }
-
-// The defaults of WithSettleWindow: ten milliseconds is a few round trips
-// on a local network, so storing as handlers return costs a batch of quick
-// handlers a few store calls more, and a crash re-runs at most what
-// returned in that time, or the last 128.
-const (
-	defaultSettleDelay = 10 * time.Millisecond
-	defaultSettleCount = 128
-)
 
 // WithConcurrency makes Consume run up to n handlers at once, started in the
 // order of the batch. Default: 1, one after another in order, for consumers

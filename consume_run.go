@@ -459,21 +459,6 @@ func (b *consumption) loseLocked(h *heldMessage, cause error) {
 	h.state, h.lost = heldLost, cause
 }
 
-// The patience of a settling the store could not take for want of the
-// store (see patientUntil and settleLast): it is tried again
-// settleRetryFirst later, then twice as late each time, up to a tenth of
-// the lease and at most settleRetryCap, so that an outage costs a batch at
-// most a few tries a second and its end is seen within a tenth of the
-// lease. A message's patience ends a twentieth of the lease, at most
-// settleMarginCap, before its lease does by this process's clock: a try
-// started later could hardly have its reply back in time. The try after
-// that is its last.
-const (
-	settleRetryFirst = 10 * time.Millisecond
-	settleRetryCap   = time.Second
-	settleMarginCap  = 100 * time.Millisecond
-)
-
 // errSettleLate is the store's answer to a settling that it did not answer
 // before the claim's lease ran out, by this process's clock.
 var errSettleLate = fmt.Errorf("%w: the store did not answer before the claim's lease ran out, by this process's clock", ErrUnavailable)

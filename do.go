@@ -4,15 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
-
-// cleanupTimeout bounds how long Do spends storing or releasing a claim after
-// the operation returned when the caller's context is done by then: the
-// operation's side effect has happened, so its outcome is still recorded.
-// While the caller's context is live, its deadline does not cut the store
-// short either; the Redis client's own timeouts bound it.
-const cleanupTimeout = 5 * time.Second
 
 // Do runs fn at most once per (scope, key) within the Keeper's retention, and
 // gives every later call the stored result, decoded into T by the Keeper's

@@ -47,10 +47,11 @@ type Keeper struct {
 }
 
 // New returns a Keeper on store. Options that apply to a Keeper, and their
-// defaults: WithLease (30s), WithRetention (24h), WithErrorRetention (the
-// retention), WithMarkerRetention (7 days), WithoutMarkers (markers on),
-// WithCodec (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock
-// (time.Now), WithScopeShards (ClusterScopeShards on a RedisStore of a
+// defaults: WithLease (30s, DefaultLease), WithRetention (24h,
+// DefaultRetention), WithErrorRetention (the retention), WithMarkerRetention
+// (7 days, DefaultMarkerRetention), WithoutMarkers (markers on), WithCodec
+// (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock (time.Now),
+// WithScopeShards (ClusterScopeShards on a RedisStore of a
 // *redis.ClusterClient, else 0). Invalid settings, and options that do not
 // apply to a Keeper, are refused with ErrInvalidConfig.
 func New(store Store, opts ...Option) (*Keeper, error) {

@@ -55,17 +55,6 @@ func (k *Keeper) RecordID(scope, key string) string {
 // maxScopeShards is the most shards WithScopeShards takes.
 const maxScopeShards = 256
 
-// ClusterScopeShards is how many shards a Keeper on a Redis Cluster places
-// each scope's keys in when it is made without WithScopeShards: a batch of
-// a scope costs a script call a shard a step (at most 16, not one a
-// message), and the keys of a hot scope, such as the one scope of an HTTP
-// API without tenants, are in 16 slots, which a Cluster of three masters
-// spreads over all of them 99.5% of the time (88% with 8 shards). Fewer
-// shards cost less a message: batches of 100 ran at 0.59x the hand-written
-// loop's messages/s with 8, 0.37x with 16, batches of 500 at 0.63x and
-// 0.49x (docs/consumers.md has the figures).
-const ClusterScopeShards = 16
-
 // defaultScopeShards is the scope shards of a Keeper made on store without
 // WithScopeShards: ClusterScopeShards on a RedisStore of a
 // *redis.ClusterClient, else none. The client's type decides, not what

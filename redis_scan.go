@@ -15,14 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Bounds of ScanOptions.Batch.
-const (
-	// DefaultScanBatch is the Batch of a Scan that sets none.
-	DefaultScanBatch = 100
-	// MaxScanBatch is the largest Batch a Scan accepts.
-	MaxScanBatch = 1000
-)
-
 // ScanOptions chooses the records Scan lists and how much it asks of Redis at
 // once. The zero value lists every record under the store's prefix, 100 keys
 // at a time.

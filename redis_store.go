@@ -42,10 +42,6 @@ var (
 	_ Store          = (*RedisStore)(nil)
 )
 
-// DefaultPrefix starts every Redis key of a RedisStore unless WithPrefix says
-// otherwise.
-const DefaultPrefix = "idem:"
-
 // RedisStore is a Store on Redis. Each record is one Redis string under
 // prefix + "{" + id + "}", or for an id placed by WithScopeShards
 // prefix + "{" + shard + "}" + digest: the hash tag keeps every key of a

@@ -80,10 +80,10 @@ func NewStreamConsumer(k *Keeper, client redis.Cmdable, stream, group, consumer 
 		c.maxDeliveries = defaultMaxDeliveries
 	}
 	if c.deadLetter == "" {
-		c.deadLetter = stream + ":dead-letter"
+		c.deadLetter = stream + deadLetterSuffix
 	}
 	if c.batch == 0 {
-		c.batch = 100
+		c.batch = defaultStreamBatch
 	}
 	lease := k.policy.lease
 	if s.policy.lease != 0 {
@@ -120,9 +120,6 @@ func WithDeadLetter(stream string) Option {
 	return Option{name: "WithDeadLetter", to: toStream, set: func(s *settings) { s.deadLetter = stream }}
 }
 
-// defaultMaxDeliveries is WithMaxDeliveries' default.
-const defaultMaxDeliveries = 5
-
 // WithMaxDeliveries sets how many times a StreamConsumer lets its group
 // deliver an entry (XPENDING's delivery counter: XREADGROUP and XAUTOCLAIM
 // count one each) before it gives up on it: an entry whose handler fails
@@ -139,13 +136,6 @@ const defaultMaxDeliveries = 5
 func WithMaxDeliveries(n int) Option {
 	return Option{name: "WithMaxDeliveries", to: toStream, set: func(s *settings) { s.maxDeliveries, s.maxDeliveriesSet = n, true }}
 }
-
-// The default of WithIdleConsumerRemoval: the longer of an hour and ten
-// leases.
-const (
-	defaultIdleConsumers = time.Hour
-	idleConsumerLeases   = 10
-)
 
 // WithIdleConsumerRemoval sets how long another consumer of a
 // StreamConsumer's group must have been idle (XINFO CONSUMERS' idle: since
@@ -206,10 +196,6 @@ func (c *StreamConsumer) forgetIdle(ctx context.Context) []string {
 	return names
 }
 
-// backlogEvery is how often a StreamConsumer reports its backlog
-// (StepBacklog), by the Keeper's clock.
-const backlogEvery = 10 * time.Second
-
 // streamBacklog answers the pending entries and the lag of a group
 // (ARGV[1]) of a stream (KEYS[1]), from XINFO GROUPS: {pending, lag}, lag
 // -1 when the server does not give it (before Redis 7.0; null when Redis
@@ -253,11 +239,6 @@ func (c *StreamConsumer) backlog(ctx context.Context) {
 	c.k.observer.Observe(ctx, Event{Step: StepBacklog, Result: ResultDone, Scope: c.scope,
 		Pending: v[0], Lag: v[1], Took: c.k.now().Sub(started)})
 }
-
-// streamBlock is how long one XREADGROUP waits for entries: it bounds how
-// long Run takes to notice that its context is done while the stream is
-// idle.
-const streamBlock = time.Second
 
 // Run consumes entries until ctx is done, then returns ctx's error; or
 // returns, before reading, an error from creating the group. key gives an
@@ -377,7 +358,7 @@ func (c *StreamConsumer) Run(ctx context.Context, key func(redis.XMessage) strin
 		}
 		if err != nil {
 			c.report(hctx, ResultUnavailable, err)
-			pause = min(max(2*pause, 10*time.Millisecond), time.Second)
+			pause = min(max(2*pause, runPauseFirst), runPauseCap)
 			continue
 		}
 		pause = 0

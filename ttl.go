@@ -6,21 +6,6 @@ import (
 	"time"
 )
 
-// Defaults of a Keeper's durations.
-const (
-	// DefaultLease is how long a claim may run without renewing its lease.
-	DefaultLease = 30 * time.Second
-	// DefaultRetention is how long a completed result is kept.
-	DefaultRetention = 24 * time.Hour
-	// MaxDuration is the longest lease, retention or error retention a
-	// Keeper accepts, and the longest retention Claim.Complete accepts: 100
-	// years (of 365 days). Longer settings are refused with ErrInvalidConfig.
-	// The bound keeps every lease end Redis computes, in microseconds since
-	// 1970, exact in a Lua number until the year 2200, and every expiry
-	// within Redis's range.
-	MaxDuration = 100 * 365 * 24 * time.Hour
-)
-
 // policy holds the durations a Keeper works with. Every field is a whole
 // number of milliseconds, at least one, once New has checked it.
 type policy struct {

@@ -29,12 +29,12 @@ import (
 //     same key. A key that is empty, longer than idem.MaxKeyLen bytes, holds
 //     control characters or comes twice is refused with InvalidArgument
 //     before anything is sent.
-//   - is retried, up to WithMaxAttempts sends in all (default 5), when it
-//     answers Unavailable (the network or the store failed: the server
-//     replays or runs it, never twice), Aborted (in progress elsewhere) or
-//     ResourceExhausted, or when the connection broke while it was sent
-//     (gRPC-Go's Invoke returns a bare io.EOF then); never on any other
-//     code.
+//   - is retried, up to WithMaxAttempts sends in all (default 5,
+//     DefaultMaxAttempts), when it answers Unavailable (the network or the
+//     store failed: the server replays or runs it, never twice), Aborted (in
+//     progress elsewhere) or ResourceExhausted, or when the connection broke
+//     while it was sent (gRPC-Go's Invoke returns a bare io.EOF then); never
+//     on any other code.
 //   - waits between attempts for the delay of the answer's RetryInfo, plus
 //     up to a fifth more at random, or without one for a jittered
 //     exponential backoff (WithBackoff). A RetryInfo delay longer than the

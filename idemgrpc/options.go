@@ -32,6 +32,11 @@ const (
 	DefaultBackoffMax  = 5 * time.Second
 )
 
+// cleanupTimeout bounds how long the interceptor spends storing or
+// releasing a claim after the handler returned: the client may be gone, but
+// the handler's outcome is still recorded.
+const cleanupTimeout = 5 * time.Second
+
 // Option configures UnaryServerInterceptor, UnaryClientInterceptor, or both;
 // each option says what it applies to. Given to an interceptor it does not
 // apply to, it is refused with an error wrapping idem.ErrInvalidConfig.
@@ -147,8 +152,8 @@ func WithMaxAttempts(n int) Option {
 // carry no RetryInfo: before retry n (1, 2, ...) it waits a random time
 // between half and all of min(base<<(n-1), ceiling). A RetryInfo delay is
 // honoured instead, with up to a fifth more at random; one longer than
-// ceiling ends the retries. Default: 100ms and 5s (DefaultBackoffBase,
-// DefaultBackoffMax). base must be positive and ceiling at least base.
+// ceiling ends the retries. Default: 100ms (DefaultBackoffBase) and 5s
+// (DefaultBackoffMax). base must be positive and ceiling at least base.
 // Applies to the client.
 func WithBackoff(base, ceiling time.Duration) Option {
 	return Option{name: "WithBackoff", client: func(c *client) { c.base, c.ceiling = base, ceiling }}

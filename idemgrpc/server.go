@@ -16,11 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// cleanupTimeout bounds how long the interceptor spends storing or
-// releasing a claim after the handler returned: the client may be gone, but
-// the handler's outcome is still recorded.
-const cleanupTimeout = 5 * time.Second
-
 // UnaryServerInterceptor returns a unary server interceptor that runs each
 // guarded call once per key, on k, and answers every retry with the first
 // answer. It returns an error wrapping idem.ErrInvalidConfig for a nil
@@ -69,8 +64,9 @@ const cleanupTimeout = 5 * time.Second
 //     transport stream, which grpc.SetSendCompressor refuses. The response
 //     type must be in the global registry (generated code registers it).
 //   - Another call with the key is running: Aborted, with a RetryInfo whose
-//     delay is the retry hint (WithRetryHint; default 1s), never more than
-//     the lease left; or, with WithWait, the call waits for the answer.
+//     delay is the retry hint (WithRetryHint; default 1s, DefaultRetryHint),
+//     never more than the lease left; or, with WithWait, the call waits for
+//     the answer.
 //   - The store is unreachable: Unavailable with a RetryInfo of the retry
 //     hint; the handler does not run.
 //   - The caller's context ended before the key was checked: Canceled (or

@@ -20,21 +20,6 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Defaults of Transport.
-const (
-	// DefaultMaxAttempts is how many times a Transport sends a request at
-	// most, the first time included.
-	DefaultMaxAttempts = 5
-	// DefaultBackoff is the wait before the first retry that no Retry-After
-	// sets; it doubles for each retry after.
-	DefaultBackoff = 100 * time.Millisecond
-	// DefaultMaxDelay is the longest wait between two attempts.
-	DefaultMaxDelay = 10 * time.Second
-	// AttemptsHeader is set by a Transport on each response it returns to the
-	// number of attempts it made; read it with Attempts.
-	AttemptsHeader = "Idem-Attempts"
-)
-
 // Transport is an http.RoundTripper that retries unsafe requests safely: it
 // sends every attempt of a request with one Idempotency-Key, so that a server
 // guarded by New (or any server that honours the header, as Stripe's API
@@ -55,25 +40,25 @@ const (
 //     (which http.NewRequest sets for a bytes.Buffer, bytes.Reader or
 //     strings.Reader). A body without GetBody is read into memory first, up
 //     to DefaultBodyLimit; a larger one is sent once, without retries.
-//   - The request is sent again, up to MaxAttempts times in all (default 5),
-//     after a network error (a TLS certificate that does not verify
-//     excepted); after the middleware's own "in progress" answer, a 409
-//     Conflict whose application/problem+json body has the type
+//   - The request is sent again, up to MaxAttempts times in all (default 5,
+//     DefaultMaxAttempts), after a network error (a TLS certificate that does
+//     not verify excepted); after the middleware's own "in progress" answer,
+//     a 409 Conflict whose application/problem+json body has the type
 //     ProblemInProgress (another request with the key is being handled: the
-//     retry gets its response); after 503 Service Unavailable; and after
-//     502 Bad Gateway and 504 Gateway Timeout: a proxy's answers that say
-//     the server's own answer, if any, was lost, which the same key safely
-//     asks for again. Any other status is returned at once: 500, 422 and
-//     every other 4xx, and a 409 or 429 without the middleware's problem
-//     type, which is the handler's own answer (the middleware does not keep
-//     those, so a retry would run the handler again) or another server's.
+//     retry gets its response); after 503 Service Unavailable; and after 502
+//     Bad Gateway and 504 Gateway Timeout: a proxy's answers that say the
+//     server's own answer, if any, was lost, which the same key safely asks
+//     for again. Any other status is returned at once: 500, 422 and every
+//     other 4xx, and a 409 or 429 without the middleware's problem type,
+//     which is the handler's own answer (the middleware does not keep those,
+//     so a retry would run the handler again) or another server's.
 //   - Before a retry it waits for the response's Retry-After (seconds or an
 //     HTTP date), plus a jitter of up to Backoff; without one, for an
-//     exponential backoff with jitter: Backoff (default 100 ms), doubled for
-//     each retry after the first, up to MaxDelay (default 10 s), of which a
-//     random half is waited. A Retry-After longer than MaxDelay (any number
-//     of digits: one too large for an int64 is the longest) ends the
-//     retries: that response is returned.
+//     exponential backoff with jitter: Backoff (default 100 ms,
+//     DefaultBackoff), doubled for each retry after the first, up to MaxDelay
+//     (default 10 s), of which a random half is waited. A Retry-After longer
+//     than MaxDelay (any number of digits: one too large for an int64 is the
+//     longest) ends the retries: that response is returned.
 //   - The request's context bounds it all. A wait that would end after the
 //     context's deadline is not begun: the last response is returned, or the
 //     last error. If the context ends during a wait, RoundTrip returns a

@@ -14,28 +14,6 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Defaults of the HTTP middleware.
-const (
-	// DefaultKeyHeader is the request header that carries the key.
-	DefaultKeyHeader = "Idempotency-Key"
-	// DefaultBodyLimit is how many bytes of a request body are read to
-	// fingerprint it; a larger body is refused with 413.
-	DefaultBodyLimit = 1 << 20
-	// DefaultResponseLimit is how many bytes of a response body are kept for
-	// replays; the body of a larger response is not kept.
-	DefaultResponseLimit = 1 << 20
-	// ReplayedHeader is set to "true" on every replayed response.
-	ReplayedHeader = "Idempotent-Replayed"
-	// DefaultRetryAfter is the Retry-After of a 409 answered while another
-	// request with the key is in progress, when the lease has longer left.
-	DefaultRetryAfter = time.Second
-)
-
-// cleanupTimeout bounds how long the middleware spends storing or releasing
-// a claim after the handler returned: the client may be gone, but the
-// handler's outcome is still recorded.
-const cleanupTimeout = 5 * time.Second
-
 // StatusClientClosedRequest is the status the middleware answers (and reports
 // as the Status of its idem.StepRequest) for a request whose client went away before its key could be
 // checked: 499, as nginx logs it. No standard status says "the client left".
@@ -60,8 +38,9 @@ const unavailableRetryAfter = "1"
 //     400; with an optional key, the request passes through unguarded. A key
 //     that is empty, longer than MaxKeyLen bytes, holds control characters,
 //     or comes in more than one header answers 400.
-//   - The body is read, up to a limit (WithBodyLimit; default 1 MiB, above it
-//     413), and given back to the handler unchanged.
+//   - The body is read, up to a limit (WithBodyLimit; default 1 MiB,
+//     DefaultBodyLimit, above it 413), and given back to the handler
+//     unchanged.
 //   - With WithKeyFunc, the key is what the key function reads from the
 //     request and its body (a webhook's event id), after the body is read;
 //     the function may refuse the request (ResultRefused, the status its
@@ -106,10 +85,10 @@ const unavailableRetryAfter = "1"
 //     response, then goes on; so does, without the panic, a handler that
 //     returns without having written a status after its client went
 //     away. Retries get the stored answer; the handler does not run again.
-//   - A response body larger than WithResponseLimit (default 1 MiB), or one
-//     the handler flushed while writing it: the status and headers are
-//     stored, the body is not; the key is not released for that reason.
-//     Replays answer the stored status and headers with an
+//   - A response body larger than WithResponseLimit (default 1 MiB,
+//     DefaultResponseLimit), or one the handler flushed while writing it: the
+//     status and headers are stored, the body is not; the key is not released
+//     for that reason. Replays answer the stored status and headers with an
 //     application/problem+json body of type ProblemBodyNotKept in place of
 //     the body (with WithErrorWriter, the writer's body).
 //   - The request repeats a finished one: the stored response is replayed:
@@ -120,9 +99,10 @@ const unavailableRetryAfter = "1"
 //     before the handler ran and the handler left as they were (a request
 //     id): that middleware sets them afresh on the replay.
 //   - Another request with the key is in progress: 409 with Retry-After, a
-//     hint of when to ask again (WithRetryAfter; default 1 s, never more
-//     than the lease left, in whole seconds rounded up); or, with WithWait,
-//     the request first waits up to that long for the result and replays it.
+//     hint of when to ask again (WithRetryAfter; default 1 s,
+//     DefaultRetryAfter, never more than the lease left, in whole seconds
+//     rounded up); or, with WithWait, the request first waits up to that long
+//     for the result and replays it.
 //   - The store is unreachable: 503 with "Retry-After: 1", and the handler
 //     does not run; with WithFailOpen, the handler runs unguarded instead.
 //   - The record cannot be read (ErrCorrupt): 500; nothing is overwritten.

@@ -9,6 +9,43 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// Defaults of the HTTP middleware.
+const (
+	// DefaultKeyHeader is the request header that carries the key.
+	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultBodyLimit is how many bytes of a request body are read to
+	// fingerprint it; a larger body is refused with 413.
+	DefaultBodyLimit = 1 << 20
+	// DefaultResponseLimit is how many bytes of a response body are kept for
+	// replays; the body of a larger response is not kept.
+	DefaultResponseLimit = 1 << 20
+	// ReplayedHeader is set to "true" on every replayed response.
+	ReplayedHeader = "Idempotent-Replayed"
+	// DefaultRetryAfter is the Retry-After of a 409 answered while another
+	// request with the key is in progress, when the lease has longer left.
+	DefaultRetryAfter = time.Second
+)
+
+// Defaults of Transport.
+const (
+	// DefaultMaxAttempts is how many times a Transport sends a request at
+	// most, the first time included.
+	DefaultMaxAttempts = 5
+	// DefaultBackoff is the wait before the first retry that no Retry-After
+	// sets; it doubles for each retry after.
+	DefaultBackoff = 100 * time.Millisecond
+	// DefaultMaxDelay is the longest wait between two attempts.
+	DefaultMaxDelay = 10 * time.Second
+	// AttemptsHeader is set by a Transport on each response it returns to the
+	// number of attempts it made; read it with Attempts.
+	AttemptsHeader = "Idem-Attempts"
+)
+
+// cleanupTimeout bounds how long the middleware spends storing or releasing
+// a claim after the handler returned: the client may be gone, but the
+// handler's outcome is still recorded.
+const cleanupTimeout = 5 * time.Second
+
 // Option configures New.
 type Option func(*middleware)
 
@@ -118,12 +155,12 @@ func WithKeyFunc(key func(r *http.Request, body []byte) (string, error)) Option 
 
 // WithRetryAfter sets the Retry-After of a 409 answered while another request
 // with the key is in progress: how long the client should wait before it asks
-// again. The header says d, or the time left on the other request's lease
-// if that is shorter, in whole seconds rounded up (HTTP's unit, so at least
-// 1). A handler that takes 200 ms is done long before a 30 s lease runs
-// out: the hint keeps an obedient client from waiting for the lease.
-// Default: 1s (DefaultRetryAfter). It must be positive; idem.MaxDuration
-// announces the whole lease left.
+// again. The header says d, or the time left on the other request's lease if
+// that is shorter, in whole seconds rounded up (HTTP's unit, so at least 1).
+// A handler that takes 200 ms is done long before the default lease
+// (idem.DefaultLease, 30 s) runs out: the hint keeps an obedient client from
+// waiting for the lease. Default: 1s (DefaultRetryAfter). It must be
+// positive; idem.MaxDuration announces the whole lease left.
 func WithRetryAfter(d time.Duration) Option {
 	return func(m *middleware) { m.retryAfter = d }
 }

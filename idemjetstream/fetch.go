@@ -8,10 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// idleWait is how long one pull request waits for a message when none is
-// waiting; Run then asks again. ctx's end cuts it short.
-const idleWait = 5 * time.Second
-
 // fetch returns the next batch: the messages waiting, up to the batch
 // size; or, when none is, the first to come within idleWait with those
 // waiting behind it. When ctx ends while it waits, it returns what came,

@@ -25,6 +25,18 @@ const (
 	MinInProgressDelay = 100 * time.Millisecond
 )
 
+// defaultAckWait is JetStream's AckWait when a consumer's config leaves it
+// zero.
+const defaultAckWait = 30 * time.Second
+
+// idleWait is how long one pull request waits for a message when none is
+// waiting; Run then asks again. ctx's end cuts it short.
+const idleWait = 5 * time.Second
+
+// backlogEvery is how often, at most, a Runner reads its consumer's info
+// to report the backlog (idem.StepBacklog).
+const backlogEvery = 10 * time.Second
+
 // Option configures a Runner (New). Every setting an option accepts works;
 // one it cannot take is refused by New with an error wrapping
 // idem.ErrInvalidConfig.

@@ -13,10 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// defaultAckWait is JetStream's AckWait when a consumer's config leaves it
-// zero.
-const defaultAckWait = 30 * time.Second
-
 // Runner consumes a JetStream pull consumer with idem.Consume: it fetches
 // batches, handles each message at most once per key, and acknowledges,
 // redelivers or terminates each message as Consume's result says. Make one
@@ -66,16 +62,17 @@ type Runner struct {
 // not deliver again.
 //
 // One lease governs a message: the claims' (WithLease, by default the
-// Keeper's, 30s) and the consumer's AckWait (JetStream's default 30s), after
-// which JetStream delivers again a message a dead runner left. New refuses
-// a consumer whose AckWait, or any of whose BackOff durations, is shorter
-// than the lease: after a crash, JetStream would redeliver each message
-// while its claim is alive, to be Nak'ed (a delivery towards MaxDeliver
-// spent for nothing). Set the AckWait equal to the lease, or a little
-// longer: the longer of the two bounds how long a crash delays a message.
-// New reads the consumer's cached info (jetstream.Consumer.CachedInfo),
-// as the consumer was when it was created or last asked for its info; a
-// consumer updated since is checked as it was then.
+// Keeper's, idem.DefaultLease: 30s) and the consumer's AckWait (JetStream's
+// default, defaultAckWait: 30s), after which JetStream delivers again a
+// message a dead runner left. New refuses a consumer whose AckWait, or any of
+// whose BackOff durations, is shorter than the lease: after a crash,
+// JetStream would redeliver each message while its claim is alive, to be
+// Nak'ed (a delivery towards MaxDeliver spent for nothing). Set the AckWait
+// equal to the lease, or a little longer: the longer of the two bounds how
+// long a crash delays a message. New reads the consumer's cached info
+// (jetstream.Consumer.CachedInfo), as the consumer was when it was created or
+// last asked for its info; a consumer updated since is checked as it was
+// then.
 //
 // handle must not acknowledge the message itself: the runner does, once
 // the outcome is stored. Its context carries the idem.Claim
@@ -140,7 +137,7 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 //     run out (the message is then handled, Recovered).
 //   - MessageRetry for any other reason (the handler's error, Redis
 //     unreachable, the lease lost): NakWithDelay by the retry delay
-//     (WithRetryDelay, 1s).
+//     (WithRetryDelay; DefaultRetryDelay, 1s).
 //   - MessageRejected (an invalid key, another fingerprint, a corrupt
 //     record): dead-lettered (WithDeadLetter), then Term. A repeat in the
 //     batch of a message not acknowledged is settled as that message.
@@ -266,10 +263,6 @@ func (r *Runner) observer() idem.Observer {
 	}
 	return r.keeper.Observer()
 }
-
-// backlogEvery is how often, at most, a Runner reads its consumer's info
-// to report the backlog (idem.StepBacklog).
-const backlogEvery = 10 * time.Second
 
 // backlog reports the consumer's backlog to the Keeper's Observer when it
 // is due (backlogEvery since the last report), reading the consumer's

@@ -20,11 +20,12 @@
 // The Clock starts at 2025-01-01T00:00:00Z and moves only with Advance.
 // Whatever runs on real timers does not move with it: Do and Claim.KeepAlive
 // renew a lease every third of the lease of real time (with the default lease
-// of 30s, never for a Do that runs less than 10s), so a Do still running
-// when the test advances past its lease learns that it lost the key only at
-// its next renewal or when it stores its result (see Clock.Advance). And
-// WithWait measures its wait on the Clock: a wait ends when the other
-// attempt does, when its context ends, or when the test advances past it.
+// of 30s (idem.DefaultLease), never for a Do that runs less than 10s), so a
+// Do still running when the test advances past its lease learns that it lost
+// the key only at its next renewal or when it stores its result (see
+// Clock.Advance). And WithWait measures its wait on the Clock: a wait ends
+// when the other attempt does, when its context ends, or when the test
+// advances past it.
 package idemtest
 
 import (
@@ -82,13 +83,14 @@ type Env struct {
 	tb TB
 }
 
-// NewEnv starts an embedded Redis (miniredis.RunT) and returns a Keeper on it,
-// made by idem.NewRedis(Client, opts...) with idem.WithClock(Clock.Now)
+// NewEnv starts an embedded Redis (miniredis.RunT) and returns a Keeper on
+// it, made by idem.NewRedis(Client, opts...) with idem.WithClock(Clock.Now)
 // appended: opts take every option NewRedis takes, with its defaults (lease
-// 30s, retention 24h, prefix "idem:"), but a WithClock among them is
-// overridden, since leases and expiry are decided by Redis's clock, which only
-// the Clock moves. Options NewRedis refuses fail the test (tb.Fatalf). Call it
-// from the test's goroutine; the client and server are closed by tb's cleanup.
+// 30s (idem.DefaultLease), retention 24h (idem.DefaultRetention), prefix
+// "idem:" (idem.DefaultPrefix)), but a WithClock among them is overridden,
+// since leases and expiry are decided by Redis's clock, which only the Clock
+// moves. Options NewRedis refuses fail the test (tb.Fatalf). Call it from the
+// test's goroutine; the client and server are closed by tb's cleanup.
 func NewEnv(tb TB, opts ...idem.Option) *Env {
 	tb.Helper()
 	m := miniredis.RunT(tb)
@@ -133,9 +135,10 @@ func New(tb TB, opts ...idem.Option) (*idem.Keeper, *Clock) {
 }
 
 // Handler returns h guarded by idemhttp.New(keeper, opts...) on the Keeper of
-// NewEnv(tb) (default options: lease 30s, retention 24h), and the Clock that
-// moves it. Options idemhttp.New refuses fail the test (tb.Fatalf). For
-// Keeper options of your own, use NewEnv(tb, keeperOpts...).Handler(h, opts...).
+// NewEnv(tb) (default options: lease 30s (idem.DefaultLease), retention 24h
+// (idem.DefaultRetention)), and the Clock that moves it. Options idemhttp.New
+// refuses fail the test (tb.Fatalf). For Keeper options of your own, use
+// NewEnv(tb, keeperOpts...).Handler(h, opts...).
 func Handler(tb TB, h http.Handler, opts ...idemhttp.Option) (http.Handler, *Clock) {
 	tb.Helper()
 	e := NewEnv(tb)
@@ -203,9 +206,9 @@ func (c *Clock) Now() time.Time {
 // and cancels the operation's context with idem.ErrLeaseLost (Do then stores
 // nothing and returns it). Before that renewal, a completion or release is
 // decided by Redis: refused with ErrLeaseLost if another attempt has claimed
-// the key meanwhile, accepted if none has. With the default lease of 30s, no
-// renewal fires before a Do has run 10s; with a short lease, whose renewals
-// fire during the test, which comes first is a race.
+// the key meanwhile, accepted if none has. With the default lease of 30s
+// (idem.DefaultLease), no renewal fires before a Do has run 10s; with a short
+// lease, whose renewals fire during the test, which comes first is a race.
 func (c *Clock) Advance(d time.Duration) {
 	if d < 0 {
 		panic("idemtest: Clock.Advance with a negative duration " + d.String())

@@ -48,11 +48,11 @@ import (
 // another delivery holds the key), the output is dropped and the error
 // returned: that delivery's output stands.
 //
-// Redeliveries later than the Keeper's retention (24 h by default) run the
-// handler again. Middleware refuses a nil Keeper or an empty
-// WithMetadataKey with an error wrapping idem.ErrInvalidConfig. Place it
-// inside watermill's Retry middleware, so that each retry is a delivery to
-// it, and inside a poison queue.
+// Redeliveries later than the Keeper's retention (by default 24 h,
+// idem.DefaultRetention) run the handler again. Middleware refuses a nil
+// Keeper or an empty WithMetadataKey with an error wrapping
+// idem.ErrInvalidConfig. Place it inside watermill's Retry middleware, so
+// that each retry is a delivery to it, and inside a poison queue.
 func Middleware(k *idem.Keeper, opts ...Option) (message.HandlerMiddleware, error) {
 	c, err := newConfig(k, opts)
 	if err != nil {

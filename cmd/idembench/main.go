@@ -126,11 +126,12 @@
 //     duplicate; one whose handler failed is not acknowledged and comes
 //     again, but its key already marks it handled: the id is lost.
 //   - setnx2: two phases. A pipeline of SET id 1 NX PX lease (the Keeper's
-//     lease, 30s), the handlers of the messages whose SET took, then a
-//     pipeline of SET id 1 XX EX ttl for those handled: two round trips a
-//     batch (one when no message is new). A failed handler leaves its key to
-//     run out with the lease; its message, coming again sooner (in the next
-//     batch), is acknowledged as a duplicate, and the id is lost as well.
+//     lease, idem.DefaultLease: 30s), the handlers of the messages whose SET
+//     took, then a pipeline of SET id 1 XX EX ttl for those handled: two
+//     round trips a batch (one when no message is new). A failed handler
+//     leaves its key to run out with the lease; its message, coming again
+//     sooner (in the next batch), is acknowledged as a duplicate, and the id
+//     is lost as well.
 //
 // A run of -messages goes in about 20 slices a side, each of the same number
 // of batches per caller, idem's first, so that the i-th slice of both sides
