@@ -46,17 +46,13 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 		sc, err := NewStreamConsumer(k, c, "s", "g", "live")
 		require.NoError(t, err)
 		var handled, recovered atomic.Int32
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) }, func(ctx context.Context, m redis.XMessage) error {
-				handled.Add(1)
-				if c, _ := ClaimFromContext(ctx); c.Recovered() {
-					recovered.Add(1)
-				}
-				return nil
-			})
-		}()
+		stop := runStream(sc, entryID, func(ctx context.Context, m redis.XMessage) error {
+			handled.Add(1)
+			if c, _ := ClaimFromContext(ctx); c.Recovered() {
+				recovered.Add(1)
+			}
+			return nil
+		})
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for {
 			p, err := c.XPending(ctx, "s", "g").Result()
@@ -70,8 +66,7 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "pending %d, handled %d", p.Count, handled.Load())
 			time.Sleep(10 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 		assert.EqualValues(t, 2, handled.Load(), "fine once, dead-held once")
 		assert.EqualValues(t, 1, recovered.Load(), "dead-held taken over")
 		dl, err := c.XRange(ctx, "s:dead-letter", "-", "+").Result()
@@ -101,14 +96,10 @@ func TestStreamConsumerWithDeadLetter(t *testing.T) {
 		sc, err := NewStreamConsumer(k, c, "s", "g", "live", WithDeadLetter("rejects"))
 		require.NoError(t, err)
 		var handled atomic.Int32
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) }, func(context.Context, redis.XMessage) error {
-				handled.Add(1)
-				return nil
-			})
-		}()
+		stop := runStream(sc, entryID, func(context.Context, redis.XMessage) error {
+			handled.Add(1)
+			return nil
+		})
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for {
 			p, err := c.XPending(ctx, "s", "g").Result()
@@ -121,8 +112,7 @@ func TestStreamConsumerWithDeadLetter(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "pending %d, handled %d, dead-lettered %d", p.Count, handled.Load(), n)
 			time.Sleep(10 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 		dl, err := c.XRange(ctx, "rejects", "-", "+").Result()
 		require.NoError(t, err)
 		require.Len(t, dl, 1)
@@ -234,11 +224,7 @@ func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
 		read("gone-too", true)
 		b.Advance(idle + 100*time.Millisecond)
 		read("restarted", true)
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error { return nil })
-		}()
+		stop := runStream(sc, nil, func(ctx context.Context, m redis.XMessage) error { return nil })
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for {
 			names := consumerNames(t, c)
@@ -249,8 +235,7 @@ func TestStreamConsumerRemovesIdleConsumers(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "gone-too still in the group: %v", names)
 			time.Sleep(10 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 		assert.Equal(t, []string{"gone", "gone-too"}, removed())
 	})
 }
@@ -288,21 +273,17 @@ func TestStreamConsumerReadsItsBacklogOnce(t *testing.T) {
 			defer mu.Unlock()
 			return runs[id]
 		}
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
-				func(ctx context.Context, m redis.XMessage) error {
-					id := m.Values["id"].(string)
-					mu.Lock()
-					runs[id]++
-					mu.Unlock()
-					if id == "poison" {
-						return errors.New("a transient failure")
-					}
-					return nil
-				})
-		}()
+		stop := runStream(sc, entryID,
+			func(ctx context.Context, m redis.XMessage) error {
+				id := m.Values["id"].(string)
+				mu.Lock()
+				runs[id]++
+				mu.Unlock()
+				if id == "poison" {
+					return errors.New("a transient failure")
+				}
+				return nil
+			})
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for ran("a") == 0 || ran("poison") == 0 {
 			require.True(t, time.Now().Before(deadline), "the backlog was never handled")
@@ -313,8 +294,7 @@ func TestStreamConsumerReadsItsBacklogOnce(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "a new entry is never read while a backlog entry fails (poison ran %d times)", ran("poison"))
 			time.Sleep(5 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -361,17 +341,13 @@ func TestStreamConsumerAsksDeliveriesOncePerBatch(t *testing.T) {
 		require.NoError(t, err)
 		var mu sync.Mutex
 		runs := map[string]int{}
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
-				func(ctx context.Context, m redis.XMessage) error {
-					mu.Lock()
-					defer mu.Unlock()
-					runs[m.Values["id"].(string)]++
-					return nil
-				})
-		}()
+		stop := runStream(sc, entryID,
+			func(ctx context.Context, m redis.XMessage) error {
+				mu.Lock()
+				defer mu.Unlock()
+				runs[m.Values["id"].(string)]++
+				return nil
+			})
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for {
 			n, err := c.XLen(ctx, "s:dead-letter").Result()
@@ -385,8 +361,7 @@ func TestStreamConsumerAsksDeliveriesOncePerBatch(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "%d dead letters, %d entries handled", n, handled)
 			time.Sleep(5 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 		assert.EqualValues(t, 1, cnt.Named("xpending"), "one XPENDING for the backlog's batch of 5")
 
 		mu.Lock()
@@ -467,24 +442,20 @@ func TestStreamConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 			defer mu.Unlock()
 			return runs[key]
 		}
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, func(m redis.XMessage) string { return m.Values["id"].(string) },
-				func(ctx context.Context, m redis.XMessage) error {
-					key := m.Values["id"].(string)
-					mu.Lock()
-					runs[key]++
-					mu.Unlock()
-					switch key {
-					case "fails", "late-fails":
-						return errors.New("downstream refused")
-					case "panics":
-						panic("boom")
-					}
-					return nil
-				})
-		}()
+		stop := runStream(sc, entryID,
+			func(ctx context.Context, m redis.XMessage) error {
+				key := m.Values["id"].(string)
+				mu.Lock()
+				runs[key]++
+				mu.Unlock()
+				switch key {
+				case "fails", "late-fails":
+					return errors.New("downstream refused")
+				case "panics":
+					panic("boom")
+				}
+				return nil
+			})
 		deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 		for ran("a") == 0 || ran("fails") == 0 || ran("panics") == 0 {
 			require.True(t, time.Now().Before(deadline), "the backlog was never handled: %v", runs)
@@ -517,8 +488,7 @@ func TestStreamConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled, "Run goes on after a handler's panic")
+		require.ErrorIs(t, stop(), context.Canceled, "Run goes on after a handler's panic")
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -599,14 +569,10 @@ func TestStreamConsumerReportsItsBacklog(t *testing.T) {
 		sc, err := NewStreamConsumer(k, c, "s", "g", "c")
 		require.NoError(t, err)
 		var handled atomic.Int32
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error {
-				handled.Add(1)
-				return nil
-			})
-		}()
+		stop := runStream(sc, nil, func(ctx context.Context, m redis.XMessage) error {
+			handled.Add(1)
+			return nil
+		})
 		wantLag := func(lag int64) int64 {
 			if !b.Real {
 				return -1
@@ -629,8 +595,7 @@ func TestStreamConsumerReportsItsBacklog(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "no second report")
 			time.Sleep(5 * time.Millisecond)
 		}
-		stop()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.ErrorIs(t, stop(), context.Canceled)
 		evs = rec.of(StepBacklog, ResultDone)
 		assert.Len(t, evs, 2)
 		assert.Equal(t, wantLag(0), evs[1].Lag, "every entry delivered")
@@ -651,18 +616,13 @@ func TestStreamConsumerReadsNoBacklogUnobserved(t *testing.T) {
 	sc, err := NewStreamConsumer(k, b.Client, "s", "g", "c")
 	require.NoError(t, err)
 	var handled atomic.Int32
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- sc.Run(rctx, nil, func(ctx context.Context, m redis.XMessage) error { handled.Add(1); return nil })
-	}()
+	stop := runStream(sc, nil, func(ctx context.Context, m redis.XMessage) error { handled.Add(1); return nil })
 	deadline := time.Now().Add(20 * time.Second) // a bound, not a margin
 	for handled.Load() < 1 {
 		require.True(t, time.Now().Before(deadline))
 		time.Sleep(5 * time.Millisecond)
 	}
-	stop()
-	require.ErrorIs(t, <-done, context.Canceled)
+	require.ErrorIs(t, stop(), context.Canceled)
 	assert.Zero(t, reads.n.Load())
 }
 
@@ -702,3 +662,15 @@ func p(t *testing.T, c *redis.Client) int64 {
 	require.NoError(t, err)
 	return x.Count
 }
+
+// runStream runs sc with key and handle until stop, which returns Run's
+// error.
+func runStream(sc *StreamConsumer, key func(redis.XMessage) string, handle func(context.Context, redis.XMessage) error) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sc.Run(ctx, key, handle) }()
+	return func() error { cancel(); return <-done }
+}
+
+// entryID is the key of a test's stream entry: its field "id".
+func entryID(m redis.XMessage) string { return m.Values["id"].(string) }
