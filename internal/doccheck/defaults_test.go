@@ -20,13 +20,12 @@ import (
 )
 
 // The defaults the prose may spell: the constants named Default* or
-// default* of each package below, and these others, read from the source
-// (so a changed default is seen at once). Each package keeps its defaults
-// in one file (defaults.go for the root package, options.go for the
-// others).
+// default* of the packages of defaultPackages, and these others, read from
+// the source (so a changed default is seen at once). Each package keeps its
+// defaults in one file (defaults.go for the root package, options.go for
+// the others).
 var (
-	defaultPackages = []string{".", "idemhttp", "idemgrpc", "idemjetstream", "idemwatermill", "idemotel", "idemtest"}
-	defaultExtras   = []string{"MaxDuration", "MaxScanBatch", "ClusterScopeShards", "idleConsumerLeases",
+	defaultExtras = []string{"MaxDuration", "MaxScanBatch", "ClusterScopeShards", "idleConsumerLeases",
 		"cleanupTimeout", "settleRetryFirst", "settleRetryCap", "settleMarginCap", "idleWait",
 		"deadLetterSuffix", "backlogEvery", "streamBlock", "runPauseFirst", "runPauseCap"}
 )
@@ -494,7 +493,7 @@ func (d *defaultConst) spellings() []string {
 func loadDefaults(t *testing.T) map[string]*defaultConst {
 	t.Helper()
 	out := map[string]*defaultConst{}
-	for _, dir := range defaultPackages {
+	for _, dir := range defaultPackages(t) {
 		fset := token.NewFileSet()
 		specs := map[string]*ast.ValueSpec{}
 		index := map[string]int{}
@@ -536,6 +535,25 @@ func loadDefaults(t *testing.T) map[string]*defaultConst {
 			}
 			out[pkg+"."+name] = &defaultConst{pkg: pkg, name: name, val: r.val, dur: r.dur}
 		}
+	}
+	return out
+}
+
+// defaultPackages are the root package, idemhttp, idemtest, and the
+// package at the top of every other module but bench/peers (a benchmark
+// command): every library of the checkout.
+func defaultPackages(t *testing.T) []string {
+	t.Helper()
+	mods, err := filepath.Glob(filepath.Join(root, "*", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []string{".", "idemhttp", "idemtest"}
+	for _, m := range mods {
+		out = append(out, filepath.Base(filepath.Dir(m)))
+	}
+	if len(out) < 5 {
+		t.Fatalf("found the modules %v only: the test runs from internal/doccheck", out)
 	}
 	return out
 }
