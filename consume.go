@@ -182,7 +182,7 @@ func unreachableStore(claims []BatchResult) error {
 // claims; it updates results in place.
 func (k *Keeper) awaitHolders(ctx, stop context.Context, scope string, keys []string, results []MessageResult, s *settings, lease time.Duration, handle func(ctx context.Context, i int) error) {
 	deadline := k.now().Add(s.wait)
-	backoff := 5 * time.Millisecond
+	backoff := holderRetryFirst
 	for {
 		var places []int
 		hint := s.wait
@@ -200,7 +200,7 @@ func (k *Keeper) awaitHolders(ctx, stop context.Context, scope string, keys []st
 			break
 		}
 		t := time.NewTimer(min(backoff, hint, left))
-		backoff = min(2*backoff, 250*time.Millisecond)
+		backoff = min(2*backoff, holderRetryCap)
 		select {
 		case <-stop.Done():
 			t.Stop()

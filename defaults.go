@@ -121,3 +121,22 @@ const (
 	settleRetryCap   = time.Second
 	settleMarginCap  = 100 * time.Millisecond
 )
+
+// Consume with WithWait claims the messages whose key another consumer
+// holds again after holderRetryFirst, then twice as long each time, up to
+// holderRetryCap (and never later than the holder's hint or the wait's
+// end).
+const (
+	holderRetryFirst = 5 * time.Millisecond
+	holderRetryCap   = 250 * time.Millisecond
+)
+
+// A batch's script call that a Cluster refused before it ran (TRYAGAIN,
+// MOVED, ASK, CLUSTERDOWN) is sent again after tryAgainFirst, then twice as
+// long each time up to tryAgainCap, for up to tryAgainPatience
+// (resendRedirected).
+const (
+	tryAgainFirst    = 10 * time.Millisecond
+	tryAgainCap      = 200 * time.Millisecond
+	tryAgainPatience = 2 * time.Second
+)

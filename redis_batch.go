@@ -509,9 +509,6 @@ func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batch
 	return cmds
 }
 
-// tryAgainPatience bounds how long resendRedirected sends a call again.
-const tryAgainPatience = 2 * time.Second
-
 // resendRedirected sends the calls whose cmds a Cluster refused before
 // they ran (TRYAGAIN, MOVED, ASK, CLUSTERDOWN: see isClusterRedirect)
 // again, with backoff, for up to tryAgainPatience or until ctx is done,
@@ -524,7 +521,7 @@ const tryAgainPatience = 2 * time.Second
 // that runs again after its lease. Claims are not sent again: their
 // messages are simply not claimed (unavailable), and nothing ran.
 func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
-	wait, deadline := 10*time.Millisecond, time.Now().Add(tryAgainPatience)
+	wait, deadline := tryAgainFirst, time.Now().Add(tryAgainPatience)
 	for {
 		var todo []int
 		for j, c := range calls {
@@ -552,7 +549,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls 
 		for i, cmd := range s.sendOnce(ctx, st, again) {
 			cmds[todo[i]] = cmd
 		}
-		wait = min(2*wait, 200*time.Millisecond)
+		wait = min(2*wait, tryAgainCap)
 	}
 }
 
