@@ -24,8 +24,8 @@
 // timestamp) unless WithKey says otherwise: every redelivery is caught, but
 // a message the producer sends twice is two records, handled twice. Give
 // each message an id in a header and key by it (WithKey(Header("id"))) to
-// catch those too, within the Keeper's marker retention (7 days by
-// default). A record's Kafka key usually names an entity shared by many
+// catch those too, within the Keeper's marker retention (7 days
+// (DefaultMarkerRetention) by default). A record's Kafka key usually names an entity shared by many
 // messages; RecordKey keys by it only when it is the message's own id.
 //
 // A partition's offset is committed past a record only once its outcome is
@@ -36,5 +36,5 @@
 // ones finish, are stored and committed before the partitions go; a lost
 // partition commits nothing more. A runner that dies leaves its claims
 // pending: the partition's next owner handles its records again once the
-// lease has run out (30s by default), told Recovered.
+// lease has run out (30s (DefaultLease) by default), told Recovered.
 package idemkafka

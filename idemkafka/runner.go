@@ -179,7 +179,7 @@ func (r *Runner) Client() *kgo.Client { return r.client }
 // Keeper's Observer, beside the steps of idem.Consume, each record
 // dead-lettered (idem.StepStream, idem.ResultDeadLettered, Err the
 // reason), and the backlog (idem.StepBacklog) at the first poll and then at
-// most every 10 seconds, from the poll's own answers, at no request: Lag,
+// most every 10 seconds (backlogEvery), from the poll's own answers, at no request: Lag,
 // the records of the partitions in that poll that Kafka holds past it (their
 // high watermarks less the next offsets), and Pending, the records the
 // Runner holds not settled.
