@@ -505,19 +505,23 @@ func parseCallRecord(v string) (callRecord, bool) {
 // record of its own had before (a record's token is the clock at its
 // claim), after the index key expired too; no EXISTS loop.
 //
-// The call record, one Redis string per claim call, at v3CallBase + TOKEN:
+// The call record, one Redis string per claim call, at v3CallBase + TOKEN6
+// (v3CallKey: the call's token modulo 2^48, 6 bytes big-endian, as its
+// entries hold it, so that a claim names an entry's call record without
+// making the token whole or writing it in decimal):
 //
-//	"i3B" UNTIL16 DONE16 RESULT_UNTIL16 CALL_ID11 FPW1 AW1 STATES ATTEMPTS FPS
+//	"i3B" UNTIL7 DONE7 RESULT_UNTIL7 CALL_ID11 FPW1 AW1 STATES ATTEMPTS FPS
 //
-// bytes 0-2 "i3B"; bytes 3-18 UNTIL, the lease end of the call's claims;
-// bytes 19-34 DONE, when the call last completed a claim (0 never); bytes
-// 35-50 RESULT_UNTIL, when the retention its completions asked for ends (0
-// never): each Redis's clock in microseconds, 16 decimal digits,
-// zero-padded. Bytes 51-61 CALL_ID, the call's id (11 characters of
+// bytes 0-2 "i3B"; bytes 3-9 UNTIL, the lease end of the call's claims;
+// bytes 10-16 DONE, when the call last completed a claim (0 never); bytes
+// 17-23 RESULT_UNTIL, when the retention its completions asked for ends (0
+// never): each Redis's clock in microseconds, big-endian, below 2^53 (a
+// script reads and writes them with string.byte and string.char, no
+// decimal conversion). Bytes 24-34 CALL_ID, the call's id (11 characters of
 // base64url: 64 random bits), by which a call sent again knows its own
-// record. Byte 62 FPW, the width of each place's fingerprint (0 to 64, a
-// byte); byte 63 AW, of each place's attempt (0 or 2, a byte). Then, for n
-// places (n = (len - 64) / (1 + AW + FPW)): STATES, a byte a place (P held
+// record. Byte 35 FPW, the width of each place's fingerprint (0 to 64, a
+// byte); byte 36 AW, of each place's attempt (0 or 2, a byte). Then, for n
+// places (n = (len - 37) / (1 + AW + FPW)): STATES, a byte a place (P held
 // by the call, C completed: a marker, R released, X not claimed by the
 // call, T taken over by a later call after the lease ran out: the call's
 // settle of it is refused, M moved to a record of its own, F forgotten);
@@ -546,15 +550,15 @@ const (
 	v3StateDueAt   = 18
 	v3StateCallAt  = 22
 
-	v3CallHeadSize      = 64
+	v3CallHeadSize      = 37
 	v3CallUntilAt       = 4
-	v3CallDoneAt        = 20
-	v3CallResultUntilAt = 36
-	v3CallIDAt          = 52
+	v3CallDoneAt        = 11
+	v3CallResultUntilAt = 18
+	v3CallIDAt          = 25
 	v3CallIDSize        = 11
-	v3CallFPWAt         = 63
-	v3CallAWAt          = 64
-	v3TimeDigits        = 16
+	v3CallFPWAt         = 36
+	v3CallAWAt          = 37
+	v3TimeSize          = 7
 	v3AttemptSize       = 2
 	v3MaxAttempts       = 32767
 	v3RecoveredBit      = 32768
@@ -641,6 +645,12 @@ func v3CallBase(prefix string, cluster bool, slot uint16) string {
 		return prefix + "c3:"
 	}
 	return prefix + "{" + slotTag(slot) + "}c3:"
+}
+
+// v3CallKey is the key of the call record of token under base (see
+// v3CallBase): base and the token's low 48 bits, 6 bytes big-endian.
+func v3CallKey(base string, token int64) string {
+	return base + string([]byte{byte(token >> 40), byte(token >> 32), byte(token >> 24), byte(token >> 16), byte(token >> 8), byte(token)})
 }
 
 // v3Key is what the v3 index knows a record id by: the digest its entry
@@ -818,15 +828,10 @@ func appendV3Call(dst []byte, c v3Call) ([]byte, bool) {
 	start := len(dst)
 	dst = append(dst, "i3B"...)
 	for _, t := range [...]int64{c.until, c.done, c.resultUntil} {
-		if t < 0 || t > 9999999999999999 {
+		if t < 0 || t >= 1<<53 {
 			return dst[:start], false
 		}
-		var d [v3TimeDigits]byte
-		for i := v3TimeDigits - 1; i >= 0; i-- {
-			d[i] = byte('0' + t%10)
-			t /= 10
-		}
-		dst = append(dst, d[:]...)
+		dst = append(dst, byte(t>>48), byte(t>>40), byte(t>>32), byte(t>>24), byte(t>>16), byte(t>>8), byte(t))
 	}
 	dst = append(dst, c.callID...)
 	dst = append(dst, byte(c.fpw), byte(c.aw))
@@ -842,11 +847,12 @@ func parseV3Call(v string) (v3Call, bool) {
 	}
 	var c v3Call
 	for i, t := range []*int64{&c.until, &c.done, &c.resultUntil} {
-		f := v[3+i*v3TimeDigits : 3+(i+1)*v3TimeDigits]
-		if !isDigits(f) {
+		for _, b := range []byte(v[3+i*v3TimeSize : 3+(i+1)*v3TimeSize]) {
+			*t = *t<<8 | int64(b)
+		}
+		if *t >= 1<<53 {
 			return v3Call{}, false
 		}
-		*t, _ = strconv.ParseInt(f, 10, 64)
 	}
 	c.callID = v[v3CallIDAt-1 : v3CallIDAt-1+v3CallIDSize]
 	c.fpw, c.aw = int(v[v3CallFPWAt-1]), int(v[v3CallAWAt-1])

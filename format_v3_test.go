@@ -28,7 +28,7 @@ var v3GoldenCall = v3Call{
 	fps:      "ZZZZZZZZZZZZZZZZ" + "................" + "abc.............",
 }
 
-const v3GoldenCallBytes = "i3B" + "1700000030000000" + "1700000001000000" + "1700086400000000" + "AAAAAAAAAAE" + "\x10\x02" +
+const v3GoldenCallBytes = "i3B" + "\x06\x0a\x24\x19\xe8\x03\x80" + "\x06\x0a\x24\x18\x2d\x82\x40" + "\x06\x0a\x38\x35\xf5\xa0\x00" + "AAAAAAAAAAE" + "\x10\x02" +
 	"CXT" + "\x00\x01\x80\x03\x00\x02" + "ZZZZZZZZZZZZZZZZ" + "................" + "abc............."
 
 // v3GoldenState: level 16, split point 59,464, 1,000,000 entries, last
@@ -59,7 +59,7 @@ func TestFormatV3Golden(t *testing.T) {
 	assert.Equal(t, v3GoldenCallBytes, string(call))
 	plain, ok := appendV3Call([]byte("kept"), v3Call{until: 1700000030000000, callID: "AAAAAAAAAAE", states: "PPC"})
 	require.True(t, ok)
-	assert.Equal(t, "kept"+"i3B"+"1700000030000000"+"0000000000000000"+"0000000000000000"+"AAAAAAAAAAE"+"\x00\x00"+"PPC", string(plain))
+	assert.Equal(t, "kept"+"i3B"+"\x06\x0a\x24\x19\xe8\x03\x80"+strings.Repeat("\x00", 14)+"AAAAAAAAAAE"+"\x00\x00"+"PPC", string(plain))
 }
 
 // TestFormatV3Sizes: the sizes the formats promise.
@@ -67,6 +67,7 @@ func TestFormatV3Sizes(t *testing.T) {
 	assert.Len(t, v3GoldenEntryBytes, v3EntrySize)
 	assert.Len(t, v3GoldenStateBytes, v3StateSize)
 	assert.Len(t, v3GoldenCallBytes, v3CallHeadSize+3*(1+2+16))
+	assert.Equal(t, 3+3*v3TimeSize+v3CallIDSize+2, v3CallHeadSize)
 	assert.Equal(t, v3EntrySize, v3DigestSize+3+2+6)
 	assert.Equal(t, v3EntryPlaceAt, v3EntryHashAt+3)
 	assert.Equal(t, v3EntryTokenAt, v3EntryPlaceAt+2)
@@ -156,14 +157,14 @@ func TestFormatV3ReadsWhatItWrites(t *testing.T) {
 		assert.Equal(t, want.rec, rec, "place %d", p+1)
 		assert.Equal(t, want.fp, c.fingerprint(p+1), "place %d", p+1)
 	}
-	c, ok = parseV3Call("i3B1700000030000000" + strings.Repeat("0", 32) + "AAAAAAAAAAE\x00\x00PPC")
+	c, ok = parseV3Call("i3B\x06\x0a\x24\x19\xe8\x03\x80" + strings.Repeat("\x00", 14) + "AAAAAAAAAAE\x00\x00PPC")
 	require.True(t, ok)
 	n, rec := c.attempt(2)
 	assert.Equal(t, 1, n)
 	assert.False(t, rec)
 	assert.Equal(t, "", c.fingerprint(3))
 	assert.Equal(t, "PPC", c.states)
-	empty, ok := parseV3Call("i3B" + strings.Repeat("0", 48) + "AAAAAAAAAAE\x00\x00")
+	empty, ok := parseV3Call("i3B" + strings.Repeat("\x00", 21) + "AAAAAAAAAAE\x00\x00")
 	require.True(t, ok, "a call record of no place")
 	assert.Zero(t, empty.places())
 
@@ -202,7 +203,7 @@ func TestFormatV3RefusesWhatIsNotIt(t *testing.T) {
 		"v2 call record":       "i2B1700000000000000:0:0:AAAAAAAAAAA:0:P",
 		"short header":         head[:v3CallHeadSize-1],
 		"tag":                  "i3C" + v3GoldenCallBytes[3:],
-		"time not digits":      "i3B 700000030000000" + v3GoldenCallBytes[19:],
+		"time past 2^53":       "i3B\x20" + v3GoldenCallBytes[4:],
 		"call id":              v3GoldenCallBytes[:v3CallIDAt-1] + "AAAAAAAAAA=" + v3GoldenCallBytes[v3CallIDAt-1+v3CallIDSize:],
 		"fingerprint width":    head[:v3CallFPWAt-1] + "\x41\x00" + "P" + strings.Repeat(".", 65),
 		"attempt width 1":      head[:v3CallFPWAt-1] + "\x00\x01" + "P\x01",
@@ -218,13 +219,13 @@ func TestFormatV3RefusesWhatIsNotIt(t *testing.T) {
 	assert.False(t, ok, "place 0")
 
 	for name, c := range map[string]v3Call{
-		"call id short":       {callID: "AAAA"},
-		"call id not base64":  {callID: "AAAAAAAAAA="},
-		"fps short":           {callID: "AAAAAAAAAAE", states: "PP", fpw: 2, fps: "ab"},
-		"attempt width 1":     {callID: "AAAAAAAAAAE", states: "P", aw: 1, attempts: "\x01"},
-		"time past 16 digits": {callID: "AAAAAAAAAAE", until: 1e16},
-		"time negative":       {callID: "AAAAAAAAAAE", done: -1},
-		"fingerprint width":   {callID: "AAAAAAAAAAE", states: "P", fpw: 65, fps: strings.Repeat(".", 65)},
+		"call id short":      {callID: "AAAA"},
+		"call id not base64": {callID: "AAAAAAAAAA="},
+		"fps short":          {callID: "AAAAAAAAAAE", states: "PP", fpw: 2, fps: "ab"},
+		"attempt width 1":    {callID: "AAAAAAAAAAE", states: "P", aw: 1, attempts: "\x01"},
+		"time past 2^53":     {callID: "AAAAAAAAAAE", until: 1 << 53},
+		"time negative":      {callID: "AAAAAAAAAAE", done: -1},
+		"fingerprint width":  {callID: "AAAAAAAAAAE", states: "P", fpw: 65, fps: strings.Repeat(".", 65)},
 	} {
 		out, ok := appendV3Call([]byte("x"), c)
 		assert.False(t, ok, name)
@@ -282,7 +283,7 @@ func TestFormatV3Lua(t *testing.T) {
 		for _, h := range hashes {
 			want = append(want, int64(v3Block(h, v3GoldenState.level, v3GoldenState.split)))
 		}
-		want = append(want, "1700000030000000", "1700000001000000", "1700086400000000", "AAAAAAAAAAE",
+		want = append(want, int64(1700000030000000), int64(1700000001000000), int64(1700086400000000), "AAAAAAAAAAE",
 			int64(16), int64(2), int64(3), "CXT",
 			int64(1), int64(0), "ZZZZZZZZZZZZZZZZ",
 			int64(3), int64(1), "",
@@ -329,6 +330,7 @@ func TestFormatV3Lua(t *testing.T) {
 func TestFormatV3Keys(t *testing.T) {
 	assert.Equal(t, "idem:i3", v3IndexKey(DefaultPrefix, false, 0))
 	assert.Equal(t, "idem:c3:", v3CallBase(DefaultPrefix, false, 0))
+	assert.Equal(t, "idem:c3:\x0a\x24\x18\x1e\x40\x7b", v3CallKey(v3CallBase(DefaultPrefix, false, 0), 1700000000000123), "the token's low 6 bytes")
 	tag := slotTag(42)
 	assert.Equal(t, "idem:{"+tag+"}i3", v3IndexKey(DefaultPrefix, true, 42))
 	assert.Equal(t, "idem:{"+tag+"}c3:", v3CallBase(DefaultPrefix, true, 42))

@@ -210,7 +210,7 @@ func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, gro
 			places = append(places, byte(r>>8), byte(r))
 		}
 		st := &batchStep{script: v3SettleScript, split: v3SettleSplit(target[0], refs), answer: answer}
-		keys := []string{l.calls + strconv.FormatInt(fence(items[0]).Token, 10), l.index}
+		keys := []string{v3CallKey(l.calls, fence(items[0]).Token), l.index}
 		calls = append(calls, batchCall{records: items, keys: keys, args: []any{target, millis(keep), arg, string(places)}, step: st})
 	}
 	return calls
@@ -276,7 +276,7 @@ func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchComplet
 		tok := items[g[0]].Token
 		places := make([]byte, 0, 2*len(g))
 		keys := make([]string, 2, 2+len(g))
-		keys[0], keys[1] = l.calls+strconv.FormatInt(tok, 10), l.index
+		keys[0], keys[1] = v3CallKey(l.calls, tok), l.index
 		args := make([]any, 5, 5+2*len(g))
 		for _, j := range g {
 			r := items[j].Ref

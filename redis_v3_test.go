@@ -263,6 +263,7 @@ func TestV3Grows(t *testing.T) {
 		m, ok := parseV3State(raw)
 		require.True(t, ok)
 		assert.Equal(t, uint32(len(ids)), m.count)
+		assert.Greater(t, int64(m.due), time.Now().Add(-time.Minute).Unix(), "the state knows until when the key lives")
 		assert.LessOrEqual(t, m.count, uint32(v3IndexFill)*m.blocks()+uint32(v3IndexFill), "split to the fill")
 		assert.Greater(t, m.blocks(), uint32(1)<<v3StartLevel, "split past the start")
 		assert.GreaterOrEqual(t, m.blocks(), uint32(len(ids)/v3IndexFill/2))

@@ -270,25 +270,24 @@ local v3StateTokenAt = 11
 local v3StateDueAt = 18
 local v3StateCallAt = 22
 
--- The call record: "i3B" UNTIL16 DONE16 RESULT_UNTIL16 CALL_ID11 FPW1 AW1,
--- then a state byte a place, AW bytes a place (attempt, plus
--- v3RecoveredBit when recovered) and FPW bytes a place (fingerprint, '.'
--- padded). string.find(v, V3_CALL) gives its start, the header's end (64),
--- UNTIL, DONE, RESULT_UNTIL (16 digits each), CALL_ID, and FPW and AW as
--- one-byte strings; nil when v is not a v3 call record. V3_TIME formats a
--- time of the header: string.format(V3_TIME, us).
-local V3_CALL = '^i3B(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-])(.)(.)'
+-- The call record, at its base and the token's low 6 bytes: "i3B" UNTIL7
+-- DONE7 RESULT_UNTIL7 CALL_ID11 FPW1 AW1, then a state byte a place, AW
+-- bytes a place (attempt, plus v3RecoveredBit when recovered) and FPW bytes
+-- a place (fingerprint, '.' padded); the times are µs of Redis's clock,
+-- big-endian. string.find(v, V3_CALL) gives its start, the header's end
+-- (37), UNTIL, DONE, RESULT_UNTIL (7 bytes each), CALL_ID, and FPW and AW
+-- as one-byte strings; nil when v is not a v3 call record.
+local V3_CALL = '^i3B(.......)(.......)(.......)([%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-][%w_%-])(.)(.)'
 local V3_CALL_TAG = 'i3B'
-local V3_TIME = '%016d'
-local v3CallHeadSize = 64
+local v3CallHeadSize = 37
 local v3CallUntilAt = 4
-local v3CallDoneAt = 20
-local v3CallResultUntilAt = 36
-local v3CallIDAt = 52
+local v3CallDoneAt = 11
+local v3CallResultUntilAt = 18
+local v3CallIDAt = 25
 local v3CallIDSize = 11
-local v3CallFPWAt = 63
-local v3CallAWAt = 64
-local v3TimeDigits = 16
+local v3CallFPWAt = 36
+local v3CallAWAt = 37
+local v3TimeSize = 7
 local v3AttemptSize = 2
 local v3MaxAttempts = 32767
 local v3RecoveredBit = 32768

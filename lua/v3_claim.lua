@@ -128,16 +128,25 @@ local resend = raw and sub(raw, v3StateCallAt, v3StateCallAt + v3CallIDSize - 1)
 local token, cv0 = math.max(last + 1, now), nil
 if resend then
   token = last
-  cv0 = redis.call('GET', cbase .. fmt('%d', last)) or nil
 end
-local t7 = {}
 local x = token
-for j = 7, 1, -1 do
-  t7[j] = x % 256
-  x = (x - t7[j]) / 256
-end
-local tok7 = char(unpack(t7))
+local k7 = x % 256
+x = (x - k7) / 256
+local k6 = x % 256
+x = (x - k6) / 256
+local k5 = x % 256
+x = (x - k5) / 256
+local k4 = x % 256
+x = (x - k4) / 256
+local k3 = x % 256
+x = (x - k3) / 256
+local k2 = x % 256
+local tok7 = char((x - k2) / 256, k2, k3, k4, k5, k6, k7)
+-- tok6 names the call's record, as its entries hold the token.
 local tok6 = sub(tok7, 2)
+if resend then
+  cv0 = redis.call('GET', cbase .. tok6) or nil
+end
 
 local recs = {}
 if n > 0 then
@@ -148,7 +157,7 @@ end
 local bl, wnames, nw = {}, {}, 0
 local calls = {}
 if cv0 then
-  calls[fmt('%d', token)] = cv0
+  calls[tok6] = cv0
 end
 local ans, nums, nn = {}, {}, 0
 local atts, claimed = nil, false
@@ -229,10 +238,10 @@ for j = 1, n + 1 do
       pos = find(blk, key8, pos + 1, true)
     end
     if pos then
-      local e1, e2, e3, e4, e5, e6 = byte(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
-      local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
+      -- ks, the entry's token as it names the call record.
+      local ks = sub(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
       local free = false
-      if et == token then
+      if ks == tok6 then
         local p1, p2 = byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
         if not resend or p1 * 256 + p2 ~= j then
           a = aU
@@ -254,13 +263,14 @@ for j = 1, n + 1 do
           a, num = aB, lease_ms
         end
       else
-        local ks = fmt('%d', et)
         local cv = calls[ks]
         if cv == nil then
           cv = redis.call('GET', cbase .. ks) or false
           calls[ks] = cv
         end
         if not cv then
+          local e1, e2, e3, e4, e5, e6 = byte(ks, 1, 6)
+          local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
           if now - et <= keep_ms * 1000 then
             a, num = aB, lease_ms
           else
@@ -297,7 +307,8 @@ for j = 1, n + 1 do
             if s ~= v3Released and mine ~= theirs then
               a = aM
             elseif s == v3Completed then
-              if now <= tonumber(sub(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1)) then
+              local r1, r2, r3, r4, r5, r6, r7 = byte(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeSize - 1)
+              if now <= (((((r1 * 256 + r2) * 256 + r3) * 256 + r4) * 256 + r5) * 256 + r6) * 256 + r7 then
                 a = aD
               else
                 a = aE
@@ -305,7 +316,8 @@ for j = 1, n + 1 do
             elseif s == v3Released then
               a, attempt, free = aA, math.min(prev + 1, v3MaxAttempts), true
             else
-              local untl = tonumber(sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
+              local u1, u2, u3, u4, u5, u6, u7 = byte(cv, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1)
+              local untl = (((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6) * 256 + u7
               if untl > now then
                 a, num = aB, math.ceil((untl - now) / 1000)
               elseif resend then
@@ -409,11 +421,13 @@ if not claimed then
 end
 local s3 = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
 if stateChanged then
-  local c, d, cb, db = count, due, {}, {}
-  for j = 4, 1, -1 do
-    cb[j], db[j] = c % 256, d % 256
-    c, d = (c - cb[j]) / 256, (d - db[j]) / 256
-  end
+  local c, d = count, due
+  local c4, d4 = c % 256, d % 256
+  c, d = (c - c4) / 256, (d - d4) / 256
+  local c3, d3 = c % 256, d % 256
+  c, d = (c - c3) / 256, (d - d3) / 256
+  local c2, d2 = c % 256, d % 256
+  c, d = (c - c2) / 256, (d - d2) / 256
   local tokst = tok7
   if not claimed then
     tokst = sub(raw or '', v3StateTokenAt, v3StateTokenAt + 6)
@@ -429,7 +443,7 @@ if stateChanged then
       cid = '\0\0\0\0\0\0\0\0\0\0\0'
     end
   end
-  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(unpack(cb)) .. tokst .. char(unpack(db)) .. cid}
+  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(c, c2, c3, c4) .. tokst .. char(d, d2, d3, d4) .. cid}
   for j = 1, nw do
     w[2 * j + 1], w[2 * j + 2] = wnames[j], bl[wnames[j]]
   end
@@ -447,8 +461,21 @@ if claimed then
     end
     attempts = char(unpack(ab))
   end
-  redis.call('SET', cbase .. fmt('%d', token),
-    V3_CALL_TAG .. fmt(V3_TIME, now + lease_ms * 1000) .. '00000000000000000000000000000000' .. callid ..
+  -- UNTIL, 7 bytes big-endian (locals, not a table: cheaper in Lua).
+  local u = now + lease_ms * 1000
+  local u7 = u % 256
+  u = (u - u7) / 256
+  local u6 = u % 256
+  u = (u - u6) / 256
+  local u5 = u % 256
+  u = (u - u5) / 256
+  local u4 = u % 256
+  u = (u - u4) / 256
+  local u3 = u % 256
+  u = (u - u3) / 256
+  local u2 = u % 256
+  redis.call('SET', cbase .. tok6,
+    V3_CALL_TAG .. char((u - u2) / 256, u2, u3, u4, u5, u6, u7) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0' .. callid ..
     char(fpw, aw) .. (string.gsub((string.gsub(answers, '[^PTA]', 'X')), '[TA]', 'P')) .. attempts .. fps, 'PX', keep_ms)
 end
 return tok7 .. char(level) .. s3 .. answers .. concat(nums)

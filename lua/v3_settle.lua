@@ -40,7 +40,7 @@ elseif not v then
 elseif string.sub(v, 1, 3) ~= V3_CALL_TAG or #v < v3CallHeadSize then
   return {transitionLost, 'unknown format'}
 end
-local byte, sub = string.byte, string.sub
+local byte, sub, char = string.byte, string.sub, string.char
 local np = (#v - v3CallHeadSize) / (1 + byte(v, v3CallAWAt) + byte(v, v3CallFPWAt))
 if np % 1 ~= 0 then
   return {transitionLost, 'unknown format'}
@@ -100,19 +100,48 @@ local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
 local keep = tonumber(ARGV[2])
 local head = sub(v, 1, v3CallHeadSize)
-local untl = tonumber(sub(v, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1))
+-- The header's times, 7 bytes big-endian each, read and written through
+-- locals (a table costs more in Lua than the arithmetic).
+local t1, t2, t3, t4, t5, t6, t7 = byte(v, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1)
+local untl = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
 if mode == 'C' then
   local asked = tonumber(ARGV[3])
   if asked <= 0 then
     asked = now + keep * 1000
   end
-  local runtil = math.max(asked, tonumber(sub(v, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1)))
-  head = sub(v, 1, v3CallDoneAt - 1) .. string.format(V3_TIME, now) .. string.format(V3_TIME, runtil) ..
+  t1, t2, t3, t4, t5, t6, t7 = byte(v, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeSize - 1)
+  local r = math.max(asked, (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7)
+  local d = now
+  local d7, r7 = d % 256, r % 256
+  d, r = (d - d7) / 256, (r - r7) / 256
+  local d6, r6 = d % 256, r % 256
+  d, r = (d - d6) / 256, (r - r6) / 256
+  local d5, r5 = d % 256, r % 256
+  d, r = (d - d5) / 256, (r - r5) / 256
+  local d4, r4 = d % 256, r % 256
+  d, r = (d - d4) / 256, (r - r4) / 256
+  local d3, r3 = d % 256, r % 256
+  d, r = (d - d3) / 256, (r - r3) / 256
+  local d2, r2 = d % 256, r % 256
+  d, r = (d - d2) / 256, (r - r2) / 256
+  head = sub(v, 1, v3CallDoneAt - 1) .. char(d, d2, d3, d4, d5, d6, d7, r, r2, r3, r4, r5, r6, r7) ..
     sub(v, v3CallIDAt, v3CallHeadSize)
   keep = math.max(keep, math.ceil((untl - now) / 1000) + keep)
 elseif mode == 'E' then
   untl = now + tonumber(ARGV[3]) * 1000
-  head = sub(v, 1, v3CallUntilAt - 1) .. string.format(V3_TIME, untl) .. sub(v, v3CallDoneAt, v3CallHeadSize)
+  local u = untl
+  local u7 = u % 256
+  u = (u - u7) / 256
+  local u6 = u % 256
+  u = (u - u6) / 256
+  local u5 = u % 256
+  u = (u - u5) / 256
+  local u4 = u % 256
+  u = (u - u4) / 256
+  local u3 = u % 256
+  u = (u - u3) / 256
+  local u2 = u % 256
+  head = V3_CALL_TAG .. char((u - u2) / 256, u2, u3, u4, u5, u6, u7) .. sub(v, v3CallDoneAt, v3CallHeadSize)
   keep = math.max(keep, redis.call('PTTL', ck))
 end
 local body = string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1)

@@ -93,12 +93,13 @@ if ARGV[1] == 'read' then
   end
   fpw, aw = string.byte(fpw), string.byte(aw)
   if fpw ~= string.byte(cv, v3CallFPWAt) or aw ~= string.byte(cv, v3CallAWAt) or
-    u ~= string.sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeDigits - 1) or
-    done ~= string.sub(cv, v3CallDoneAt, v3CallDoneAt + v3TimeDigits - 1) or
-    runtil ~= string.sub(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeDigits - 1) or
+    u ~= string.sub(cv, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1) or
+    done ~= string.sub(cv, v3CallDoneAt, v3CallDoneAt + v3TimeSize - 1) or
+    runtil ~= string.sub(cv, v3CallResultUntilAt, v3CallResultUntilAt + v3TimeSize - 1) or
     id ~= string.sub(cv, v3CallIDAt, v3CallIDAt + v3CallIDSize - 1) then
     return {'offsets and pattern differ'}
   end
+  u, done, runtil = num(u, 1, v3TimeSize), num(done, 1, v3TimeSize), num(runtil, 1, v3TimeSize)
   local n = (#cv - e) / (1 + aw + fpw)
   local states = string.sub(cv, e + 1, e + n)
   for _, x in ipairs({u, done, runtil, id, fpw, aw, n, states}) do
@@ -143,6 +144,6 @@ if fpw > 0 then
     fps = fps .. fp .. string.rep('.', fpw - #fp)
   end
 end
-local call = V3_CALL_TAG .. string.format(V3_TIME, tonumber(ARGV[11])) .. string.format(V3_TIME, tonumber(ARGV[12])) ..
-  string.format(V3_TIME, tonumber(ARGV[13])) .. ARGV[14] .. string.char(fpw, aw) .. states .. attempts .. fps
+local call = V3_CALL_TAG .. be(tonumber(ARGV[11]), v3TimeSize) .. be(tonumber(ARGV[12]), v3TimeSize) ..
+  be(tonumber(ARGV[13]), v3TimeSize) .. ARGV[14] .. string.char(fpw, aw) .. states .. attempts .. fps
 return {state, entry, name, call}
