@@ -381,15 +381,19 @@ while splits > 0 and level < v3MaxLevel and count > v3IndexFill * (2 ^ level + s
     nw = nw + 1
     wnames[nw] = from
   end
-  -- Runs of entries that stay or go, each cut out once.
+  -- Runs of entries that stay or go, each cut out once. Bit L of an
+  -- entry's hash is tested with % (Lua's arithmetic), not math.floor (a C
+  -- call an entry: a split of 16 entries cost some 59k Redis instructions
+  -- with it, 50k without).
   local keep, move, nk, nm = {}, {}, 0, 0
   local at, bit, q, m = v3EntryHashAt + 2 - math.floor(level / 8), 2 ^ (level % 8), 0, #b
+  local two = 2 * bit
   while q < m do
-    local side, r = math.floor(byte(b, q + at) / bit) % 2, q + v3EntrySize
-    while r < m and math.floor(byte(b, r + at) / bit) % 2 == side do
+    local side, r = byte(b, q + at) % two >= bit, q + v3EntrySize
+    while r < m and (byte(b, r + at) % two >= bit) == side do
       r = r + v3EntrySize
     end
-    if side == 1 then
+    if side then
       nm = nm + 1
       move[nm] = sub(b, q + 1, r)
     else
