@@ -26,6 +26,7 @@ type luaDef struct {
 	names []string // the locals it defines
 	code  string   // its code, comments at the top level left out
 	uses  []string // the names its code mentions
+	fn    bool     // a function ("local function")
 }
 
 var (
@@ -61,7 +62,7 @@ func parseLuaDefs(src string) []luaDef {
 			if m == nil {
 				panic(fmt.Sprintf("idem: lua: unreadable definition %q", line))
 			}
-			cur = &luaDef{}
+			cur = &luaDef{fn: m[1] != ""}
 			if m[1] != "" {
 				cur.names = []string{m[1]}
 			} else {
@@ -114,6 +115,12 @@ func newLuaScript(body string) *luaScript {
 // lib.lua that it uses, directly or through other definitions, in their
 // order there: a script pays for no definition it does not use (a Lua
 // function is made anew each time a script runs).
+//
+// A body may hold the line luaFunctionsHere, at its top level: the
+// functions it uses (and any constant made with one) are defined there
+// instead, the constants still before the body, so that a path that returns
+// before that line makes no function at all. The body above it must not
+// name a function (luaSource panics: the scripts are part of the program).
 func luaSource(body string) string {
 	byName := map[string]int{}
 	for i, d := range luaDefs {
@@ -132,12 +139,51 @@ func luaSource(body string) string {
 		}
 	}
 	visit(luaNames(body))
-	var b strings.Builder
+	// late[i]: definition i is a function or needs one, so it goes at
+	// luaFunctionsHere when the body has it. A definition uses only the
+	// ones before it.
+	late := make([]bool, len(luaDefs))
 	for i, d := range luaDefs {
-		if used[i] {
-			b.WriteString(d.code)
+		late[i] = d.fn
+		for _, n := range d.uses {
+			if j, ok := byName[n]; ok && j < i && late[j] {
+				late[i] = true
+			}
 		}
 	}
-	b.WriteString(body)
+	head, tail, split := strings.Cut(body, "\n"+luaFunctionsHere+"\n")
+	if split {
+		head += "\n" + luaFunctionsHere + "\n"
+		for _, n := range luaNames(head) {
+			if i, ok := byName[n]; ok && late[i] {
+				panic(fmt.Sprintf("idem: lua: %s is named before %q", n, luaFunctionsHere))
+			}
+		}
+	}
+	var b strings.Builder
+	write := func(late0 bool) {
+		for i, d := range luaDefs {
+			if used[i] && late[i] == late0 {
+				b.WriteString(d.code)
+			}
+		}
+	}
+	if !split {
+		for i, d := range luaDefs {
+			if used[i] {
+				b.WriteString(d.code)
+			}
+		}
+		b.WriteString(body)
+		return b.String()
+	}
+	write(false)
+	b.WriteString(head)
+	write(true)
+	b.WriteString(tail)
 	return b.String()
 }
+
+// luaFunctionsHere is the line of a script body where luaSource defines the
+// functions it uses (see luaSource).
+const luaFunctionsHere = "-- (the functions of format.lua and lib.lua)"

@@ -73,6 +73,26 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 	assert.Equal(t, "-- record_long\nreturn 1\n", luaSource("-- record_long\nreturn 1\n"))
 }
 
+// TestLuaFunctionsHere: a body with luaFunctionsHere gets the constants it
+// uses first and the functions at that line, so that claim.lua's replay
+// returns before any function is made; a function named above it panics.
+func TestLuaFunctionsHere(t *testing.T) {
+	s := luaSource("local a = RECORD_SHORT_START\n" + luaFunctionsHere + "\nreturn index_entry(KEYS[1], ARGV)\n")
+	at := strings.Index(s, luaFunctionsHere)
+	require.Positive(t, at)
+	assert.Less(t, strings.Index(s, "local RECORD_SHORT_START"), at)
+	assert.Greater(t, strings.Index(s, "local function index_state"), at)
+	assert.Greater(t, strings.Index(s, "local function index_entry"), strings.Index(s, "local function index_state"))
+	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
+	assert.Panics(t, func() { luaSource("local a = index_now()\n" + luaFunctionsHere + "\nreturn a\n") })
+
+	// claim.lua makes no function before its replay returns.
+	at = strings.Index(claimScript.src, luaFunctionsHere)
+	require.Positive(t, at)
+	assert.NotContains(t, claimScript.src[:at], "local function")
+	assert.Less(t, strings.Index(claimScript.src, "RECORD_SHORT_START then"), at)
+}
+
 // TestLuaDefsRefuseAStatement: the shared Lua only defines; anything else
 // at its top level stops the program at its start, not a script at run
 // time.

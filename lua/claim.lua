@@ -86,6 +86,31 @@
 local key, fp = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)
+if type(v) == 'string' and string.sub(v, 1, #RECORD_SHORT_START) == RECORD_SHORT_START then
+  -- A completed record of the short form: a replay, the hot path, which
+  -- returns before the functions below are made.
+  local _, e, sfp, tok36, cnt = string.find(v, RECORD_SHORT)
+  if not e then
+    return {replyNotOurs, 'unknown format'}
+  end
+  if sfp ~= fp then
+    return {claimMismatch}
+  end
+  -- A result that is a marker's (a message handled by Consume in a record
+  -- of its own) answers as a marker, with its attempt count: {8, token,
+  -- attempt} within its retention, {9, token, attempt} after.
+  local untl = string.match(v, RECORD_MARKER, e + 1)
+  if not untl then
+    return v
+  end
+  local t = redis.call('TIME')
+  if t[1] * 1000000 + t[2] < tonumber(untl) then
+    return {claimMarker, tonumber(tok36, 36), tonumber(cnt)}
+  end
+  return {claimMarkerExpired, tonumber(tok36, 36), tonumber(cnt)}
+end
+
+-- (the functions of format.lua and lib.lua)
 if not v then
   local prev, cnt, rec = 0, 0, 0
   if KEYS[2] then
@@ -148,29 +173,6 @@ if not v then
 end
 if type(v) ~= 'string' then
   return {replyNotOurs, 'wrong type'}
-end
-
-if string.sub(v, 1, #RECORD_SHORT_START) == RECORD_SHORT_START then
-  -- A completed record of the short form.
-  local _, e, sfp, tok36, cnt = string.find(v, RECORD_SHORT)
-  if not e then
-    return {replyNotOurs, 'unknown format'}
-  end
-  if sfp ~= fp then
-    return {claimMismatch}
-  end
-  -- A result that is a marker's (a message handled by Consume in a record
-  -- of its own) answers as a marker, with its attempt count: {8, token,
-  -- attempt} within its retention, {9, token, attempt} after.
-  local untl = string.match(v, RECORD_MARKER, e + 1)
-  if not untl then
-    return v
-  end
-  local t = redis.call('TIME')
-  if t[1] * 1000000 + t[2] < tonumber(untl) then
-    return {claimMarker, tonumber(tok36, 36), tonumber(cnt)}
-  end
-  return {claimMarkerExpired, tonumber(tok36, 36), tonumber(cnt)}
 end
 
 local _, hdr, st, tok, cnt, rec, until_us, att, rfp = string.find(v, RECORD_LONG)
