@@ -116,10 +116,11 @@ func newLuaScript(body string) *luaScript {
 // order there: a script pays for no definition it does not use (a Lua
 // function is made anew each time a script runs).
 //
-// A body may hold the line luaFunctionsHere, at its top level: the
-// functions it uses (and any constant made with one) are defined there
-// instead, the constants still before the body, so that a path that returns
-// before that line makes no function at all. The body above it must not
+// A body may hold the line luaFunctionsHere at its top level, once or more:
+// its constants still go before it, and each of its functions (with any
+// constant made with one) at the first of those lines that the code below
+// names it, and is made only when a run gets there; a path that returns
+// before the first line makes none. The body above the first line must not
 // name a function (luaSource panics: the scripts are part of the program).
 func luaSource(body string) string {
 	byName := map[string]int{}
@@ -128,47 +129,20 @@ func luaSource(body string) string {
 			byName[n] = i
 		}
 	}
-	used := make([]bool, len(luaDefs))
-	var visit func(names []string)
-	visit = func(names []string) {
+	var reach func(names []string, into []bool)
+	reach = func(names []string, into []bool) {
 		for _, n := range names {
-			if i, ok := byName[n]; ok && !used[i] {
-				used[i] = true
-				visit(luaDefs[i].uses)
+			if i, ok := byName[n]; ok && !into[i] {
+				into[i] = true
+				reach(luaDefs[i].uses, into)
 			}
 		}
 	}
-	visit(luaNames(body))
-	// late[i]: definition i is a function or needs one, so it goes at
-	// luaFunctionsHere when the body has it. A definition uses only the
-	// ones before it.
-	late := make([]bool, len(luaDefs))
-	for i, d := range luaDefs {
-		late[i] = d.fn
-		for _, n := range d.uses {
-			if j, ok := byName[n]; ok && j < i && late[j] {
-				late[i] = true
-			}
-		}
-	}
-	head, tail, split := strings.Cut(body, "\n"+luaFunctionsHere+"\n")
-	if split {
-		head += "\n" + luaFunctionsHere + "\n"
-		for _, n := range luaNames(head) {
-			if i, ok := byName[n]; ok && late[i] {
-				panic(fmt.Sprintf("idem: lua: %s is named before %q", n, luaFunctionsHere))
-			}
-		}
-	}
+	used := make([]bool, len(luaDefs))
+	reach(luaNames(body), used)
 	var b strings.Builder
-	write := func(late0 bool) {
-		for i, d := range luaDefs {
-			if used[i] && late[i] == late0 {
-				b.WriteString(d.code)
-			}
-		}
-	}
-	if !split {
+	parts := strings.Split(body, "\n"+luaFunctionsHere+"\n")
+	if len(parts) == 1 {
 		for i, d := range luaDefs {
 			if used[i] {
 				b.WriteString(d.code)
@@ -177,10 +151,39 @@ func luaSource(body string) string {
 		b.WriteString(body)
 		return b.String()
 	}
-	write(false)
-	b.WriteString(head)
-	write(true)
-	b.WriteString(tail)
+	// late[i]: definition i is a function or needs one. A definition uses
+	// only the ones before it.
+	late := make([]bool, len(luaDefs))
+	for i, d := range luaDefs {
+		late[i] = d.fn
+		for _, n := range d.uses {
+			if j, ok := byName[n]; ok && j < i && late[j] {
+				late[i] = true
+			}
+		}
+		if used[i] && !late[i] {
+			b.WriteString(d.code)
+		}
+	}
+	for _, n := range luaNames(parts[0]) {
+		if i, ok := byName[n]; ok && late[i] {
+			panic(fmt.Sprintf("idem: lua: %s is named before %q", n, luaFunctionsHere))
+		}
+	}
+	b.WriteString(parts[0])
+	placed := make([]bool, len(luaDefs))
+	for _, part := range parts[1:] {
+		b.WriteString("\n" + luaFunctionsHere + "\n")
+		need := make([]bool, len(luaDefs))
+		reach(luaNames(part), need)
+		for i, d := range luaDefs {
+			if need[i] && late[i] && !placed[i] {
+				placed[i] = true
+				b.WriteString(d.code)
+			}
+		}
+		b.WriteString(part)
+	}
 	return b.String()
 }
 

@@ -74,8 +74,9 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 }
 
 // TestLuaFunctionsHere: a body with luaFunctionsHere gets the constants it
-// uses first and the functions at that line, so that claim.lua's replay
-// returns before any function is made; a function named above it panics.
+// uses first and each function at the first such line above code that
+// names it, so that claim.lua's replay returns before any function is
+// made; a function named above the first line panics.
 func TestLuaFunctionsHere(t *testing.T) {
 	s := luaSource("local a = RECORD_SHORT_START\n" + luaFunctionsHere + "\nreturn index_entry(KEYS[1], ARGV)\n")
 	at := strings.Index(s, luaFunctionsHere)
@@ -86,11 +87,25 @@ func TestLuaFunctionsHere(t *testing.T) {
 	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
 	assert.Panics(t, func() { luaSource("local a = index_now()\n" + luaFunctionsHere + "\nreturn a\n") })
 
-	// claim.lua makes no function before its replay returns.
+	// At a second line, the functions the code below it names and the
+	// first did not define.
+	s = luaSource("local z = 1\n" + luaFunctionsHere + "\nlocal a = index_state\n" + luaFunctionsHere + "\nreturn index_entry(KEYS[1], ARGV)\n")
+	first, second := strings.Index(s, luaFunctionsHere), strings.LastIndex(s, luaFunctionsHere)
+	require.Less(t, first, second)
+	assert.Equal(t, 1, strings.Count(s, "local function index_state"))
+	assert.Less(t, strings.Index(s, "local function index_state"), second)
+	assert.Greater(t, strings.Index(s, "local function index_entry"), second)
+
+	// claim.lua makes no function before its replay returns, and only
+	// record_head before a new key's claim returns.
 	at = strings.Index(claimScript.src, luaFunctionsHere)
 	require.Positive(t, at)
 	assert.NotContains(t, claimScript.src[:at], "local function")
 	assert.Less(t, strings.Index(claimScript.src, "RECORD_SHORT_START then"), at)
+	next := at + len(luaFunctionsHere) + strings.Index(claimScript.src[at+len(luaFunctionsHere):], luaFunctionsHere)
+	require.Greater(t, next, at)
+	assert.Equal(t, 1, strings.Count(claimScript.src[:next], "local function"))
+	assert.Contains(t, claimScript.src[at:next], "local function record_head")
 }
 
 // TestLuaDefsRefuseAStatement: the shared Lua only defines; anything else

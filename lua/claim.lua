@@ -111,6 +111,19 @@ if type(v) == 'string' and string.sub(v, 1, #RECORD_SHORT_START) == RECORD_SHORT
 end
 
 -- (the functions of format.lua and lib.lua)
+if not v and not (KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1) then
+  -- A new key and no index that could hold an entry for it: a first
+  -- execution, which makes only the function it uses (index_entry would
+  -- find no entry in an index key that does not exist).
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  redis.call('SET', key,
+    record_head('P', string.format('%d', now), '1', '0', string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
+    'PX', ARGV[4])
+  return now
+end
+
+-- (the functions of format.lua and lib.lua)
 if not v then
   local prev, cnt, rec = 0, 0, 0
   if KEYS[2] then
