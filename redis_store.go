@@ -71,6 +71,11 @@ type RedisStore struct {
 	// v3 is set for a store that keeps its compact claims in the v3 layout
 	// (redis_v3.go); nil: v2's.
 	v3 *v3Layout
+	// indexArg and callsArg are claim.lua's index key and start of the call
+	// record keys, boxed once, for one server, where every record has the
+	// same (see claimIndexArgs); unused once compact says a Cluster (which
+	// layoutReady may learn after the store is made).
+	indexArg, callsArg any
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -117,7 +122,11 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 		}
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(cluster, s.prefix), noCompact: s.noMarkers}
+	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(false, s.prefix), noCompact: s.noMarkers}
+	st.indexArg, st.callsArg = st.entryAt("", "").key, st.callBase("") // one server's
+	if cluster {
+		st.compact = newCompactLayout(true, s.prefix)
+	}
 	if s.layoutV3 || layout.V3() {
 		st.v3 = newV3Layout(st)
 	}
@@ -178,8 +187,8 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	if err := s.layoutReady(ctx); err != nil {
 		return ClaimReply{}, err
 	}
-	d8, index, calls := s.compactIndexArgs(id)
 	key, call := s.key(id), ""
+	d8, index, calls, callsArg := s.claimIndexArgs(id, key)
 	for asked := 0; ; asked++ {
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
@@ -189,7 +198,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 			args[2] = 3
 			args = append(args, call)
 		}
-		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
+		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
 		res, err := s.eval(ctx, claimEval, args).Result()
 		if err != nil {
 			return ClaimReply{}, s.layoutError(err)
@@ -203,6 +212,20 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		}
 		call = calls + strconv.FormatInt(tok, 10)
 	}
+}
+
+// claimIndexArgs returns what compactIndexArgs does for the record id
+// whose Redis key is key, the index key and the start of the call record
+// keys boxed for the script's arguments, and that start as a string too:
+// on one server the store's own, boxed once, rather than the key made
+// three times, the start concatenated and both boxed on every claim.
+func (s *RedisStore) claimIndexArgs(id, key string) (d8 string, index any, calls string, callsArg any) {
+	e := s.entryAt(id, key)
+	if !s.compact.cluster {
+		return string(e.d8[:]), s.indexArg, s.callsArg.(string), s.callsArg
+	}
+	calls = s.callBase(key)
+	return string(e.d8[:]), e.key, calls, calls
 }
 
 // maxCallAsks bounds how often Claim asks claim.lua again with the call
