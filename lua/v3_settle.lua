@@ -46,10 +46,10 @@ if np % 1 ~= 0 then
   return {transitionLost, 'unknown format'}
 end
 local k = #places / 2
-local out = {}
 local st = {byte(v, v3CallHeadSize + 1, v3CallHeadSize + np)}
 local changed = false
 if mode == 'M' then
+  local out = {}
   local aw, fpw = byte(v, v3CallAWAt), byte(v, v3CallFPWAt)
   local tok36 = ARGV[5]
   for j = 1, k do
@@ -77,7 +77,7 @@ if mode == 'M' then
     end
   end
   if changed then
-    redis.call('SET', ck, sub(v, 1, v3CallHeadSize) .. string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1), 'KEEPTTL')
+    redis.call('SET', ck, sub(v, 1, v3CallHeadSize) .. char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1), 'KEEPTTL')
   end
   return out
 end
@@ -96,10 +96,16 @@ end
 if not changed then
   return {before}
 end
+local body = char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1)
+if mode == 'R' then
+  -- A release keeps the header and the time to live as they are: no clock.
+  redis.call('SET', ck, sub(v, 1, v3CallHeadSize) .. body, 'KEEPTTL')
+  return {before}
+end
 local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
 local keep = tonumber(ARGV[2])
-local head = sub(v, 1, v3CallHeadSize)
+local head
 -- The header's times, 7 bytes big-endian each, read and written through
 -- locals (a table costs more in Lua than the arithmetic).
 local t1, t2, t3, t4, t5, t6, t7 = byte(v, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1)
@@ -143,11 +149,8 @@ elseif mode == 'E' then
   local u2 = u % 256
   head = V3_CALL_TAG .. char((u - u2) / 256, u2, u3, u4, u5, u6, u7) .. sub(v, v3CallDoneAt, v3CallHeadSize)
   keep = math.max(keep, redis.call('PTTL', ck))
-end
-local body = string.char(unpack(st)) .. sub(v, v3CallHeadSize + np + 1)
-if mode == 'R' then
-  redis.call('SET', ck, head .. body, 'KEEPTTL')
-  return {before}
+else
+  return redis.error_reply('IDEMMODE ' .. mode)
 end
 redis.call('SET', ck, head .. body, 'PX', keep)
 if redis.call('PTTL', ikey) < keep then
