@@ -596,7 +596,9 @@ const (
 // bytes 7-10 the index's level and split point after the call, as the
 // state holds them (the client packs its next call by them); then an
 // answer byte a place, in place order; then, for each place in order whose
-// answer carries a number, the number in decimal and ','. The answers:
+// answer carries a number, the number in decimal and ','; then, when an
+// answer is v3AnswerRefused, Redis's error that refused the call's write.
+// The answers:
 const (
 	v3PackedSize     = 13
 	v3PackedDigestAt = 4
@@ -627,6 +629,10 @@ const (
 	v3AnswerMismatch = 'M'
 	// v3AnswerNotOurs: the record key holds a value not ours.
 	v3AnswerNotOurs = 'N'
+	// v3AnswerRefused: not claimed, because Redis refused the call's
+	// first write (OOM, READONLY; its error ends the reply): nothing of
+	// the call was written.
+	v3AnswerRefused = 'R'
 )
 
 // v3IndexKey is the name of the v3 index key under prefix: on one server

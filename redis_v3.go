@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -158,13 +159,19 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 		return
 	}
 	ans := make([]v3Answer, len(chunk))
-	tok, err := p.decode(r, ans)
+	tok, refusal, err := p.decode(r, ans)
 	if err != nil {
 		fail(err)
 		return
 	}
 	l.ls.Store(uint32(p.level)<<24 | p.split)
 	for j, i := range chunk {
+		if ans[j].code == v3AnswerRefused {
+			// Redis refused the call's write: unavailable, as a refused
+			// single claim is.
+			out[i].Err = errors.New(refusal)
+			continue
+		}
 		out[i].Reply, out[i].Err = v3Reply(ans[j], tok, p.place(j), req.Lease)
 	}
 }

@@ -67,43 +67,48 @@ func v3AnswerNumbered(code byte) bool {
 }
 
 // decode reads the reply r of the call last packed: each message's answer
-// into ans (len(ans) messages, in the caller's order) and the call's token.
+// into ans (len(ans) messages, in the caller's order), the call's token
+// and, when an answer is v3AnswerRefused, Redis's error that refused the
+// call's write.
 // It keeps the reply's level and split point for the next call. A reply
 // that is not one (of another length, an unknown answer, a number
 // unreadable) is ErrCorrupt: the level and split point are kept as they
 // were, and what ans holds is not an answer.
-func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, err error) {
+func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, refusal string, err error) {
 	n := len(p.sorted)
 	if len(ans) != n || len(r) < v3ReplyHeadSize+n {
-		return 0, fmt.Errorf("%w: v3 claim reply of %d bytes for %d messages", ErrCorrupt, len(r), n)
+		return 0, "", fmt.Errorf("%w: v3 claim reply of %d bytes for %d messages", ErrCorrupt, len(r), n)
 	}
 	for i := 0; i < 7; i++ {
 		token = token<<8 | int64(r[i])
 	}
 	m := v3State{level: r[7], split: uint32(r[8])<<16 | uint32(r[9])<<8 | uint32(r[10]), token: token}
 	if !m.valid() {
-		return 0, fmt.Errorf("%w: v3 claim reply: index state or token out of range", ErrCorrupt)
+		return 0, "", fmt.Errorf("%w: v3 claim reply: index state or token out of range", ErrCorrupt)
 	}
 	answers, nums := r[v3ReplyHeadSize:v3ReplyHeadSize+n], r[v3ReplyHeadSize+n:]
+	refused := 0
 	for j := 0; j < n; j++ {
 		a := v3Answer{code: answers[j]}
 		switch a.code {
 		case v3AnswerClaimed, v3AnswerRepeat, v3AnswerDone, v3AnswerExpired, v3AnswerMismatch, v3AnswerNotOurs:
+		case v3AnswerRefused:
+			refused++
 		case v3AnswerBusy, v3AnswerTakenOver, v3AnswerReclaimed:
 			var ok bool
 			if a.n, nums, ok = cutV3Number(nums); !ok {
-				return 0, fmt.Errorf("%w: v3 claim reply: number of place %d", ErrCorrupt, j+1)
+				return 0, "", fmt.Errorf("%w: v3 claim reply: number of place %d", ErrCorrupt, j+1)
 			}
 		default:
-			return 0, fmt.Errorf("%w: v3 claim reply: answer %q", ErrCorrupt, a.code)
+			return 0, "", fmt.Errorf("%w: v3 claim reply: answer %q", ErrCorrupt, a.code)
 		}
 		ans[uint32(p.sorted[j])] = a
 	}
-	if nums != "" {
-		return 0, fmt.Errorf("%w: v3 claim reply: %d bytes after the numbers", ErrCorrupt, len(nums))
+	if (nums != "") != (refused > 0) {
+		return 0, "", fmt.Errorf("%w: v3 claim reply: %d bytes after the numbers, %d answers refused", ErrCorrupt, len(nums), refused)
 	}
 	p.level, p.split = m.level, m.split
-	return token, nil
+	return token, nums, nil
 }
 
 // cutV3Number cuts a number of a v3 claim reply, 1 to 18 decimal digits

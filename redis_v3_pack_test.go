@@ -40,7 +40,7 @@ func TestV3PackGolden(t *testing.T) {
 	// split); by place: claimed, busy 2500 ms left, taken over at attempt
 	// 2, done.
 	ans := make([]v3Answer, 4)
-	tok, err := p.decode("\x06\x0a\x24\x18\x1e\x40\x7b"+"\x04\x00\x00\x00"+"PBTD"+"2500,2,", ans)
+	tok, _, err := p.decode("\x06\x0a\x24\x18\x1e\x40\x7b"+"\x04\x00\x00\x00"+"PBTD"+"2500,2,", ans)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1700000000000123), tok)
 	assert.Equal(t, []v3Answer{{v3AnswerBusy, 2500}, {v3AnswerDone, 0}, {v3AnswerClaimed, 0}, {v3AnswerTakenOver, 2}}, ans)
@@ -72,16 +72,16 @@ func TestV3DecodeRefuses(t *testing.T) {
 	} {
 		p := &v3Packer{level: 3, split: 7}
 		p.pack(v3PackGoldenKeys)
-		_, err := p.decode(r, make([]v3Answer, 4))
+		_, _, err := p.decode(r, make([]v3Answer, 4))
 		assert.ErrorIs(t, err, ErrCorrupt, name)
 		assert.Equal(t, uint8(3), p.level, name)
 		assert.Equal(t, uint32(7), p.split, name)
 	}
 	p := &v3Packer{}
 	p.pack(v3PackGoldenKeys)
-	_, err := p.decode(head+"PPPP", make([]v3Answer, 3))
+	_, _, err := p.decode(head+"PPPP", make([]v3Answer, 3))
 	assert.ErrorIs(t, err, ErrCorrupt, "answers for another batch size")
-	tok, err := p.decode("\x00\x00\x00\x00\x00\x00\x00"+"\x00\x00\x00\x00"+"DDUB"+"0,", make([]v3Answer, 4))
+	tok, _, err := p.decode("\x00\x00\x00\x00\x00\x00\x00"+"\x00\x00\x00\x00"+"DDUB"+"0,", make([]v3Answer, 4))
 	require.NoError(t, err, "a call that claimed nothing, 0 ms left")
 	assert.Zero(t, tok)
 }
@@ -159,7 +159,7 @@ func FuzzV3Pack(f *testing.F) {
 		}
 		nl, ns := uint8(min(int(level)+1, v3MaxLevel)), uint32(0)
 		ans := make([]v3Answer, len(keys))
-		tok, err := p.decode(v3EncodeReply(1700000000000123, nl, ns, byPlace), ans)
+		tok, _, err := p.decode(v3EncodeReply(1700000000000123, nl, ns, byPlace), ans)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1700000000000123), tok)
 		for j, a := range byPlace {
@@ -170,7 +170,7 @@ func FuzzV3Pack(f *testing.F) {
 
 		// Any reply: read exactly as written, or refused.
 		r := "\x00\x06\x0a\x24\x18\x1e\x40" + "\x02\x00\x00\x01" + string(tail)
-		tok, err = p.decode(r, ans)
+		tok, _, err = p.decode(r, ans)
 		if err != nil {
 			assert.ErrorIs(t, err, ErrCorrupt)
 			return
@@ -207,7 +207,7 @@ func TestV3PackAllocates(t *testing.T) {
 	ans := make([]v3Answer, len(keys))
 	allocs := testing.AllocsPerRun(20, func() {
 		p.pack(keys)
-		if _, err := p.decode(reply, ans); err != nil {
+		if _, _, err := p.decode(reply, ans); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -252,7 +252,7 @@ func BenchmarkV3Pack(b *testing.B) {
 						}
 					}
 					p.pack(keys)
-					if _, err := p.decode(reply, ans); err != nil {
+					if _, _, err := p.decode(reply, ans); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -285,7 +285,7 @@ func TestV3PackLua(t *testing.T) {
 		want = append(want, head+"PBTA"+"29000,2,3,")
 		assert.Equal(t, want, r)
 		ans := make([]v3Answer, len(v3PackGoldenKeys))
-		tok, err := p.decode(r[len(r)-1].(string), ans)
+		tok, _, err := p.decode(r[len(r)-1].(string), ans)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1700000000000123), tok)
 		assert.Equal(t, []v3Answer{{v3AnswerBusy, 29000}, {v3AnswerReclaimed, 3}, {v3AnswerClaimed, 0}, {v3AnswerTakenOver, 2}}, ans)

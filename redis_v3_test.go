@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -423,4 +424,72 @@ func TestV3SettleSplit(t *testing.T) {
 	each, err = v3SettleSplit(0, nil)([]any{int64(transitionDone), int64(compactSettleDoneBefore)}, 2)
 	require.NoError(t, err)
 	assert.Equal(t, [][]any{replyDone, replyDone}, each, "a move's answers, a claim each")
+}
+
+// TestV3RefusedWriteClaimsNothing: on a Redis that refuses writes (OOM on
+// a full server, READONLY on a replica), a v3 claim writes nothing and
+// claims nothing: a new id and an expired lease it would take over answer
+// Redis's refusal, while a completed id is still answered done. The old
+// holder of the expired lease is not fenced off by the refused call.
+func TestV3RefusedWriteClaimsNothing(t *testing.T) {
+	for _, mode := range []string{"OOM", "READONLY"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+			admin := srv.Client(t)
+			ctx := context.Background()
+			s, err := NewRedisStore(admin, withLayoutV3())
+			require.NoError(t, err)
+			const lease, retention = 100 * time.Millisecond, time.Minute
+			ids := v3IDs("refused", 3)
+			first := claimAll(t, s.ClaimBatch(ctx, v3Request(ids[:2], lease, retention)), ids[:2])
+			done, _ := s.SettleBatch(ctx, markersOf(t, &redistest.Backend{Client: admin}, first[:1], retention, 2*retention), nil, lease)
+			require.Equal(t, []error{nil}, done)
+			time.Sleep(lease + 50*time.Millisecond) // ids[1]'s lease runs out
+
+			on := s
+			if mode == "OOM" {
+				filler := strings.Repeat("x", 4096)
+				for i := 0; i < 300; i++ {
+					require.NoError(t, admin.Set(ctx, fmt.Sprintf("filler-%d", i), filler, 0).Err())
+				}
+				require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "1mb").Err())
+			} else {
+				r := redistest.StartReplica(t, srv.Addr)
+				n, err := admin.Do(ctx, "wait", 1, 2000).Int()
+				require.NoError(t, err)
+				require.Equal(t, 1, n, "the replica has the claims")
+				on, err = NewRedisStore(r.Client(t), withLayoutV3())
+				require.NoError(t, err)
+			}
+			before, err := admin.HGetAll(ctx, s.v3.index).Result()
+			require.NoError(t, err)
+
+			// ids[1] would be taken over (a write to its call record first),
+			// ids[2] claimed (the index's write first).
+			for _, order := range [][]string{{ids[0], ids[1], ids[2]}, {ids[2], ids[0]}} {
+				out := on.ClaimBatch(ctx, v3Request(order, lease, retention))
+				for i, id := range order {
+					if id == ids[0] {
+						require.NoError(t, out[i].Err)
+						assert.Equal(t, StatusCompleted, out[i].Reply.Status, "a completed id is answered")
+						continue
+					}
+					require.Error(t, out[i].Err, "id %s", id)
+					assert.Contains(t, out[i].Err.Error(), mode)
+					assert.NotErrorIs(t, out[i].Err, ErrCorrupt)
+				}
+			}
+			after, err := admin.HGetAll(ctx, s.v3.index).Result()
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "the index is as it was")
+
+			// Writes allowed again, the old holder still holds ids[1].
+			if mode == "OOM" {
+				require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "0").Err())
+			}
+			done, _ = s.SettleBatch(ctx, markersOf(t, &redistest.Backend{Client: admin}, first[1:2], retention, 2*retention), nil, lease)
+			assert.Equal(t, []error{nil}, done, "the refused call fenced no one off")
+			claimAll(t, s.ClaimBatch(ctx, v3Request(ids[2:], lease, retention)), ids[2:])
+		})
+	}
 }

@@ -57,6 +57,11 @@ local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte,
 
 local aP, aU, aD, aE, aB = char(v3AnswerClaimed), char(v3AnswerRepeat), char(v3AnswerDone), char(v3AnswerExpired), char(v3AnswerBusy)
 local aT, aA, aM, aN = char(v3AnswerTakenOver), char(v3AnswerReclaimed), char(v3AnswerMismatch), char(v3AnswerNotOurs)
+local aR = char(v3AnswerRefused)
+-- refused, Redis's error when it refused this call's first write (OOM on
+-- a full server, READONLY on a replica): nothing is written, and what this
+-- call would have claimed answers aR.
+local refused = nil
 
 local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
@@ -82,8 +87,8 @@ if raw then
   local d1, d2, d3, d4 = byte(raw, v3StateDueAt, v3StateDueAt + 3)
   due = ((d1 * 256 + d2) * 256 + d3) * 256 + d4
 end
-local cl = ARGV[8]
-if (raw and sub(raw, v3StateLevelAt, v3StateCountAt - 1) or char(v3StartLevel, 0, 0, 0)) ~= cl then
+local cl, ls0 = ARGV[8], raw and sub(raw, v3StateLevelAt, v3StateCountAt - 1) or char(v3StartLevel, 0, 0, 0)
+if ls0 ~= cl then
   -- The index split (or began again) since the state the client packed
   -- by: each message goes to the block its hash names in the index's
   -- state, and the blocks of those whose block is another are read.
@@ -322,11 +327,18 @@ for j = 1, n + 1 do
                 a, num = aB, math.ceil((untl - now) / 1000)
               elseif resend then
                 a, num = aB, lease_ms
+              elseif refused then
+                a = aR
               else
                 -- The lease ran out: fence its holder off and take over.
-                redis.call('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
-                calls[ks] = sub(cv, 1, v3CallHeadSize + p - 1) .. 'T' .. sub(cv, v3CallHeadSize + p + 1)
-                a, attempt, free = aT, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
+                local ok = redis.pcall('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
+                if type(ok) == 'table' and ok.err then
+                  -- Redis refused the call's first write (OOM, READONLY).
+                  a, refused = aR, ok.err
+                else
+                  calls[ks] = sub(cv, 1, v3CallHeadSize + p - 1) .. 'T' .. sub(cv, v3CallHeadSize + p + 1)
+                  a, attempt, free = aT, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
+                end
               end
             end
           else
@@ -415,10 +427,10 @@ end
 
 local keep_s = math.ceil(keep_ms / 1000)
 local now_s = math.floor(now / 1000000)
-local stateChanged = nw > 0 or claimed
-if due < now_s + keep_s + 1 then
-  redis.call('PEXPIRE', ikey, 2 * keep_ms)
-  due, stateChanged = now_s + 2 * keep_s - 1, true
+local stateChanged = (nw > 0 or claimed) and not refused
+local expire = due < now_s + keep_s + 1
+if expire then
+  due, stateChanged = now_s + 2 * keep_s - 1, not refused
 end
 if not claimed then
   token, tok7 = last, '\0\0\0\0\0\0\0'
@@ -451,7 +463,34 @@ if stateChanged then
   for j = 1, nw do
     w[2 * j + 1], w[2 * j + 2] = wnames[j], bl[wnames[j]]
   end
-  redis.call('HSET', ikey, unpack(w))
+  -- The first write of a call that took nothing over: Redis may refuse it
+  -- (the PEXPIRE below, not refused under OOM, goes after it).
+  local ok = redis.pcall('HSET', ikey, unpack(w))
+  if type(ok) == 'table' and ok.err then
+    refused = ok.err
+  elseif expire then
+    redis.call('PEXPIRE', ikey, 2 * keep_ms)
+  end
+end
+
+if refused then
+  -- Nothing written: what this call claimed answers refused, followed by
+  -- Redis's error after the numbers, and a number stays with each busy
+  -- answer only. The reply gives the index's state as it was.
+  local k, kept, nk, why = 0, {}, 0, ''
+  for j = 1, n do
+    local a = ans[j]
+    if a == aB or a == aT or a == aA then
+      k = k + 1
+    end
+    if a == aP or a == aT or a == aA or a == aR then
+      ans[j], why = aR, refused
+    elseif a == aB then
+      nk = nk + 1
+      kept[nk] = nums[k]
+    end
+  end
+  return '\0\0\0\0\0\0\0' .. ls0 .. concat(ans) .. concat(kept) .. why
 end
 
 if claimed then
