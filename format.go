@@ -633,6 +633,10 @@ const (
 	// first write (OOM, READONLY; its error ends the reply): nothing of
 	// the call was written.
 	v3AnswerRefused = 'R'
+	// v3AnswerRecord: the id has a record of its own that is released, or
+	// pending past its lease or by this call's attempt: the client claims
+	// it there (claim.lua), which takes it over with its checkpoints.
+	v3AnswerRecord = 'K'
 )
 
 // v3IndexKey is the name of the v3 index key under prefix: on one server

@@ -36,8 +36,8 @@ func withLayoutV3() Option {
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
 // index key and its call records, on one server. What it does not carry
 // yet goes as v2 would: the claims of a Keeper made WithoutMarkers or
-// without compact claims (records of their own); a checkpoint of a compact
-// claim is refused (errV3Unsupported).
+// without compact claims (records of their own). A checkpoint of a v3
+// claim moves it to a record of its own (checkpoint.lua).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said
@@ -55,9 +55,6 @@ const v3Chunk = 1000
 // held by a call that renews its lease: past it, the entry is swept, or
 // answers as absent when its call record is missing.
 const v3MaxHold = time.Hour
-
-// errV3Unsupported answers what the v3 layout does not carry yet.
-var errV3Unsupported = fmt.Errorf("%w: the v3 layout keeps no checkpoint of a compact claim yet", ErrInvalidConfig)
 
 // newV3Layout returns the v3 layout of store s, or nil where v3 does not
 // serve yet (a client of another kind than *redis.Client or *redis.Conn,
@@ -165,14 +162,30 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 		return
 	}
 	l.ls.Store(uint32(p.level)<<24 | p.split)
+	var records []int
 	for j, i := range chunk {
-		if ans[j].code == v3AnswerRefused {
+		switch ans[j].code {
+		case v3AnswerRefused:
 			// Redis refused the call's write: unavailable, as a refused
 			// single claim is.
 			out[i].Err = errors.New(refusal)
-			continue
+		case v3AnswerRecord:
+			records = append(records, i)
+		default:
+			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, p.place(j), req.Lease)
 		}
-		out[i].Reply, out[i].Err = v3Reply(ans[j], tok, p.place(j), req.Lease)
+	}
+	// A record of its own to take over (released, or its lease ran out)
+	// is claimed there, as Claim does, a round trip each: its checkpoints
+	// come with it. Such ids are few (a claim moved by a checkpoint or a
+	// completion with a value, then given up; one Do or Begin made).
+	for _, i := range records {
+		fp := ""
+		if req.Fingerprints != nil {
+			fp = req.Fingerprints[i]
+		}
+		out[i].Reply, out[i].Err = s.Claim(ctx, req.IDs[i], ClaimRequest{Fingerprint: fp, Attempt: req.Attempt,
+			Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention})
 	}
 }
 

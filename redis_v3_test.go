@@ -493,3 +493,117 @@ func TestV3RefusedWriteClaimsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestV3RecordsOfTheirOwnAreTakenOver: a v3 claim of an id that has a
+// record of its own (Do or Begin made it, or a checkpoint moved a claim
+// there) takes it over where it lives once its lease ran out, with its
+// checkpoints, recovered, at the next attempt, and claims a released one
+// again; a live one answers busy, and one of another fingerprint a
+// mismatch. The other ids of the call are claimed in the index as usual.
+func TestV3RecordsOfTheirOwnAreTakenOver(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		const lease = 300 * time.Millisecond
+		ids := v3IDs("own", 5)
+		single := func(id, fp string) ClaimReply {
+			r, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute})
+			require.NoError(t, err)
+			require.Equal(t, StatusClaimed, r.Status)
+			return r
+		}
+		lapsed := single(ids[0], "")
+		require.NoError(t, s.Checkpoint(ctx, Fence{ID: ids[0], Token: lapsed.Token}, "step", []byte("one"), time.Minute))
+		released := single(ids[1], "")
+		require.NoError(t, s.Release(ctx, ids[1], released.Token, time.Minute))
+		single(ids[3], "other")
+		b.Advance(lease + 50*time.Millisecond)
+		single(ids[2], "")
+
+		req := v3Request(ids, lease, time.Minute)
+		req.Fingerprints = []string{"", "", "", "", ""}
+		out := s.ClaimBatch(ctx, req)
+		for i := range out {
+			require.NoError(t, out[i].Err, "id %d", i)
+		}
+		r := out[0].Reply
+		assert.Equal(t, StatusClaimed, r.Status, "the lapsed record is taken over")
+		assert.True(t, r.Recovered)
+		assert.Equal(t, 2, r.Attempt)
+		assert.Greater(t, r.Token, lapsed.Token)
+		assert.Zero(t, r.Ref, "held in its record")
+		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("one")}}, r.Checkpoints)
+		r = out[1].Reply
+		assert.Equal(t, StatusClaimed, r.Status, "the released record is claimed again")
+		assert.False(t, r.Recovered)
+		assert.Equal(t, 2, r.Attempt)
+		assert.Greater(t, r.Token, released.Token)
+		assert.Zero(t, r.Ref)
+		assert.Equal(t, StatusInProgress, out[2].Reply.Status, "a live record is busy")
+		assert.Greater(t, out[2].Reply.LeaseLeft, time.Duration(0))
+		assert.LessOrEqual(t, out[2].Reply.LeaseLeft, lease)
+		assert.Equal(t, StatusMismatch, out[3].Reply.Status, "another fingerprint")
+		assert.Equal(t, StatusClaimed, out[4].Reply.Status)
+		assert.Positive(t, out[4].Reply.Ref, "a new id is claimed in the index")
+
+		// The old holder is fenced off; the new one completes in the record.
+		_, err := s.Complete(ctx, ids[0], lapsed.Token, []byte("old"), time.Minute)
+		assert.ErrorIs(t, err, ErrLeaseLost)
+		_, err = s.Complete(ctx, ids[0], out[0].Reply.Token, []byte("new"), time.Minute)
+		require.NoError(t, err)
+		again := s.ClaimBatch(ctx, v3Request(ids[:1], lease, time.Minute))
+		require.NoError(t, again[0].Err)
+		assert.Equal(t, StatusCompleted, again[0].Reply.Status)
+	})
+}
+
+// TestV3CheckpointMovesTheClaim: a checkpoint of a v3 claim moves it to a
+// pending record of its own (its token, attempt, lease end and
+// fingerprint), where later checkpoints, renewals and completions go; its
+// place in the call record says moved. A moved claim whose lease ran out is
+// taken over with its checkpoints, and its old holder fenced off.
+func TestV3CheckpointMovesTheClaim(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		const lease = 300 * time.Millisecond
+		ids := v3IDs("cp", 2)
+		req := v3Request(ids, lease, time.Minute)
+		req.Fingerprints = []string{"fa", "fb"}
+		first := claimAll(t, s.ClaimBatch(ctx, req), ids)
+		for _, f := range first {
+			require.NoError(t, s.Checkpoint(ctx, f, "step", []byte("1"), time.Minute))
+			require.NoError(t, s.Checkpoint(ctx, f, "next", []byte("2"), time.Minute), "a second checkpoint, in the record")
+		}
+		rec, err := b.Client.Get(ctx, s.key(ids[0])).Result()
+		require.NoError(t, err)
+		assert.Contains(t, rec, fmt.Sprintf("i1P%d:1:0:", first[0].Token), "a pending record of the claim's token, attempt 1")
+		assert.Contains(t, rec, ":fa:", "with its fingerprint")
+		cr, err := b.Client.Get(ctx, v3CallKey(s.v3.calls, first[0].Token)).Result()
+		require.NoError(t, err)
+		assert.Equal(t, "MM", cr[v3CallHeadSize:v3CallHeadSize+2], "both places moved")
+
+		// Renewed and completed where they live now: the first.
+		for _, err := range s.ExtendBatch(ctx, first, lease, time.Minute) {
+			require.NoError(t, err)
+		}
+		done, _ := s.SettleBatch(ctx, markersOf(t, b, first[:1], time.Minute, 2*time.Minute), nil, lease)
+		require.Equal(t, []error{nil}, done)
+
+		b.Advance(lease + 50*time.Millisecond)
+		req = v3Request(ids, lease, time.Minute)
+		req.Fingerprints = []string{"fa", "fb"}
+		out := s.ClaimBatch(ctx, req)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, StatusCompleted, out[0].Reply.Status, "completed in its record")
+		require.NoError(t, out[1].Err)
+		r := out[1].Reply
+		assert.Equal(t, StatusClaimed, r.Status, "the second's lease ran out: taken over")
+		assert.True(t, r.Recovered)
+		assert.Equal(t, 2, r.Attempt)
+		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("1")}, {Name: "next", Value: []byte("2")}}, r.Checkpoints)
+		done, _ = s.SettleBatch(ctx, markersOf(t, b, first[1:], time.Minute, 2*time.Minute), nil, lease)
+		assert.ErrorIs(t, done[0], ErrLeaseLost, "the old holder is fenced off")
+		assert.ErrorIs(t, s.Checkpoint(ctx, first[1], "late", nil, time.Minute), ErrLeaseLost)
+	})
+}

@@ -8,8 +8,10 @@
 -- ARGV[3]  the checkpoint's value (bytes, may be empty)
 -- ARGV[4]  how many checkpoints a record may hold
 -- ARGV[5]  for a compact claim, its place in its call, else ''; then
---          ARGV[6] the first 8 bytes of its digest and ARGV[7] how long to
---          keep a pending record, in milliseconds
+--          ARGV[6] the first 8 bytes of its digest ('' for a claim of the
+--          v3 layout: KEYS[3] is then its v3 call record, and its entry
+--          stays in the index, answered by the record while it lives) and
+--          ARGV[7] how long to keep a pending record, in milliseconds
 --
 -- Returns
 --   {1}          recorded (or already recorded by this same call: a retried call)
@@ -24,9 +26,9 @@
 -- time to live is kept.
 --
 -- A compact claim's first checkpoint moves it to a record of its own, as
--- compact_move.lua does, in the same call: its token, attempt 1, the call's
--- lease end, attempt id and the fingerprint the call record keeps; its place
--- is marked M and its entry leaves the index. The record is kept for
+-- compact_move.lua does, in the same call: its token, its attempt (1 in
+-- v2), the call's lease end, attempt id and the fingerprint the call
+-- record keeps; its place is marked M and (v2) its entry leaves the index. The record is kept for
 -- ARGV[7] from then on. Every key it reads or writes is one of its keys:
 -- on a Cluster whose slot migrates, it runs where they all are, or is
 -- answered TRYAGAIN.
@@ -36,16 +38,23 @@ local v = redis.pcall('GET', key)
 local ttl = 'KEEPTTL'
 if not v and ARGV[5] and ARGV[5] ~= '' then
   local p, ck, ikey, d8 = tonumber(ARGV[5]), KEYS[3], KEYS[2], ARGV[6]
-  local c, why = call_place(ck, p)
+  local c, why
+  if d8 == '' then
+    c, why = v3_call_place(ck, p)
+  else
+    c, why = call_place(ck, p)
+  end
   if why then
     return {replyNotOurs, why}
   end
   if not c or c.st ~= 'P' then
     return {transitionLost}
   end
-  v = record_head('P', token, '1', '0', c.until_us, c.att, c.fp)
+  v = record_head('P', token, c.cnt or '1', c.rec or '0', c.until_us, c.att, c.fp)
   redis.call('SETRANGE', ck, c.at - 1, 'M')
-  index_remove(ikey, d8)
+  if d8 ~= '' then
+    index_remove(ikey, d8)
+  end
   ttl = nil
 end
 if type(v) == 'table' then

@@ -129,6 +129,47 @@ local function call_place(ck, p)
     fp = call_fp(v, e, places, fpw, p), at = e + p, ck = ck}
 end
 
+-- v3_call_place is call_place for place p of the v3 call record at key ck
+-- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
+-- decimal), call id (att), fingerprint (fp), attempt count (cnt) and
+-- recovered flag (rec, '0' or '1'), where the state byte is (at) and ck.
+local function v3_call_place(ck, p)
+  local v = redis.pcall('GET', ck)
+  if type(v) == 'table' then
+    return nil, 'wrong type'
+  end
+  if not v then
+    return nil
+  end
+  local _, e, u, _, _, att, fpw, aw = string.find(v, V3_CALL)
+  if not e then
+    return nil, 'unknown format'
+  end
+  fpw, aw = string.byte(fpw), string.byte(aw)
+  local places = (#v - e) / (1 + aw + fpw)
+  if places % 1 ~= 0 then
+    return nil, 'unknown format'
+  end
+  if p < 1 or p > places then
+    return nil
+  end
+  local t, untl = {string.byte(u, 1, v3TimeSize)}, 0
+  for i = 1, v3TimeSize do
+    untl = untl * 256 + t[i]
+  end
+  local cnt, rec = 1, '0'
+  if aw == v3AttemptSize then
+    local a1, a2 = string.byte(v, e + places + (p - 1) * aw + 1, e + places + p * aw)
+    cnt = a1 * 256 + a2
+    if cnt >= v3RecoveredBit then
+      cnt, rec = cnt - v3RecoveredBit, '1'
+    end
+  end
+  local fo = e + places * (1 + aw) + (p - 1) * fpw
+  return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), att = att,
+    fp = string.match(string.sub(v, fo + 1, fo + fpw), '^(.-)%.*$'), cnt = cnt, rec = rec, at = e + p, ck = ck}
+end
+
 -- index_claim is call_place for place p of the call of token tok.
 local function index_claim(ix, tok, p)
   return call_place(ix[2] .. tok, p)

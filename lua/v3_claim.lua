@@ -30,8 +30,10 @@
 -- by a live lease (busy), or taken over (its lease ran out: the old place
 -- is marked T, so that its holder's settle is refused) or claimed again
 -- (released) with this call's token and the attempt after the old one's.
--- What v3 does not handle yet answers busy, never "not seen": a record of
--- its own that is pending or released, an entry whose call record is
+-- A record of its own that is released, or pending past its lease or by
+-- this call's attempt, answers K: the client claims it on its record
+-- (claim.lua), which takes it over with its checkpoints. What v3 does not
+-- handle yet answers busy, never "not seen": an entry whose call record is
 -- missing while it may still live.
 --
 -- A call go-redis sent again (its reply was lost) answers as its first run
@@ -57,7 +59,7 @@ local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte,
 
 local aP, aU, aD, aE, aB = char(v3AnswerClaimed), char(v3AnswerRepeat), char(v3AnswerDone), char(v3AnswerExpired), char(v3AnswerBusy)
 local aT, aA, aM, aN = char(v3AnswerTakenOver), char(v3AnswerReclaimed), char(v3AnswerMismatch), char(v3AnswerNotOurs)
-local aR = char(v3AnswerRefused)
+local aR, aK = char(v3AnswerRefused), char(v3AnswerRecord)
 -- refused, Redis's error when it refused this call's first write (OOM on
 -- a full server, READONLY on a replica): nothing is written, and what this
 -- call would have claimed answers aR.
@@ -207,9 +209,9 @@ for j = 1, n + 1 do
       mine = string.match(sub(fps, (j - 1) * fpw + 1, j * fpw), '^(.-)%.*$')
     end
     local _, e, sfp = find(rv, RECORD_SHORT)
-    local lfp
+    local lst, luntl, latt, lfp
     if not e then
-      _, _, _, _, _, _, _, _, lfp = find(rv, RECORD_LONG)
+      _, _, lst, _, _, _, luntl, latt, lfp = find(rv, RECORD_LONG)
     end
     if e then
       if sfp ~= mine then
@@ -224,17 +226,21 @@ for j = 1, n + 1 do
       end
     elseif not lfp then
       a = aN
-    elseif sub(rv, 3, 3) == 'C' then
+    elseif lst == 'C' then
       if lfp ~= mine then
         a = aM
       else
         a = aD
       end
-    elseif sub(rv, 3, 3) == 'P' and lfp ~= mine then
+    elseif lst == 'P' and lfp ~= mine then
       a = aM
+    elseif lst == 'P' and latt ~= callid and #luntl <= 16 and tonumber(luntl) > now then
+      a, num = aB, math.ceil((tonumber(luntl) - now) / 1000)
     else
-      -- Pending or released: the record's own claim path handles it.
-      a, num = aB, lease_ms
+      -- Released, or pending past its lease or by this call's attempt:
+      -- the record's own claim (claim.lua) takes it over, its
+      -- checkpoints with it.
+      a = aK
     end
   else
     local key8 = sub(packed, o + v3PackedDigestAt - 1, o + v3PackedPlaceAt - 2)

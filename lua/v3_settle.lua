@@ -18,8 +18,9 @@
 -- fingerprint and attempt its place holds), and marks its place M:
 -- KEYS[2+j] the j-th claim's record key, ARGV[5] the call's token in base
 -- 36, ARGV[4+2j] the record's keep in ms and ARGV[5+2j] its value. A place
--- already M whose record holds the call's token was moved by an earlier
--- run (done before).
+-- already M whose completed record holds the call's token was moved by an
+-- earlier run (done before); one whose record is pending with the call's
+-- token was moved by a checkpoint (3: the completion goes to the record).
 --
 -- Completing, releasing or renewing returns {STATES}, the call's place
 -- states before (a byte a place, format.go): the caller reads each claim's
@@ -27,9 +28,9 @@
 -- the target state: done before, by this call sent again; M moved to a
 -- record of its own; else lease lost: taken over after its lease ran out,
 -- forgotten). Moving returns an array whose j-th element answers the j-th
--- claim: 1 done, 2 done before by this call, 0 lease lost. {0}: the call
--- record is gone (every claim lost); {0, why}: the key holds no call record
--- of ours (nothing written). The claims of a call share one lease:
+-- claim: 1 done, 2 done before by this call, 3 moved (to its record), 0
+-- lease lost. {0}: the call record is gone (every claim lost); {0, why}:
+-- the key holds no call record of ours (nothing written). The claims of a call share one lease:
 -- renewing any renews every place the call still holds. Safe to run twice.
 local ck, ikey, mode, places = KEYS[1], KEYS[2], ARGV[1], ARGV[4]
 local v = redis.pcall('GET', ck)
@@ -70,8 +71,18 @@ if mode == 'M' then
       redis.call('SET', KEYS[2 + j], RECORD_SHORT_START .. fp .. ':' .. tok36 .. ':' .. att .. ':' .. rec .. ':' .. ARGV[5 + 2 * j],
         'PX', ARGV[4 + 2 * j])
       st[p], out[j], changed = v3Moved, transitionDone, true
-    elseif s == v3Moved and string.match(redis.call('GET', KEYS[2 + j]) or '', RECORD_TOKEN36) == tok36 then
-      out[j] = compactSettleDoneBefore
+    elseif s == v3Moved then
+      -- Completed by an earlier run of this call (the short form holds
+      -- its token in base 36), or moved by a checkpoint (pending, its
+      -- token in decimal): the completion goes to that record.
+      local rv = redis.call('GET', KEYS[2 + j]) or ''
+      if string.match(rv, RECORD_TOKEN36) == tok36 then
+        out[j] = compactSettleDoneBefore
+      elseif string.match(rv, RECORD_TOKEN) == string.format('%d', tonumber(tok36, 36)) then
+        out[j] = compactSettleMoved
+      else
+        out[j] = transitionLost
+      end
     else
       out[j] = transitionLost
     end
