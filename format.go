@@ -634,8 +634,10 @@ const (
 	// the call was written.
 	v3AnswerRefused = 'R'
 	// v3AnswerRecord: the id has a record of its own that is released, or
-	// pending past its lease or by this call's attempt: the client claims
-	// it there (claim.lua), which takes it over with its checkpoints.
+	// pending past its lease or by this call's attempt, or completed with
+	// a result other than a marker's: the client claims it there
+	// (claim.lua), which takes it over with its checkpoints or answers its
+	// result.
 	v3AnswerRecord = 'K'
 )
 

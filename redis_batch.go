@@ -169,6 +169,11 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 		calls = append(calls, c)
 	}
 	return calls, func() {
+		for j, err := range errs {
+			if err == errCompletedAsMarker {
+				errs[j] = nil // a v3 move of a claim completed before: the first result stays
+			}
+		}
 		for _, j := range moving {
 			switch {
 			case moveErrs[j] == errCompletedAsMarker:

@@ -199,6 +199,9 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 			args = append(args, call)
 		}
 		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
+		if s.v3 != nil {
+			args = append(args, millis(req.Lease+max(req.Keep-req.Lease, req.MarkerRetention)))
+		}
 		res, err := s.eval(ctx, claimEval, args).Result()
 		if err != nil {
 			return ClaimReply{}, s.layoutError(err)
@@ -210,7 +213,11 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		if asked == maxCallAsks {
 			return ClaimReply{}, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was claimed", ErrUnavailable, asked+1)
 		}
-		call = calls + strconv.FormatInt(tok, 10)
+		if s.v3 != nil {
+			call = v3CallKey(calls, tok)
+		} else {
+			call = calls + strconv.FormatInt(tok, 10)
+		}
 	}
 }
 
@@ -221,6 +228,10 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 // three times, the start concatenated and both boxed on every claim.
 func (s *RedisStore) claimIndexArgs(id, key string) (d8 string, index any, calls string, callsArg any) {
 	e := s.entryAt(id, key)
+	if s.v3 != nil {
+		// The v3 index: its entries start with the same 8 bytes.
+		return string(e.d8[:]), s.v3.index, s.v3.calls, s.v3.calls
+	}
 	if !s.compact.cluster {
 		return string(e.d8[:]), s.indexArg, s.callsArg.(string), s.callsArg
 	}

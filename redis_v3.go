@@ -36,8 +36,10 @@ func withLayoutV3() Option {
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
 // index key and its call records, on one server. What it does not carry
 // yet goes as v2 would: the claims of a Keeper made WithoutMarkers or
-// without compact claims (records of their own). A checkpoint of a v3
-// claim moves it to a record of its own (checkpoint.lua).
+// without compact claims (records of their own), whose batch claim does
+// not read the v3 index yet. A checkpoint or a completion with a value
+// moves a v3 claim to a record of its own; Claim (Do, Begin) reads the v3
+// index (claim.lua).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said
@@ -176,9 +178,10 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 		}
 	}
 	// A record of its own to take over (released, or its lease ran out)
-	// is claimed there, as Claim does, a round trip each: its checkpoints
-	// come with it. Such ids are few (a claim moved by a checkpoint or a
-	// completion with a value, then given up; one Do or Begin made).
+	// or to read a result from is claimed there, as Claim does, a round
+	// trip each: its checkpoints or its result come with it. Such ids are
+	// few (a claim moved by a checkpoint or a completion with a value or a
+	// Final error; one Do or Begin made).
 	for _, i := range records {
 		fp := ""
 		if req.Fingerprints != nil {

@@ -607,3 +607,69 @@ func TestV3CheckpointMovesTheClaim(t *testing.T) {
 		assert.ErrorIs(t, s.Checkpoint(ctx, first[1], "late", nil, time.Minute), ErrLeaseLost)
 	})
 }
+
+// TestV3SingleClaimsFindTheIndex: Claim (Do and Begin) of an id the v3
+// index holds answers from it: a completed claim as a marker (expired past
+// its retention), a live one in progress, one of another fingerprint a
+// mismatch; one whose lease ran out, or released, is taken over by a
+// record of its own at the next attempt, and its old holder's settle is
+// refused.
+func TestV3SingleClaimsFindTheIndex(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := v3Store(t, b)
+		const lease, retention = 300 * time.Millisecond, time.Second
+		ids := v3IDs("single", 5)
+		req := v3Request(ids, lease, retention)
+		req.Fingerprints = []string{"f", "f", "f", "f", "f"}
+		first := claimAll(t, s.ClaimBatch(ctx, req), ids)
+		done, given := s.SettleBatch(ctx, markersOf(t, b, first[:1], retention, 2*retention), first[1:2], lease)
+		require.Equal(t, []error{nil}, done)
+		require.Equal(t, []error{nil}, given)
+		single := func(id, fp string) (ClaimReply, error) {
+			return s.Claim(ctx, id, ClaimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute,
+				Retention: retention, MarkerRetention: 2 * retention})
+		}
+
+		r, err := single(ids[0], "f")
+		require.NoError(t, err)
+		assert.Equal(t, StatusCompleted, r.Status, "a marker")
+		assert.True(t, r.Marker)
+		r, err = single(ids[0], "g")
+		require.NoError(t, err)
+		assert.Equal(t, StatusMismatch, r.Status)
+		r, err = single(ids[2], "f")
+		require.NoError(t, err)
+		assert.Equal(t, StatusInProgress, r.Status, "a live claim")
+		assert.Greater(t, r.LeaseLeft, time.Duration(0))
+
+		r, err = single(ids[1], "f")
+		require.NoError(t, err)
+		assert.Equal(t, StatusClaimed, r.Status, "a released claim is claimed again")
+		assert.Equal(t, 2, r.Attempt)
+		assert.False(t, r.Recovered)
+		assert.Greater(t, r.Token, first[1].Token)
+
+		b.Advance(lease + 50*time.Millisecond)
+		r, err = single(ids[2], "f")
+		require.NoError(t, err)
+		assert.Equal(t, StatusClaimed, r.Status, "a lapsed claim is taken over")
+		assert.Equal(t, 2, r.Attempt)
+		assert.True(t, r.Recovered)
+		assert.Greater(t, r.Token, first[2].Token)
+		assert.Zero(t, r.Ref)
+		done, _ = s.SettleBatch(ctx, markersOf(t, b, first[2:3], retention, 2*retention), nil, lease)
+		assert.ErrorIs(t, done[0], ErrLeaseLost, "the old holder is fenced off")
+		// The next batch claim finds the record of its own.
+		req = v3Request(ids[2:3], lease, retention)
+		req.Fingerprints = []string{"f"}
+		out := s.ClaimBatch(ctx, req)
+		require.NoError(t, out[0].Err)
+		assert.Equal(t, StatusInProgress, out[0].Reply.Status)
+
+		b.Advance(retention + 100*time.Millisecond)
+		r, err = single(ids[0], "f")
+		require.NoError(t, err)
+		assert.Equal(t, StatusResultExpired, r.Status, "past the retention")
+	})
+}

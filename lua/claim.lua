@@ -16,6 +16,9 @@
 -- ARGV[5]  the first 8 bytes of the record's digest, its entry's start in
 --          the index, when KEYS[2] is given
 -- ARGV[6]  the start of the call record keys, when KEYS[2] is given
+-- ARGV[7]  with a v3 index (see v3_claim.lua): how long its call records
+--          are kept, ms; an entry younger whose call record is missing
+--          answers {11}
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -71,7 +74,8 @@
 -- a compact claim whose lease is live is in progress; one whose lease ran
 -- out, or that was released, is taken over by a record of its own (attempt
 -- 2, a higher token), its place in the call record marked M; a completed
--- one is a marker. A stale entry (its call record gone, and the entry
+-- one is a marker. A v3 index's entry answers the same way; one taken over
+-- is marked T, at the attempt after the one its call record holds. A stale entry (its call record gone, and the entry
 -- older than ARGV[4]) is no answer.
 --
 -- Every key read or written is declared, the call record too: the script
@@ -129,6 +133,46 @@ if not v then
   if KEYS[2] then
     local ix = {ARGV[5], ARGV[6]}
     local blk, pos, ctok, place, name, other = index_entry(KEYS[2], ix)
+    if other and string.find(other, V3_STATE) then
+      -- A v3 index (see v3_claim.lua): its entry answers as there. A claim
+      -- whose lease ran out, or released, is taken over by a record of
+      -- its own, its place marked T so that its holder's settle is
+      -- refused; the entry stays, behind the record, until swept.
+      local now = index_now()
+      local token, tok6
+      place, token, tok6 = v3_index_entry(KEYS[2], other, ARGV[5], now)
+      if place then
+        if KEYS[3] ~= ARGV[6] .. tok6 then
+          return {replyAskAgain, token}
+        end
+        local c, why = v3_call_place(KEYS[3], place)
+        if why then
+          return {replyNotOurs, why}
+        end
+        if not c and redis.call('EXISTS', KEYS[3]) == 0 and now - token <= tonumber(ARGV[7]) * 1000 then
+          return {claimCallMissing}
+        end
+        local st = c and c.st or ''
+        if (st == 'P' or st == 'C') and c.fp ~= fp then
+          return {claimMismatch}
+        end
+        if st == 'C' then
+          if now <= c.runtil then
+            return {claimMarker, token}
+          end
+          return {claimMarkerExpired, token}
+        elseif st == 'P' and c.untl > now then
+          return -math.ceil((c.untl - now) / 1000)
+        elseif st == 'P' or st == 'R' then
+          prev, cnt = token, c.cnt
+          if st == 'P' then
+            rec = 1
+          end
+          redis.call('SETRANGE', KEYS[3], c.at - 1, 'T')
+        end
+      end
+      pos, other = nil, nil
+    end
     if other then
       return redis.error_reply('IDEMLAYOUT ' .. other)
     end
@@ -179,10 +223,11 @@ if not v then
   if prev >= token then
     token = prev + 1
   end
+  cnt = math.min(cnt + 1, 999999999)
   redis.call('SET', key,
-    record_head('P', string.format('%d', token), '2', rec, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
+    record_head('P', string.format('%d', token), cnt, rec, string.format('%d', now + ARGV[3] * 1000), ARGV[2], fp),
     'PX', ARGV[4])
-  return {claimExisting, token, 2, rec}
+  return {claimExisting, token, cnt, rec}
 end
 if type(v) ~= 'string' then
   return {replyNotOurs, 'wrong type'}

@@ -131,7 +131,8 @@ end
 
 -- v3_call_place is call_place for place p of the v3 call record at key ck
 -- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
--- decimal), call id (att), fingerprint (fp), attempt count (cnt) and
+-- decimal, and untl, a number), when its results' retention ends (runtil,
+-- a number), call id (att), fingerprint (fp), attempt count (cnt) and
 -- recovered flag (rec, '0' or '1'), where the state byte is (at) and ck.
 local function v3_call_place(ck, p)
   local v = redis.pcall('GET', ck)
@@ -141,7 +142,7 @@ local function v3_call_place(ck, p)
   if not v then
     return nil
   end
-  local _, e, u, _, _, att, fpw, aw = string.find(v, V3_CALL)
+  local _, e, u, _, r, att, fpw, aw = string.find(v, V3_CALL)
   if not e then
     return nil, 'unknown format'
   end
@@ -153,9 +154,9 @@ local function v3_call_place(ck, p)
   if p < 1 or p > places then
     return nil
   end
-  local t, untl = {string.byte(u, 1, v3TimeSize)}, 0
+  local t, tr, untl, runtil = {string.byte(u, 1, v3TimeSize)}, {string.byte(r, 1, v3TimeSize)}, 0, 0
   for i = 1, v3TimeSize do
-    untl = untl * 256 + t[i]
+    untl, runtil = untl * 256 + t[i], runtil * 256 + tr[i]
   end
   local cnt, rec = 1, '0'
   if aw == v3AttemptSize then
@@ -166,8 +167,40 @@ local function v3_call_place(ck, p)
     end
   end
   local fo = e + places * (1 + aw) + (p - 1) * fpw
-  return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), att = att,
+  return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), untl = untl, runtil = runtil, att = att,
     fp = string.match(string.sub(v, fo + 1, fo + fpw), '^(.-)%.*$'), cnt = cnt, rec = rec, at = e + p, ck = ck}
+end
+
+-- v3_index_entry finds the entry of the record whose digest starts with d8
+-- (the digest's 5 bytes, then the hash's 3) in the v3 index key ikey,
+-- whose field "" holds state (see v3_claim.lua): the entry's place in its
+-- call, the call's token (a number, from the entry's low 48 bits and
+-- Redis's clock now) and its low 48 bits as they name its call record
+-- (tok6); nil when there is none.
+local function v3_index_entry(ikey, state, d8, now)
+  local l, s1, s2, s3 = string.byte(state, v3StateLevelAt, v3StateLevelAt + 3)
+  local h1, h2, h3 = string.byte(d8, v3DigestSize + 1, v3DigestSize + 3)
+  local b, half = (h1 * 256 + h2) * 256 + h3, 2 ^ l
+  local lo = b % half
+  if lo < (s1 * 256 + s2) * 256 + s3 then
+    lo = b % (2 * half)
+  end
+  local blk = redis.call('HGET', ikey, string.char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256))
+  local pos = blk and string.find(blk, d8, 1, true)
+  while pos and pos % v3EntrySize ~= 1 do
+    pos = string.find(blk, d8, pos + 1, true)
+  end
+  if not pos then
+    return nil
+  end
+  local p1, p2 = string.byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
+  local tok6 = string.sub(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
+  local t48 = 0
+  for _, x in ipairs({string.byte(tok6, 1, 6)}) do
+    t48 = t48 * 256 + x
+  end
+  local ref = now + v3TokenAhead
+  return p1 * 256 + p2, ref - (ref - t48) % v3TokenModulus, tok6
 end
 
 -- index_claim is call_place for place p of the call of token tok.

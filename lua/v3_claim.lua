@@ -32,7 +32,9 @@
 -- (released) with this call's token and the attempt after the old one's.
 -- A record of its own that is released, or pending past its lease or by
 -- this call's attempt, answers K: the client claims it on its record
--- (claim.lua), which takes it over with its checkpoints. What v3 does not
+-- (claim.lua), which takes it over with its checkpoints; one completed
+-- with a result other than a marker's answers K too (the client reads
+-- the result there). What v3 does not
 -- handle yet answers busy, never "not seen": an entry whose call record is
 -- missing while it may still live.
 --
@@ -218,7 +220,11 @@ for j = 1, n + 1 do
         a = aM
       else
         local untl = string.match(rv, RECORD_MARKER, e + 1)
-        if untl and tonumber(untl) < now then
+        if not untl then
+          -- A result of its own (a value, a Final error): the client
+          -- reads it there.
+          a = aK
+        elseif tonumber(untl) < now then
           a = aE
         else
           a = aD
@@ -230,7 +236,7 @@ for j = 1, n + 1 do
       if lfp ~= mine then
         a = aM
       else
-        a = aD
+        a = aK
       end
     elseif lst == 'P' and lfp ~= mine then
       a = aM

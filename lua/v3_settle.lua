@@ -28,8 +28,8 @@
 -- the target state: done before, by this call sent again; M moved to a
 -- record of its own; else lease lost: taken over after its lease ran out,
 -- forgotten). Moving returns an array whose j-th element answers the j-th
--- claim: 1 done, 2 done before by this call, 3 moved (to its record), 0
--- lease lost. {0}: the call record is gone (every claim lost); {0, why}:
+-- claim: 1 done, 2 done before by this call, 3 moved (to its record), 4
+-- completed already as a marker (the first result stays), 0 lease lost. {0}: the call record is gone (every claim lost); {0, why}:
 -- the key holds no call record of ours (nothing written). The claims of a call share one lease:
 -- renewing any renews every place the call still holds. Safe to run twice.
 local ck, ikey, mode, places = KEYS[1], KEYS[2], ARGV[1], ARGV[4]
@@ -71,6 +71,10 @@ if mode == 'M' then
       redis.call('SET', KEYS[2 + j], RECORD_SHORT_START .. fp .. ':' .. tok36 .. ':' .. att .. ':' .. rec .. ':' .. ARGV[5 + 2 * j],
         'PX', ARGV[4 + 2 * j])
       st[p], out[j], changed = v3Moved, transitionDone, true
+    elseif s == v3Completed then
+      -- Completed as a marker already (a completion sent again): the
+      -- first result stays.
+      out[j] = compactMoveCompleted
     elseif s == v3Moved then
       -- Completed by an earlier run of this call (the short form holds
       -- its token in base 36), or moved by a checkpoint (pending, its
