@@ -596,8 +596,10 @@ const (
 // bytes 7-10 the index's level and split point after the call, as the
 // state holds them (the client packs its next call by them); then an
 // answer byte a place, in place order; then, for each place in order whose
-// answer carries a number, the number in decimal and ','; then, when an
-// answer is v3AnswerRefused, Redis's error that refused the call's write.
+// answer carries a number, the number in decimal and ',' (a done or
+// expired answer: 8 bytes, the low 48 bits of the token that completed it
+// and its attempt, big-endian); then, when an answer is v3AnswerRefused,
+// Redis's error that refused the call's write.
 // The answers:
 const (
 	v3PackedSize     = 13
@@ -612,10 +614,11 @@ const (
 	// v3AnswerRepeat: the id is at an earlier place of this call too, which
 	// answers for it.
 	v3AnswerRepeat = 'U'
-	// v3AnswerDone: completed, within the retention of its result.
+	// v3AnswerDone, 8 bytes the token and attempt: completed, within the
+	// retention of its result.
 	v3AnswerDone = 'D'
-	// v3AnswerExpired: completed, past the retention of its result (its
-	// marker remains).
+	// v3AnswerExpired, 8 bytes as done: completed, past the retention of
+	// its result (its marker remains).
 	v3AnswerExpired = 'E'
 	// v3AnswerBusy, number the lease left in ms: held by another call.
 	v3AnswerBusy = 'B'
@@ -639,6 +642,11 @@ const (
 	// (claim.lua), which takes it over with its checkpoints or answers its
 	// result.
 	v3AnswerRecord = 'K'
+	// v3AnswerEarlier, 10 bytes (the low 48 bits of its token, its place
+	// and its attempt, big-endian): held by an earlier run of this call,
+	// which go-redis sent again after another call came between; the
+	// caller holds that claim.
+	v3AnswerEarlier = 'O'
 )
 
 // v3IndexKey is the name of the v3 index key under prefix: on one server

@@ -87,7 +87,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	if s.noCompact {
 		req.Compact = false
 	}
-	if s.v3 != nil && req.Compact {
+	if s.v3 != nil {
 		s.v3.claim(ctx, s, &req, todo, out)
 		return out
 	}

@@ -34,12 +34,11 @@ func withLayoutV3() Option {
 }
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
-// index key and its call records, on one server. What it does not carry
-// yet goes as v2 would: the claims of a Keeper made WithoutMarkers or
-// without compact claims (records of their own), whose batch claim does
-// not read the v3 index yet. A checkpoint or a completion with a value
-// moves a v3 claim to a record of its own; Claim (Do, Begin) reads the v3
-// index (claim.lua).
+// index key and its call records, on one server. A batch claim that asked
+// for records of their own reads the same index and writes its claims in
+// records; a checkpoint or a completion with a value moves a v3 claim to a
+// record of its own; Claim (Do, Begin) reads the v3 index (claim.lua). A
+// Keeper made WithoutMarkers keeps v2 (see newV3Layout).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said
@@ -151,8 +150,12 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 	}
 	state := []byte{p.level, byte(p.split >> 16), byte(p.split >> 8), byte(p.split)}
 	callKeep := req.Lease + max(req.Keep-req.Lease, req.MarkerRetention)
-	r, err := v3ClaimScript.Run(ctx, s.client, rkeys, millis(req.Lease), millis(callKeep), l.calls, arg,
-		callID, fpw, fps, state, millis(callKeep+v3MaxHold)).Text()
+	args := []any{millis(req.Lease), millis(callKeep), l.calls, arg, callID, fpw, fps, state, millis(callKeep + v3MaxHold)}
+	if !req.Compact {
+		// Records of their own, read from the same index.
+		args = append(args, req.Attempt, millis(req.Keep))
+	}
+	r, err := v3ClaimScript.Run(ctx, s.client, rkeys, args...).Text()
 	if err != nil {
 		fail(s.layoutError(err))
 		return
@@ -174,7 +177,11 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 		case v3AnswerRecord:
 			records = append(records, i)
 		default:
-			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, p.place(j), req.Lease)
+			ref := p.place(j)
+			if !req.Compact {
+				ref = 0 // a record of its own
+			}
+			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, ref, req.Lease)
 		}
 	}
 	// A record of its own to take over (released, or its lease ran out)
@@ -200,20 +207,33 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
 	case v3AnswerTakenOver, v3AnswerReclaimed:
 		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(a.n), Recovered: a.code == v3AnswerTakenOver, Ref: place}, nil
+	case v3AnswerEarlier:
+		// The claim of an earlier run of this call, at its place in that
+		// run's call record.
+		return ClaimReply{Status: StatusClaimed, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt%v3RecoveredBit)),
+			Recovered: a.attempt >= v3RecoveredBit, Ref: int(a.place)}, nil
 	case v3AnswerRepeat:
 		// Another id of this call with the same 64 bits (see format.go):
 		// as in progress, held by this call.
 		return ClaimReply{Status: StatusInProgress, LeaseLeft: lease}, nil
 	case v3AnswerDone:
-		return ClaimReply{Status: StatusCompleted, Attempt: 1, Marker: true, Value: emptyBytes}, nil
+		return ClaimReply{Status: StatusCompleted, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt)), Marker: true, Value: emptyBytes}, nil
 	case v3AnswerExpired:
-		return ClaimReply{Status: StatusResultExpired, Attempt: 1, Marker: true}, nil
+		return ClaimReply{Status: StatusResultExpired, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt)), Marker: true}, nil
 	case v3AnswerBusy:
 		return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
 	case v3AnswerMismatch:
 		return ClaimReply{Status: StatusMismatch}, nil
 	}
 	return ClaimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
+}
+
+// v3FullToken is the token whose low 48 bits are t48, as the v3 claim
+// reads one from an entry (format.go): the nearest below this process's
+// clock and v3TokenAhead.
+func v3FullToken(t48 int64) int64 {
+	ref := time.Now().UnixMicro() + v3TokenAhead
+	return ref - (ref-t48)%v3TokenModulus
 }
 
 // settleCalls returns the calls that complete (target "C"), release ("R")

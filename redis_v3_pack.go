@@ -59,6 +59,10 @@ func (p *v3Packer) place(i int) int { return int(p.places[i]) }
 type v3Answer struct {
 	code byte
 	n    int64
+	// attempt, of a done or expired answer: the attempt that completed it
+	// (n is then the low 48 bits of its token); of an earlier run's claim,
+	// its attempt (plus v3RecoveredBit when recovered) and place.
+	attempt, place uint16
 }
 
 // v3AnswerNumbered reports whether answer code carries a number.
@@ -91,9 +95,25 @@ func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, refusal string
 	for j := 0; j < n; j++ {
 		a := v3Answer{code: answers[j]}
 		switch a.code {
-		case v3AnswerClaimed, v3AnswerRepeat, v3AnswerDone, v3AnswerExpired, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord:
+		case v3AnswerClaimed, v3AnswerRepeat, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord:
 		case v3AnswerRefused:
 			refused++
+		case v3AnswerDone, v3AnswerExpired:
+			if len(nums) < 8 {
+				return 0, "", fmt.Errorf("%w: v3 claim reply: token of place %d", ErrCorrupt, j+1)
+			}
+			for k := 0; k < 6; k++ {
+				a.n = a.n<<8 | int64(nums[k])
+			}
+			a.attempt, nums = uint16(nums[6])<<8|uint16(nums[7]), nums[8:]
+		case v3AnswerEarlier:
+			if len(nums) < 10 {
+				return 0, "", fmt.Errorf("%w: v3 claim reply: earlier claim of place %d", ErrCorrupt, j+1)
+			}
+			for k := 0; k < 6; k++ {
+				a.n = a.n<<8 | int64(nums[k])
+			}
+			a.place, a.attempt, nums = uint16(nums[6])<<8|uint16(nums[7]), uint16(nums[8])<<8|uint16(nums[9]), nums[10:]
 		case v3AnswerBusy, v3AnswerTakenOver, v3AnswerReclaimed:
 			var ok bool
 			if a.n, nums, ok = cutV3Number(nums); !ok {

@@ -40,10 +40,10 @@ func TestV3PackGolden(t *testing.T) {
 	// split); by place: claimed, busy 2500 ms left, taken over at attempt
 	// 2, done.
 	ans := make([]v3Answer, 4)
-	tok, _, err := p.decode("\x06\x0a\x24\x18\x1e\x40\x7b"+"\x04\x00\x00\x00"+"PBTD"+"2500,2,", ans)
+	tok, _, err := p.decode("\x06\x0a\x24\x18\x1e\x40\x7b"+"\x04\x00\x00\x00"+"PBTD"+"2500,2,"+"\x0a\x24\x18\x1e\x40\x00\x00\x03", ans)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1700000000000123), tok)
-	assert.Equal(t, []v3Answer{{v3AnswerBusy, 2500}, {v3AnswerDone, 0}, {v3AnswerClaimed, 0}, {v3AnswerTakenOver, 2}}, ans)
+	assert.Equal(t, []v3Answer{{code: v3AnswerBusy, n: 2500}, {code: v3AnswerDone, n: 0x0a24181e4000, attempt: 3}, {code: v3AnswerClaimed}, {code: v3AnswerTakenOver, n: 2}}, ans)
 	assert.Equal(t, uint8(4), p.level)
 	assert.Equal(t, uint32(0), p.split)
 	// The next call packs by the state read: hash 0x0f was in block 7, now
@@ -81,7 +81,7 @@ func TestV3DecodeRefuses(t *testing.T) {
 	p.pack(v3PackGoldenKeys)
 	_, _, err := p.decode(head+"PPPP", make([]v3Answer, 3))
 	assert.ErrorIs(t, err, ErrCorrupt, "answers for another batch size")
-	tok, _, err := p.decode("\x00\x00\x00\x00\x00\x00\x00"+"\x00\x00\x00\x00"+"DDUB"+"0,", make([]v3Answer, 4))
+	tok, _, err := p.decode("\x00\x00\x00\x00\x00\x00\x00"+"\x00\x00\x00\x00"+"DDUB"+"\x00\x00\x00\x00\x00\x07\x00\x01"+"\x00\x00\x00\x00\x00\x08\x00\x01"+"0,", make([]v3Answer, 4))
 	require.NoError(t, err, "a call that claimed nothing, 0 ms left")
 	assert.Zero(t, tok)
 }
@@ -95,7 +95,13 @@ func v3EncodeReply(token int64, l uint8, s uint32, ans []v3Answer) string {
 		b = append(b, a.code)
 	}
 	for _, a := range ans {
-		if v3AnswerNumbered(a.code) {
+		switch {
+		case a.code == v3AnswerDone || a.code == v3AnswerExpired:
+			b = append(b, byte(a.n>>40), byte(a.n>>32), byte(a.n>>24), byte(a.n>>16), byte(a.n>>8), byte(a.n), byte(a.attempt>>8), byte(a.attempt))
+		case a.code == v3AnswerEarlier:
+			b = append(b, byte(a.n>>40), byte(a.n>>32), byte(a.n>>24), byte(a.n>>16), byte(a.n>>8), byte(a.n),
+				byte(a.place>>8), byte(a.place), byte(a.attempt>>8), byte(a.attempt))
+		case v3AnswerNumbered(a.code):
 			b = strconv.AppendInt(b, a.n, 10)
 			b = append(b, ',')
 		}
@@ -104,7 +110,7 @@ func v3EncodeReply(token int64, l uint8, s uint32, ans []v3Answer) string {
 }
 
 var v3AnswerCodes = []byte{v3AnswerClaimed, v3AnswerRepeat, v3AnswerDone, v3AnswerExpired, v3AnswerBusy,
-	v3AnswerTakenOver, v3AnswerReclaimed, v3AnswerMismatch, v3AnswerNotOurs}
+	v3AnswerTakenOver, v3AnswerReclaimed, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord, v3AnswerEarlier}
 
 // FuzzV3Pack packs arbitrary keys in an arbitrary index state, checks the
 // argument against its format, answers it by a reference encoder and reads
@@ -153,7 +159,12 @@ func FuzzV3Pack(f *testing.F) {
 		for j := range byPlace {
 			c := v3AnswerCodes[int(data[8*p.index(j+1)])%len(v3AnswerCodes)]
 			byPlace[j] = v3Answer{code: c}
-			if v3AnswerNumbered(c) {
+			switch {
+			case c == v3AnswerDone || c == v3AnswerExpired:
+				byPlace[j].n, byPlace[j].attempt = int64(data[8*p.index(j+1)+1])*1000003, uint16(data[8*p.index(j+1)+2])
+			case c == v3AnswerEarlier:
+				byPlace[j].n, byPlace[j].attempt, byPlace[j].place = int64(data[8*p.index(j+1)+1])*1000003, uint16(data[8*p.index(j+1)+2]), uint16(data[8*p.index(j+1)+3])
+			case v3AnswerNumbered(c):
 				byPlace[j].n = int64(data[8*p.index(j+1)+1]) * 1000003
 			}
 		}
@@ -288,6 +299,6 @@ func TestV3PackLua(t *testing.T) {
 		tok, _, err := p.decode(r[len(r)-1].(string), ans)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1700000000000123), tok)
-		assert.Equal(t, []v3Answer{{v3AnswerBusy, 29000}, {v3AnswerReclaimed, 3}, {v3AnswerClaimed, 0}, {v3AnswerTakenOver, 2}}, ans)
+		assert.Equal(t, []v3Answer{{code: v3AnswerBusy, n: 29000}, {code: v3AnswerReclaimed, n: 3}, {code: v3AnswerClaimed}, {code: v3AnswerTakenOver, n: 2}}, ans)
 	})
 }

@@ -324,3 +324,4 @@ local v3AnswerMismatch = 77
 local v3AnswerNotOurs = 78
 local v3AnswerRefused = 82
 local v3AnswerRecord = 75
+local v3AnswerEarlier = 79

@@ -1,6 +1,7 @@
 -- v3_claim.lua: claim a batch in the v3 index (see format.go, "The v3
--- layout"). format.lua goes before it; it defines no function and makes no
--- closure: everything below runs once a call, or once a message.
+-- layout"). format.lua goes before it; it defines no function, and makes
+-- one closure, format.lua's record_head: everything below runs once a
+-- call, or once a message.
 --
 -- KEYS[1]    the v3 index key
 -- KEYS[1+j]  the record key of the message at place j: a record of its own
@@ -21,9 +22,16 @@
 --            its claims): such an entry is swept. An entry whose call record
 --            is missing answers busy while younger than ARGV[2] (the call
 --            record was lost), as absent after
+-- ARGV[10]   absent, or the attempt id of a call whose claims are records
+--            of their own (what a batch claim that asked for no compact
+--            claims gets): what it claims is written there, NX, at this
+--            call's token, and no entry is made; ARGV[11] is then how long
+--            a pending record is kept, ms
 --
 -- Returns the reply string of format.go: TOKEN7 L1 S3, an answer a place,
--- then the numbers of the answers that carry one.
+-- then the numbers of the answers that carry one (a done or expired
+-- answer: the low 48 bits of the token that completed it and its attempt,
+-- 8 bytes).
 --
 -- A message whose id has an entry is answered from the call record that
 -- holds it: completed (done, or expired past its result's retention), held
@@ -55,13 +63,16 @@
 -- record's keep past every call (DUE in the state says until when it lives).
 local ikey, lease_ms, keep_ms, cbase, packed = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local callid, fpw, fps = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+-- recatt, the attempt id of a call that claims records of their own
+-- (ARGV[10]; ARGV[11] how long a pending record is kept, ms), or nil.
+local recatt, reckeep = ARGV[10], ARGV[11]
 local stale = tonumber(ARGV[9]) * 1000
 local n = #packed / v3PackedSize
 local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte, string.char, string.format, table.concat
 
 local aP, aU, aD, aE, aB = char(v3AnswerClaimed), char(v3AnswerRepeat), char(v3AnswerDone), char(v3AnswerExpired), char(v3AnswerBusy)
 local aT, aA, aM, aN = char(v3AnswerTakenOver), char(v3AnswerReclaimed), char(v3AnswerMismatch), char(v3AnswerNotOurs)
-local aR, aK = char(v3AnswerRefused), char(v3AnswerRecord)
+local aR, aK, aO = char(v3AnswerRefused), char(v3AnswerRecord), char(v3AnswerEarlier)
 -- refused, Redis's error when it refused this call's first write (OOM on
 -- a full server, READONLY on a replica): nothing is written, and what this
 -- call would have claimed answers aR.
@@ -169,7 +180,7 @@ if cv0 then
   calls[tok6] = cv0
 end
 local ans, nums, nn = {}, {}, 0
-local atts, claimed = nil, false
+local atts, claimed, recorded = nil, false, false
 local lastf, blk, changed = nil, nil, false
 -- One turn past the last message ('' is no block's name) keeps the last
 -- block changed, as every earlier one is kept when the next begins.
@@ -202,7 +213,7 @@ for j = 1, n + 1 do
     end
   end
   local o = (j - 1) * v3PackedSize + 1
-  local a, num, attempt, own = aP, nil, nil, false
+  local a, num, attempt, own, raw = aP, nil, nil, false, nil
   local rv = recs[j]
   if rv then
     -- A record of its own answers for the id.
@@ -210,7 +221,7 @@ for j = 1, n + 1 do
     if fpw > 0 then
       mine = string.match(sub(fps, (j - 1) * fpw + 1, j * fpw), '^(.-)%.*$')
     end
-    local _, e, sfp = find(rv, RECORD_SHORT)
+    local _, e, sfp, stok, scnt = find(rv, RECORD_SHORT)
     local lst, luntl, latt, lfp
     if not e then
       _, _, lst, _, _, _, luntl, latt, lfp = find(rv, RECORD_LONG)
@@ -224,10 +235,20 @@ for j = 1, n + 1 do
           -- A result of its own (a value, a Final error): the client
           -- reads it there.
           a = aK
-        elseif tonumber(untl) < now then
-          a = aE
         else
-          a = aD
+          if tonumber(untl) < now then
+            a = aE
+          else
+            a = aD
+          end
+          -- The record's token (its low 48 bits) and attempt.
+          local t, c = tonumber(stok, 36) % v3TokenModulus, math.min(tonumber(scnt), v3MaxAttempts)
+          local b = {}
+          for q = 6, 1, -1 do
+            b[q] = t % 256
+            t = (t - b[q]) / 256
+          end
+          raw = char(b[1], b[2], b[3], b[4], b[5], b[6], math.floor(c / 256), c % 256)
         end
       end
     elseif not lfp then
@@ -240,7 +261,7 @@ for j = 1, n + 1 do
       end
     elseif lst == 'P' and lfp ~= mine then
       a = aM
-    elseif lst == 'P' and latt ~= callid and #luntl <= 16 and tonumber(luntl) > now then
+    elseif lst == 'P' and latt ~= callid and latt ~= recatt and #luntl <= 16 and tonumber(luntl) > now then
       a, num = aB, math.ceil((tonumber(luntl) - now) / 1000)
     else
       -- Released, or pending past its lease or by this call's attempt:
@@ -303,10 +324,21 @@ for j = 1, n + 1 do
           local s = byte(cv, v3CallHeadSize + p)
           if p > np or np % 1 ~= 0 then
             a = aN
-          elseif sub(cv, v3CallIDAt, v3CallIDAt + v3CallIDSize - 1) == callid then
-            -- An earlier run of this call: its claims stay held until their
-            -- lease ends.
-            a, num = aB, lease_ms
+          elseif s == v3Held and sub(cv, v3CallIDAt, v3CallIDAt + v3CallIDSize - 1) == callid then
+            -- Held by an earlier run of this call (go-redis sent it again
+            -- after another call came between): that claim answers, by its
+            -- token, place and attempt.
+            -- (go-redis sends the same places again; another place of
+            -- the same id is a repeat).
+            if p ~= j then
+              a = aU
+            else
+              local a1, a2 = 0, 1
+              if caw == v3AttemptSize then
+                a1, a2 = byte(cv, v3CallHeadSize + np + (p - 1) * caw + 1, v3CallHeadSize + np + p * caw)
+              end
+              a, raw = aO, ks .. char(p1, p2, a1, a2)
+            end
           elseif s == v3Held or s == v3Completed or s == v3Released then
             local mine, theirs = '', ''
             if fpw > 0 then
@@ -330,11 +362,14 @@ for j = 1, n + 1 do
               else
                 a = aE
               end
-            elseif s == v3Released then
-              a, attempt, free = aA, math.min(prev + 1, v3MaxAttempts), true
+              -- The token that completed it and its attempt.
+              raw = ks .. char(math.floor(prev / 256), prev % 256)
             else
-              local u1, u2, u3, u4, u5, u6, u7 = byte(cv, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1)
-              local untl = (((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6) * 256 + u7
+              local untl = 0
+              if s == v3Held then
+                local u1, u2, u3, u4, u5, u6, u7 = byte(cv, v3CallUntilAt, v3CallUntilAt + v3TimeSize - 1)
+                untl = (((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6) * 256 + u7
+              end
               if untl > now then
                 a, num = aB, math.ceil((untl - now) / 1000)
               elseif resend then
@@ -342,7 +377,9 @@ for j = 1, n + 1 do
               elseif refused then
                 a = aR
               else
-                -- The lease ran out: fence its holder off and take over.
+                -- The lease ran out, or the claim was released: fence its
+                -- holder off (a settle of it sent late is refused) and
+                -- claim it again.
                 local ok = redis.pcall('SETRANGE', cbase .. ks, v3CallHeadSize + p - 1, 'T')
                 if type(ok) == 'table' and ok.err then
                   -- Redis refused the call's first write (OOM, READONLY).
@@ -350,6 +387,9 @@ for j = 1, n + 1 do
                 else
                   calls[ks] = sub(cv, 1, v3CallHeadSize + p - 1) .. 'T' .. sub(cv, v3CallHeadSize + p + 1)
                   a, attempt, free = aT, math.min(prev + 1, v3MaxAttempts) + v3RecoveredBit, true
+                  if s == v3Released then
+                    a, attempt = aA, attempt - v3RecoveredBit
+                  end
                 end
               end
             end
@@ -371,6 +411,34 @@ for j = 1, n + 1 do
     -- Held by the first run.
   elseif resend and (a == aP or a == aT or a == aA) then
     a, num = aB, lease_ms
+  elseif recatt and (a == aP or a == aT or a == aA) then
+    -- A record of its own, NX: a value of another type there (which MGET
+    -- answers nil) is refused, not overwritten.
+    local c, rec = 1, '0'
+    if attempt then
+      c = attempt % v3RecoveredBit
+      num = c
+      if attempt >= v3RecoveredBit then
+        rec = '1'
+      end
+    end
+    local mine = ''
+    if fpw > 0 then
+      mine = string.match(sub(fps, (j - 1) * fpw + 1, j * fpw), '^(.-)%.*$')
+    end
+    if refused then
+      a = aR
+    else
+      local ok = redis.pcall('SET', KEYS[j + 1], record_head('P', fmt('%d', token), c, rec, fmt('%d', now + lease_ms * 1000), recatt, mine),
+        'PX', reckeep, 'NX')
+      if type(ok) == 'table' and ok.err then
+        a, refused = aR, ok.err
+      elseif not ok then
+        a, num = aN, nil
+      else
+        recorded = true
+      end
+    end
   elseif a == aP or a == aT or a == aA then
     blk, changed, count = blk .. sub(packed, o + v3PackedDigestAt - 1, o + v3PackedSize - 1) .. tok6, true, count + 1
     claimed = true
@@ -384,6 +452,9 @@ for j = 1, n + 1 do
   if num then
     nn = nn + 1
     nums[nn] = fmt('%d', num) .. ','
+  elseif raw then
+    nn = nn + 1
+    nums[nn] = raw
   end
 end
 
@@ -444,7 +515,7 @@ local expire = due < now_s + keep_s + 1
 if expire then
   due, stateChanged = now_s + 2 * keep_s - 1, not refused
 end
-if not claimed then
+if not claimed and not recorded then
   token, tok7 = last, '\0\0\0\0\0\0\0'
 end
 local s3 = char(math.floor(split / 65536), math.floor(split / 256) % 256, split % 256)
@@ -492,12 +563,12 @@ if refused then
   local k, kept, nk, why = 0, {}, 0, ''
   for j = 1, n do
     local a = ans[j]
-    if a == aB or a == aT or a == aA then
+    if a == aB or a == aT or a == aA or a == aD or a == aE or a == aO then
       k = k + 1
     end
     if a == aP or a == aT or a == aA or a == aR then
       ans[j], why = aR, refused
-    elseif a == aB then
+    elseif a == aB or a == aD or a == aE or a == aO then
       nk = nk + 1
       kept[nk] = nums[k]
     end
