@@ -167,7 +167,7 @@ func TestOperatorsCheckTheLayout(t *testing.T) {
 	ctx := context.Background()
 	k := newKeeper(t, b)
 	claims := compactClaims(t, k, "x")
-	ikey := k.store.(*RedisStore).entry(recordID("s", "x")).key
+	_, ikey, _ := k.store.(*RedisStore).compactIndexArgs(recordID("s", "x")) // the index of the store's layout
 	state, err := b.Client.HGet(ctx, ikey, "").Result()
 	require.NoError(t, err)
 	require.NoError(t, b.Client.HSet(ctx, ikey, "", "v1 scale=1000").Err())

@@ -559,6 +559,11 @@ func splitByRef(n int, fence func(j int) Fence) (compact, records []int) {
 // the index: the first 8 bytes of the record's digest, its index key and
 // the start of the call record keys.
 func (s *RedisStore) compactIndexArgs(id string) (d8, index, calls string) {
+	if s.v3 != nil {
+		var d [16]byte
+		indexDigest(&d, id)
+		return string(d[:8]), s.v3.index, s.v3.calls
+	}
 	e := s.entry(id)
 	return string(e.d8[:]), e.key, s.callBase(s.key(id))
 }

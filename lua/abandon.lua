@@ -56,7 +56,7 @@ if not v then
   if not tok then
     return {recordNone, t[1], t[2]}
   end
-  if KEYS[3] ~= ix[2] .. tok then
+  if KEYS[3] ~= index_callkey(ix, tok) then
     return {replyAskAgain, tonumber(tok)}
   end
   local c, why = index_claim(ix, tok, place)
@@ -76,14 +76,16 @@ if not v then
   if tonumber(c.until_us) < tonumber(now) then
     now = c.until_us
   end
-  local head = record_head('P', tok, '1', '0', now, c.att, c.fp)
+  local head = record_head('P', tok, c.cnt or '1', c.rec or '0', now, c.att, c.fp)
   local keep = redis.call('PTTL', c.ck)
   if keep <= 0 then
     keep = 86400000
   end
   redis.call('SET', key, head, 'PX', keep)
   redis.call('SETRANGE', c.ck, c.at - 1, 'M')
-  index_drop(ikey, name, blk, pos)
+  if not ix.v3 then
+    index_drop(ikey, name, blk, pos)
+  end
   return {recordDone, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local _, hdr, st, tok, cnt, rec, until_us, att, fp = string.find(v, RECORD_LONG)

@@ -133,19 +133,17 @@ if not v then
   if KEYS[2] then
     local ix = {ARGV[5], ARGV[6]}
     local blk, pos, ctok, place, name, other = index_entry(KEYS[2], ix)
-    if other and string.find(other, V3_STATE) then
+    if ix.v3 then
       -- A v3 index (see v3_claim.lua): its entry answers as there. A claim
       -- whose lease ran out, or released, is taken over by a record of
       -- its own, its place marked T so that its holder's settle is
       -- refused; the entry stays, behind the record, until swept.
-      local now = index_now()
-      local token, tok6
-      place, token, tok6 = v3_index_entry(KEYS[2], other, ARGV[5], now)
+      local now, token = index_now(), tonumber(ctok)
       if place then
-        if KEYS[3] ~= ARGV[6] .. tok6 then
+        if KEYS[3] ~= index_callkey(ix, ctok) then
           return {replyAskAgain, token}
         end
-        local c, why = v3_call_place(KEYS[3], place)
+        local c, why = index_claim(ix, ctok, place)
         if why then
           return {replyNotOurs, why}
         end
@@ -171,7 +169,7 @@ if not v then
           redis.call('SETRANGE', KEYS[3], c.at - 1, 'T')
         end
       end
-      pos, other = nil, nil
+      pos = nil
     end
     if other then
       return redis.error_reply('IDEMLAYOUT ' .. other)

@@ -52,7 +52,7 @@ if not v then
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
-  if tok ~= token or KEYS[3] ~= ix[2] .. tok then
+  if tok ~= token or KEYS[3] ~= index_callkey(ix, tok) then
     return {recordNone, t[1], t[2]}
   end
   local c, why = index_claim(ix, tok, place)
@@ -69,7 +69,9 @@ if not v then
     return reply
   end
   redis.call('SETRANGE', c.ck, c.at - 1, 'F')
-  index_drop(ikey, name, blk, pos)
+  if not ix.v3 then
+    index_drop(ikey, name, blk, pos)
+  end
   return reply
 end
 local _, hdr, st, tok, _, _, until_us = string.find(v, RECORD_LONG)

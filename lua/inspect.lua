@@ -60,7 +60,7 @@ if not v then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if tok then
-    if KEYS[3] ~= ix[2] .. tok then
+    if KEYS[3] ~= index_callkey(ix, tok) then
       return {replyAskAgain, tonumber(tok)}
     end
     local c, why = index_claim(ix, tok, place)

@@ -55,6 +55,81 @@ local function index_now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- v3_call_place is call_place for place p of the v3 call record at key ck
+-- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
+-- decimal, and untl, a number), when its results' retention ends (runtil,
+-- a number), call id (att), fingerprint (fp), attempt count (cnt) and
+-- recovered flag (rec, '0' or '1'), where the state byte is (at) and ck.
+local function v3_call_place(ck, p)
+  local v = redis.pcall('GET', ck)
+  if type(v) == 'table' then
+    return nil, 'wrong type'
+  end
+  if not v then
+    return nil
+  end
+  local _, e, u, d, r, att, fpw, aw = string.find(v, V3_CALL)
+  if not e then
+    return nil, 'unknown format'
+  end
+  fpw, aw = string.byte(fpw), string.byte(aw)
+  local places = (#v - e) / (1 + aw + fpw)
+  if places % 1 ~= 0 then
+    return nil, 'unknown format'
+  end
+  if p < 1 or p > places then
+    return nil
+  end
+  local t, td, tr, untl, done, runtil = {string.byte(u, 1, v3TimeSize)}, {string.byte(d, 1, v3TimeSize)}, {string.byte(r, 1, v3TimeSize)}, 0, 0, 0
+  for i = 1, v3TimeSize do
+    untl, done, runtil = untl * 256 + t[i], done * 256 + td[i], runtil * 256 + tr[i]
+  end
+  local cnt, rec = 1, '0'
+  if aw == v3AttemptSize then
+    local a1, a2 = string.byte(v, e + places + (p - 1) * aw + 1, e + places + p * aw)
+    cnt = a1 * 256 + a2
+    if cnt >= v3RecoveredBit then
+      cnt, rec = cnt - v3RecoveredBit, '1'
+    end
+  end
+  local fo = e + places * (1 + aw) + (p - 1) * fpw
+  return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), untl = untl, runtil = runtil,
+    done_us = string.format('%d', done), att = att,
+    fp = string.match(string.sub(v, fo + 1, fo + fpw), '^(.-)%.*$'), cnt = cnt, rec = rec, at = e + p, ck = ck}
+end
+
+-- v3_index_entry finds the entry of the record whose digest starts with d8
+-- (the digest's 5 bytes, then the hash's 3) in the v3 index key ikey,
+-- whose field "" holds state (see v3_claim.lua): the entry's place in its
+-- call, the call's token (a number, from the entry's low 48 bits and
+-- Redis's clock now) and its low 48 bits as they name its call record
+-- (tok6); nil when there is none.
+local function v3_index_entry(ikey, state, d8, now)
+  local l, s1, s2, s3 = string.byte(state, v3StateLevelAt, v3StateLevelAt + 3)
+  local h1, h2, h3 = string.byte(d8, v3DigestSize + 1, v3DigestSize + 3)
+  local b, half = (h1 * 256 + h2) * 256 + h3, 2 ^ l
+  local lo = b % half
+  if lo < (s1 * 256 + s2) * 256 + s3 then
+    lo = b % (2 * half)
+  end
+  local blk = redis.call('HGET', ikey, string.char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256))
+  local pos = blk and string.find(blk, d8, 1, true)
+  while pos and pos % v3EntrySize ~= 1 do
+    pos = string.find(blk, d8, pos + 1, true)
+  end
+  if not pos then
+    return nil
+  end
+  local p1, p2 = string.byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
+  local tok6 = string.sub(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
+  local t48 = 0
+  for _, x in ipairs({string.byte(tok6, 1, 6)}) do
+    t48 = t48 * 256 + x
+  end
+  local ref = now + v3TokenAhead
+  return p1 * 256 + p2, ref - (ref - t48) % v3TokenModulus, tok6
+end
+
 -- index_entry finds the entry of the record whose digest is ix[1] in the
 -- index key ikey: the block's value, the entry's position in it, the token
 -- of the call that holds it (decimal), its place in the call and the
@@ -65,6 +140,18 @@ local function index_entry(ikey, ix)
     return nil
   end
   local m, other = index_state(redis.call('HGET', ikey, ''))
+  if other and string.find(other, V3_STATE) then
+    -- A v3 index (see v3_claim.lua): ix.v3 is set to the entry's low 48
+    -- token bits, which name its call record (index_callkey), and the
+    -- entry stays where it is (a reader marks its place instead): no block
+    -- or position is answered.
+    local place, token, tok6 = v3_index_entry(ikey, other, ix[1], index_now())
+    if not place then
+      return nil
+    end
+    ix.v3 = tok6
+    return nil, nil, string.format('%d', token), place
+  end
   if not m then
     return nil, nil, nil, nil, nil, other
   end
@@ -129,82 +216,20 @@ local function call_place(ck, p)
     fp = call_fp(v, e, places, fpw, p), at = e + p, ck = ck}
 end
 
--- v3_call_place is call_place for place p of the v3 call record at key ck
--- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
--- decimal, and untl, a number), when its results' retention ends (runtil,
--- a number), call id (att), fingerprint (fp), attempt count (cnt) and
--- recovered flag (rec, '0' or '1'), where the state byte is (at) and ck.
-local function v3_call_place(ck, p)
-  local v = redis.pcall('GET', ck)
-  if type(v) == 'table' then
-    return nil, 'wrong type'
+-- index_callkey is the key of the call record of token tok (decimal) that
+-- index_entry found in index ix.
+local function index_callkey(ix, tok)
+  if ix.v3 then
+    return ix[2] .. ix.v3
   end
-  if not v then
-    return nil
-  end
-  local _, e, u, _, r, att, fpw, aw = string.find(v, V3_CALL)
-  if not e then
-    return nil, 'unknown format'
-  end
-  fpw, aw = string.byte(fpw), string.byte(aw)
-  local places = (#v - e) / (1 + aw + fpw)
-  if places % 1 ~= 0 then
-    return nil, 'unknown format'
-  end
-  if p < 1 or p > places then
-    return nil
-  end
-  local t, tr, untl, runtil = {string.byte(u, 1, v3TimeSize)}, {string.byte(r, 1, v3TimeSize)}, 0, 0
-  for i = 1, v3TimeSize do
-    untl, runtil = untl * 256 + t[i], runtil * 256 + tr[i]
-  end
-  local cnt, rec = 1, '0'
-  if aw == v3AttemptSize then
-    local a1, a2 = string.byte(v, e + places + (p - 1) * aw + 1, e + places + p * aw)
-    cnt = a1 * 256 + a2
-    if cnt >= v3RecoveredBit then
-      cnt, rec = cnt - v3RecoveredBit, '1'
-    end
-  end
-  local fo = e + places * (1 + aw) + (p - 1) * fpw
-  return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), untl = untl, runtil = runtil, att = att,
-    fp = string.match(string.sub(v, fo + 1, fo + fpw), '^(.-)%.*$'), cnt = cnt, rec = rec, at = e + p, ck = ck}
-end
-
--- v3_index_entry finds the entry of the record whose digest starts with d8
--- (the digest's 5 bytes, then the hash's 3) in the v3 index key ikey,
--- whose field "" holds state (see v3_claim.lua): the entry's place in its
--- call, the call's token (a number, from the entry's low 48 bits and
--- Redis's clock now) and its low 48 bits as they name its call record
--- (tok6); nil when there is none.
-local function v3_index_entry(ikey, state, d8, now)
-  local l, s1, s2, s3 = string.byte(state, v3StateLevelAt, v3StateLevelAt + 3)
-  local h1, h2, h3 = string.byte(d8, v3DigestSize + 1, v3DigestSize + 3)
-  local b, half = (h1 * 256 + h2) * 256 + h3, 2 ^ l
-  local lo = b % half
-  if lo < (s1 * 256 + s2) * 256 + s3 then
-    lo = b % (2 * half)
-  end
-  local blk = redis.call('HGET', ikey, string.char(math.floor(lo / 65536), math.floor(lo / 256) % 256, lo % 256))
-  local pos = blk and string.find(blk, d8, 1, true)
-  while pos and pos % v3EntrySize ~= 1 do
-    pos = string.find(blk, d8, pos + 1, true)
-  end
-  if not pos then
-    return nil
-  end
-  local p1, p2 = string.byte(blk, pos + v3EntryPlaceAt - 1, pos + v3EntryPlaceAt)
-  local tok6 = string.sub(blk, pos + v3EntryTokenAt - 1, pos + v3EntryTokenAt + 4)
-  local t48 = 0
-  for _, x in ipairs({string.byte(tok6, 1, 6)}) do
-    t48 = t48 * 256 + x
-  end
-  local ref = now + v3TokenAhead
-  return p1 * 256 + p2, ref - (ref - t48) % v3TokenModulus, tok6
+  return ix[2] .. tok
 end
 
 -- index_claim is call_place for place p of the call of token tok.
 local function index_claim(ix, tok, p)
+  if ix.v3 then
+    return v3_call_place(ix[2] .. ix.v3, p)
+  end
   return call_place(ix[2] .. tok, p)
 end
 
@@ -216,12 +241,13 @@ end
 -- the call no longer holds.
 local function index_reply(code, c, tok, t)
   local head, rest = nil, ''
+  local cnt, rec = c.cnt or '1', c.rec or '0'
   if c.st == 'P' then
-    head = record_head('P', tok, '1', '0', c.until_us, c.att, c.fp)
+    head = record_head('P', tok, cnt, rec, c.until_us, c.att, c.fp)
   elseif c.st == 'R' then
-    head = record_head('R', tok, '1', '0', '0', c.att, c.fp)
+    head = record_head('R', tok, cnt, rec, '0', c.att, c.fp)
   elseif c.st == 'C' then
-    head, rest = record_head('C', tok, '1', '0', '0', c.att, c.fp), '\1b'
+    head, rest = record_head('C', tok, cnt, rec, '0', c.att, c.fp), '\1b'
   else
     return nil
   end
