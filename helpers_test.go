@@ -89,22 +89,25 @@ func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 }
 
 // expireV3Lease makes the lease of the v3 claim whose entry starts with d8
-// run out: its call record's lease end becomes 0.
+// run out: the lease end of the call record of each of its entries (an
+// id's older entries wait to be swept) becomes 0, and so that of every
+// claim of those calls, which share one lease.
 func expireV3Lease(t testing.TB, s *RedisStore, d8 string) {
 	t.Helper()
 	ctx, c := context.Background(), s.client.(redis.Cmdable)
 	blocks, err := c.HGetAll(ctx, s.v3.index).Result()
 	require.NoError(t, err)
+	found := false
 	for name, blk := range blocks {
 		for at := 0; name != "" && at+v3EntrySize <= len(blk); at += v3EntrySize {
 			if blk[at:at+8] == d8 {
 				tok6 := blk[at+v3EntryTokenAt-1 : at+v3EntryTokenAt+5]
 				require.NoError(t, c.SetRange(ctx, s.v3.calls+tok6, v3CallUntilAt-1, string(make([]byte, v3TimeSize))).Err())
-				return
+				found = true
 			}
 		}
 	}
-	t.Fatalf("no v3 entry for %x", d8)
+	require.True(t, found, "no v3 entry for %x", d8)
 }
 
 // errOf is the error of a Store's Complete, for a test that asserts on it

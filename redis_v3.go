@@ -37,8 +37,7 @@ func withLayoutV3() Option {
 // index key and its call records, on one server. A batch claim that asked
 // for records of their own reads the same index and writes its claims in
 // records; a checkpoint or a completion with a value moves a v3 claim to a
-// record of its own; Claim (Do, Begin) reads the v3 index (claim.lua). A
-// Keeper made WithoutMarkers keeps v2 (see newV3Layout).
+// record of its own; Claim (Do, Begin) reads the v3 index (claim.lua).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said
@@ -59,14 +58,16 @@ const v3MaxHold = time.Hour
 
 // newV3Layout returns the v3 layout of store s, or nil where v3 does not
 // serve yet (a client of another kind than *redis.Client or *redis.Conn,
-// WithReplicas, WithoutMarkers): the store keeps v2 there.
+// WithReplicas): the store keeps v2 there. A store made WithoutMarkers
+// takes it too: its claims are records of their own, and it reads the
+// markers others left in the v3 index.
 func newV3Layout(s *RedisStore) *v3Layout {
 	switch s.client.(type) {
 	case *redis.Client, *redis.Conn:
 	default:
 		return nil
 	}
-	if s.durable != nil || s.noCompact {
+	if s.durable != nil {
 		return nil
 	}
 	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
