@@ -88,6 +88,11 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 			if !sc.walk(ctx, n, sc.match, sc.read, yield) || !sc.walk(ctx, n, calls, sc.readCalls, yield) {
 				return
 			}
+			// The v3 layout's call records: its base and 6 bytes ('*', not
+			// six '?': miniredis's '?' is a UTF-8 character).
+			if s.v3 != nil && !sc.walk(ctx, n, sc.prefix+"c3:*", sc.readCalls, yield) {
+				return
+			}
 		}
 	}
 }
@@ -300,14 +305,36 @@ func (sc *scanner) readCalls(ctx context.Context, node scanClient, keys []string
 // PTTL is ttl, at Redis's time now: a Record for each state its places are
 // in, pending, completed (markers) and released, in that order.
 func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error) {
+	if c, ok := parseV3Call(v); ok {
+		return readV3Call(key, c, ttl, now)
+	}
 	tok, err := strconv.ParseInt(key[strings.LastIndexByte(key, ':')+1:], 10, 64)
 	h, ok := parseCallRecord(v)
 	if err != nil || !ok {
 		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
 	}
-	until, done, states := h.until, h.done, h.states
+	return callRecords(key, tok, h.fpw > 0, h.until, h.done, h.states, ttl, now), nil
+}
+
+// readV3Call is readCall of the v3 call record c at key (see format.go),
+// whose name holds its token's low 48 bits.
+func readV3Call(key string, c v3Call, ttl time.Duration, now time.Time) ([]Record, error) {
+	if len(key) < 6 {
+		return nil, fmt.Errorf("%w: v3 call record key %q", ErrCorrupt, key)
+	}
+	var t48 int64
+	for _, b := range []byte(key[len(key)-6:]) {
+		t48 = t48<<8 | int64(b)
+	}
+	ref := now.UnixMicro() + v3TokenAhead
+	return callRecords(key, ref-(ref-t48)%v3TokenModulus, c.fpw > 0, c.until, c.done, c.states, ttl, now), nil
+}
+
+// callRecords is a Record for each state the places of a call record are
+// in, pending, completed (markers) and released, in that order.
+func callRecords(key string, tok int64, fp bool, until, done int64, states string, ttl time.Duration, now time.Time) []Record {
 	base := Record{
-		Key: key, Token: tok, Attempt: 1, Compact: true, Fingerprint: h.fpw > 0,
+		Key: key, Token: tok, Attempt: 1, Compact: true, Fingerprint: fp,
 		ExpiresIn: ttl, Age: max(0, now.Sub(time.UnixMicro(tok))), ReadAt: now,
 	}
 	var out []Record
@@ -329,7 +356,7 @@ func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error)
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out
 }
 
 // idOfKey returns the id of a record key (see RedisStore.key), or "".
