@@ -75,8 +75,9 @@
 -- out, or that was released, is taken over by a record of its own (attempt
 -- 2, a higher token), its place in the call record marked M; a completed
 -- one is a marker. A v3 index's entry answers the same way; one taken over
--- is marked T, at the attempt after the one its call record holds. A stale entry (its call record gone, and the entry
--- older than ARGV[4]) is no answer.
+-- is marked T, at the attempt after the one its call record holds, and
+-- its entry stays until swept. A stale entry (its call record gone, and
+-- the entry older than ARGV[4], or ARGV[7] in v3) is no answer.
 --
 -- Every key read or written is declared, the call record too: the script
 -- learns which call record it needs from the index entry, so it answers
@@ -133,56 +134,21 @@ if not v then
   if KEYS[2] then
     local ix = {ARGV[5], ARGV[6]}
     local blk, pos, ctok, place, name, other = index_entry(KEYS[2], ix)
-    if ix.v3 then
-      -- A v3 index (see v3_claim.lua): its entry answers as there. A claim
-      -- whose lease ran out, or released, is taken over by a record of
-      -- its own, its place marked T so that its holder's settle is
-      -- refused; the entry stays, behind the record, until swept.
-      local now, token = index_now(), tonumber(ctok)
-      if place then
-        if KEYS[3] ~= index_callkey(ix, ctok) then
-          return {replyAskAgain, token}
-        end
-        local c, why = index_claim(ix, ctok, place)
-        if why then
-          return {replyNotOurs, why}
-        end
-        if not c and redis.call('EXISTS', KEYS[3]) == 0 and now - token <= tonumber(ARGV[7]) * 1000 then
-          return {claimCallMissing}
-        end
-        local st = c and c.st or ''
-        if (st == 'P' or st == 'C') and c.fp ~= fp then
-          return {claimMismatch}
-        end
-        if st == 'C' then
-          if now <= c.runtil then
-            return {claimMarker, token}
-          end
-          return {claimMarkerExpired, token}
-        elseif st == 'P' and c.untl > now then
-          return -math.ceil((c.untl - now) / 1000)
-        elseif st == 'P' or st == 'R' then
-          prev, cnt = token, c.cnt
-          if st == 'P' then
-            rec = 1
-          end
-          redis.call('SETRANGE', KEYS[3], c.at - 1, 'T')
-        end
-      end
-      pos = nil
-    end
     if other then
       return redis.error_reply('IDEMLAYOUT ' .. other)
     end
-    if pos then
-      if KEYS[3] ~= ix[2] .. ctok then
+    if ctok then
+      if KEYS[3] ~= index_callkey(ix, ctok) then
         return {replyAskAgain, tonumber(ctok)}
       end
       local c, why = index_claim(ix, ctok, place)
       if why then
         return {replyNotOurs, why}
       end
-      if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < tonumber(ARGV[4]) * 1000 then
+      -- How long a call record lives at least: a pending record's keep
+      -- (v2), the call records' keep (v3, ARGV[7]).
+      local young = tonumber(ix.v3 and ARGV[7] or ARGV[4])
+      if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < young * 1000 then
         return {claimCallMissing}
       end
       local st = c and c.st or ''
@@ -199,14 +165,18 @@ if not v then
         return -math.ceil((tonumber(c.until_us) - now) / 1000)
       end
       if st == 'P' or st == 'R' then
-        prev, cnt = tonumber(ctok), 1
+        prev, cnt = tonumber(ctok), c.cnt or 1
         if st == 'P' then
           rec = 1
         end
-        redis.call('SETRANGE', c.ck, c.at - 1, 'M')
+        -- v2: moved to a record (M), and the entry leaves the index; v3:
+        -- taken over (T), and the entry stays, behind the record, until
+        -- swept.
+        redis.call('SETRANGE', c.ck, c.at - 1, ix.v3 and 'T' or 'M')
       end
-      -- The entry leaves the index: a record holds the claim from now on.
-      index_drop(KEYS[2], name, blk, pos)
+      if not ix.v3 then
+        index_drop(KEYS[2], name, blk, pos)
+      end
     end
   end
   local t = redis.call('TIME')

@@ -57,9 +57,10 @@ end
 
 -- v3_call_place is call_place for place p of the v3 call record at key ck
 -- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
--- decimal, and untl, a number), when its results' retention ends (runtil,
--- a number), call id (att), fingerprint (fp), attempt count (cnt) and
--- recovered flag (rec, '0' or '1'), where the state byte is (at) and ck.
+-- decimal, and untl, a number), when it last completed a claim (done_us)
+-- and when its results' retention ends (runtil_us, and runtil, a number),
+-- call id (att), fingerprint (fp), attempt count (cnt) and recovered flag
+-- (rec, '0' or '1'), where the state byte is (at) and ck.
 local function v3_call_place(ck, p)
   local v = redis.pcall('GET', ck)
   if type(v) == 'table' then
@@ -94,7 +95,7 @@ local function v3_call_place(ck, p)
   end
   local fo = e + places * (1 + aw) + (p - 1) * fpw
   return {st = string.sub(v, e + p, e + p), until_us = string.format('%d', untl), untl = untl, runtil = runtil,
-    done_us = string.format('%d', done), att = att,
+    done_us = string.format('%d', done), runtil_us = string.format('%d', runtil), att = att,
     fp = string.match(string.sub(v, fo + 1, fo + fpw), '^(.-)%.*$'), cnt = cnt, rec = rec, at = e + p, ck = ck}
 end
 
