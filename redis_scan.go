@@ -322,12 +322,7 @@ func readV3Call(key string, c v3Call, ttl time.Duration, now time.Time) ([]Recor
 	if len(key) < 6 {
 		return nil, fmt.Errorf("%w: v3 call record key %q", ErrCorrupt, key)
 	}
-	var t48 int64
-	for _, b := range []byte(key[len(key)-6:]) {
-		t48 = t48<<8 | int64(b)
-	}
-	ref := now.UnixMicro() + v3TokenAhead
-	return callRecords(key, ref-(ref-t48)%v3TokenModulus, c.fpw > 0, c.until, c.done, c.states, ttl, now), nil
+	return callRecords(key, v3WholeToken(be48(key[len(key)-6:]), now.UnixMicro()), c.fpw > 0, c.until, c.done, c.states, ttl, now), nil
 }
 
 // callRecords is a Record for each state the places of a call record are

@@ -211,30 +211,22 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 	case v3AnswerEarlier:
 		// The claim of an earlier run of this call, at its place in that
 		// run's call record.
-		return ClaimReply{Status: StatusClaimed, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt%v3RecoveredBit)),
+		return ClaimReply{Status: StatusClaimed, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt%v3RecoveredBit)),
 			Recovered: a.attempt >= v3RecoveredBit, Ref: int(a.place)}, nil
 	case v3AnswerRepeat:
 		// Another id of this call with the same 64 bits (see format.go):
 		// as in progress, held by this call.
 		return ClaimReply{Status: StatusInProgress, LeaseLeft: lease}, nil
 	case v3AnswerDone:
-		return ClaimReply{Status: StatusCompleted, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt)), Marker: true, Value: emptyBytes}, nil
+		return ClaimReply{Status: StatusCompleted, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true, Value: emptyBytes}, nil
 	case v3AnswerExpired:
-		return ClaimReply{Status: StatusResultExpired, Token: v3FullToken(a.n), Attempt: max(1, int(a.attempt)), Marker: true}, nil
+		return ClaimReply{Status: StatusResultExpired, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true}, nil
 	case v3AnswerBusy:
 		return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
 	case v3AnswerMismatch:
 		return ClaimReply{Status: StatusMismatch}, nil
 	}
 	return ClaimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
-}
-
-// v3FullToken is the token whose low 48 bits are t48, as the v3 claim
-// reads one from an entry (format.go): the nearest below this process's
-// clock and v3TokenAhead.
-func v3FullToken(t48 int64) int64 {
-	ref := time.Now().UnixMicro() + v3TokenAhead
-	return ref - (ref-t48)%v3TokenModulus
 }
 
 // settleCalls returns the calls that complete (target "C"), release ("R")

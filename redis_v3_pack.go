@@ -102,17 +102,13 @@ func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, refusal string
 			if len(nums) < 8 {
 				return 0, "", fmt.Errorf("%w: v3 claim reply: token of place %d", ErrCorrupt, j+1)
 			}
-			for k := 0; k < 6; k++ {
-				a.n = a.n<<8 | int64(nums[k])
-			}
+			a.n = be48(nums)
 			a.attempt, nums = uint16(nums[6])<<8|uint16(nums[7]), nums[8:]
 		case v3AnswerEarlier:
 			if len(nums) < 10 {
 				return 0, "", fmt.Errorf("%w: v3 claim reply: earlier claim of place %d", ErrCorrupt, j+1)
 			}
-			for k := 0; k < 6; k++ {
-				a.n = a.n<<8 | int64(nums[k])
-			}
+			a.n = be48(nums)
 			a.place, a.attempt, nums = uint16(nums[6])<<8|uint16(nums[7]), uint16(nums[8])<<8|uint16(nums[9]), nums[10:]
 		case v3AnswerBusy, v3AnswerTakenOver, v3AnswerReclaimed:
 			var ok bool
@@ -129,6 +125,16 @@ func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, refusal string
 	}
 	p.level, p.split = m.level, m.split
 	return token, nums, nil
+}
+
+// be48 is the big-endian number in the first 6 bytes of s: the low 48
+// bits of a token, as v3 entries and replies hold them.
+func be48(s string) int64 {
+	var n int64
+	for k := 0; k < 6; k++ {
+		n = n<<8 | int64(s[k])
+	}
+	return n
 }
 
 // cutV3Number cuts a number of a v3 claim reply, 1 to 18 decimal digits
