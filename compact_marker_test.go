@@ -302,6 +302,7 @@ func TestMarkerLostReplies(t *testing.T) {
 		ctx := context.Background()
 		r := &resentScripts{Scripter: b.Client, resend: map[string]bool{
 			compactClaimScript.Hash(): true, compactSettleScript.Hash(): true, compactMoveScript.Hash(): true,
+			v3ClaimScript.Hash(): true, v3SettleScript.Hash(): true,
 		}}
 		s, err := NewRedisStore(r)
 		require.NoError(t, err)

@@ -62,9 +62,9 @@ func TestClusterSlotMigrationRunsMarkersAgain(t *testing.T) {
 				require.Equal(t, MessageHandled, r.Status, msgs[i])
 			}
 			slot := keySlot(s.key(k.RecordID("s", msgs[0])))
-			ikey := s.compact.keyNames[slot]
+			_, ikey, base := s.compactIndexArgs(k.RecordID("s", msgs[0]))
 			m := startSlotMigration(t, cl, cc, int64(slot))
-			calls, err := m.src.Keys(ctx, s.callBase(s.key(k.RecordID("s", msgs[0])))+"*").Result()
+			calls, err := m.src.Keys(ctx, base+"*").Result()
 			require.NoError(t, err)
 			require.Len(t, calls, 1, "one call record: the markers are compact")
 			require.EqualValues(t, 1, m.src.Exists(ctx, ikey).Val(), "the index key")
@@ -181,7 +181,8 @@ func TestClusterSlotMigrationYoungEntryWithoutCallRecord(t *testing.T) {
 	for i, r := range res {
 		require.Equal(t, MessageHandled, r.Status, msgs[i])
 	}
-	calls, err := b.Client.Keys(ctx, DefaultPrefix+"c:*").Result()
+	_, _, base := k.store.(*RedisStore).compactIndexArgs(k.RecordID("s", msgs[0]))
+	calls, err := b.Client.Keys(ctx, base+"*").Result()
 	require.NoError(t, err)
 	require.Len(t, calls, 1, "one call record: the markers are compact")
 	call, err := b.Client.Get(ctx, calls[0]).Result()

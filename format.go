@@ -434,9 +434,11 @@ func parseCallRecord(v string) (callRecord, bool) {
 //
 // Its keys are its own, so that v2 and v3 data never meet (v3IndexKey,
 // v3CallBase): on one server the index key prefix + "i3" and the call
-// records prefix + "c3:" + TOKEN; on a Cluster prefix + "{" + TAG + "}i3"
-// and prefix + "{" + TAG + "}c3:" + TOKEN, TAG a hash tag of the slot;
-// TOKEN is decimal.
+// records prefix + "c3:" + TOKEN (each shard of a Ring has its own under
+// these names); on a Cluster prefix + "{" + TAG + "}i3" and prefix + "{" +
+// TAG + "}c3:" + TOKEN, TAG a hash tag of the slot the records are in;
+// TOKEN is the low 48 bits of the call's token, 6 bytes big-endian
+// (v3CallKey).
 //
 // The digest. A record id's index digest (indexDigest: the 16 bytes of a
 // Keeper's id, or of the SHA-256 of any other id, uniform either way) gives
@@ -647,6 +649,10 @@ const (
 	// which go-redis sent again after another call came between; the
 	// caller holds that claim.
 	v3AnswerEarlier = 'O'
+	// v3AnswerCallMissing: the id's entry is younger than its call record
+	// lives, and its call record is missing: elsewhere (its slot
+	// migrates) or lost. Not claimed: unavailable.
+	v3AnswerCallMissing = 'W'
 )
 
 // v3IndexKey is the name of the v3 index key under prefix: on one server

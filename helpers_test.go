@@ -77,38 +77,45 @@ var expireLeaseLua = newLuaScript(expireLeaseSrc)
 // Redis's clock, whether the claim is kept in a record or compactly.
 func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 	t.Helper()
-	id := recordID(scope, key)
+	expireLeaseOf(t, s, recordID(scope, key))
+}
+
+// expireLeaseOf is expireLease for the record id.
+func expireLeaseOf(t testing.TB, s *RedisStore, id string) {
+	t.Helper()
+	ctx := context.Background()
 	d8, index, calls := s.compactIndexArgs(id)
 	if s.v3 != nil {
-		if n, _ := s.client.(redis.Cmdable).Exists(context.Background(), s.key(id)).Result(); n == 0 {
-			expireV3Lease(t, s, d8)
+		if n, err := s.client.(redis.Cmdable).Exists(ctx, s.key(id)).Result(); err == nil && n == 0 {
+			n, err := expireV3LeaseLua.Run(ctx, s.client, []string{s.key(id)}, d8, index, calls).Int()
+			require.NoError(t, err)
+			require.Positive(t, n, "no v3 entry for %x", d8)
 			return
 		}
 	}
-	require.NoError(t, expireLeaseLua.Run(context.Background(), s.client, []string{s.key(id)}, d8, index, calls).Err())
+	require.NoError(t, expireLeaseLua.Run(ctx, s.client, []string{s.key(id)}, d8, index, calls).Err())
 }
 
-// expireV3Lease makes the lease of the v3 claim whose entry starts with d8
-// run out: the lease end of the call record of each of its entries (an
-// id's older entries wait to be swept) becomes 0, and so that of every
-// claim of those calls, which share one lease.
-func expireV3Lease(t testing.TB, s *RedisStore, d8 string) {
-	t.Helper()
-	ctx, c := context.Background(), s.client.(redis.Cmdable)
-	blocks, err := c.HGetAll(ctx, s.v3.index).Result()
-	require.NoError(t, err)
-	found := false
-	for name, blk := range blocks {
-		for at := 0; name != "" && at+v3EntrySize <= len(blk); at += v3EntrySize {
-			if blk[at:at+8] == d8 {
-				tok6 := blk[at+v3EntryTokenAt-1 : at+v3EntryTokenAt+5]
-				require.NoError(t, c.SetRange(ctx, s.v3.calls+tok6, v3CallUntilAt-1, string(make([]byte, v3TimeSize))).Err())
-				found = true
-			}
-		}
-	}
-	require.True(t, found, "no v3 entry for %x", d8)
-}
+// expireV3LeaseLua makes the lease of the v3 claim whose entry starts with
+// ARGV[1], in index ARGV[2], its call records under ARGV[3], run out: the
+// lease end of the call record of each of its entries (an id's older
+// entries wait to be swept) becomes 0, and so that of every claim of those
+// calls, which share one lease. KEYS[1], the record's key, sends it where
+// the record is (a Ring). It answers how many entries it found.
+var expireV3LeaseLua = newLuaScript(`
+local d8, ikey, base = ARGV[1], ARGV[2], ARGV[3]
+local h, n = redis.call('HGETALL', ikey), 0
+for i = 1, #h, 2 do
+  local blk = h[i + 1]
+  for p = 1, h[i] ~= '' and #blk - v3EntrySize + 1 or 0, v3EntrySize do
+    if string.sub(blk, p, p + 7) == d8 then
+      local tok6 = string.sub(blk, p + v3EntryTokenAt - 1, p + v3EntryTokenAt + 4)
+      redis.call('SETRANGE', base .. tok6, v3CallUntilAt - 1, string.rep('\0', v3TimeSize))
+      n = n + 1
+    end
+  end
+end
+return n`)
 
 // errOf is the error of a Store's Complete, for a test that asserts on it
 // alone.

@@ -157,7 +157,7 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	}
 	moveErrs := make([]error, len(items))
 	if s.v3 != nil {
-		calls = s.v3.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
+		calls = s.v3.settleCalls(s, "C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
 		calls = append(calls, s.v3.moveCalls(s, s.compactGroups(moving, fence), items, errs)...)
 		moving = nil
 	} else {
@@ -242,7 +242,7 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	compact, records := splitByRef(len(claims), fence)
 	var calls []batchCall
 	if s.v3 != nil {
-		calls = s.v3.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
+		calls = s.v3.settleCalls(s, "R", 0, 0, s.compactGroups(compact, fence), fence, errs)
 	} else {
 		calls = s.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
 	}
@@ -291,7 +291,7 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 	}
 	var calls []batchCall
 	if s.v3 != nil {
-		calls = s.v3.settleCalls("E", keep, millis(lease), s.compactGroups(compact, fence), fence, errs)
+		calls = s.v3.settleCalls(s, "E", keep, millis(lease), s.compactGroups(compact, fence), fence, errs)
 	} else {
 		calls = s.moveCalls("E", lease, keep, s.compactGroups(compact, fence), fence, errs)
 	}
@@ -357,17 +357,19 @@ type batchCall struct {
 	keys    []string
 	args    []any
 	step    *batchStep
-	// routed is set for a call whose first argument is a record key that
-	// the script does not read (compact_settle.lua, compact_move.lua, whose
-	// keys are the call record and the index key): a client that places
-	// keys by hashing them (a Ring) sends the call where that record is.
-	routed bool
+	// route is set for a call that goes where one of its keys or
+	// arguments, a record key, is rather than where its first key is: its
+	// position in the call's command (routedKeyPos for compact_settle.lua
+	// and compact_move.lua, whose keys are the call record and the index
+	// key). A client that places keys by hashing them (a Ring) sends the
+	// call where that record is; 0: where its first key is.
+	route int
 }
 
-// routedKeyPos is where a routed call's record key is in its command:
-// after EVALSHA, the hash, the number of keys and its first two keys (the
-// call record and the index key): its first argument or, for a move of
-// claims to records, its first record key.
+// routedKeyPos is where a compact settle or move call's record key is in
+// its command: after EVALSHA, the hash, the number of keys and its first
+// two keys (the call record and the index key): its first argument or, for
+// a move of claims to records, its first record key.
 const routedKeyPos = 5
 
 // cmd returns the command of the routed call c: EVALSHA, or EVAL for eval,
@@ -386,7 +388,7 @@ func (c *batchCall) cmd(ctx context.Context, st *batchStep, eval bool) *redis.Cm
 	}
 	args = append(args, c.args...)
 	cmd := redis.NewCmd(ctx, args...)
-	cmd.SetFirstKeyPos(routedKeyPos)
+	cmd.SetFirstKeyPos(int8(c.route))
 	return cmd
 }
 
@@ -530,7 +532,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls 
 	for {
 		var todo []int
 		for j, c := range calls {
-			if c.stepOf(st).script != compactClaimScript && isClusterRedirect(cmds[j].Err()) {
+			if c.stepOf(st).script != compactClaimScript && c.stepOf(st).script != v3ClaimScript && isClusterRedirect(cmds[j].Err()) {
 				todo = append(todo, j)
 			}
 		}
@@ -564,7 +566,7 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 	p, ok := s.client.(pipeliner)
 	if !ok || len(calls) == 1 {
 		for j, c := range calls {
-			if c.routed {
+			if c.route != 0 {
 				cmds[j] = c.run(ctx, st, s.client)
 				continue
 			}
@@ -574,7 +576,7 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 	}
 	pipe := p.Pipeline()
 	for j, c := range calls {
-		if c.routed {
+		if c.route != 0 {
 			cmds[j] = c.cmd(ctx, st, false)
 			_ = pipe.Process(ctx, cmds[j])
 			continue
@@ -588,7 +590,7 @@ func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchC
 			if again == nil {
 				again = p.Pipeline()
 			}
-			if c.routed {
+			if c.route != 0 {
 				cmds[j] = c.cmd(ctx, st, true)
 				_ = again.Process(ctx, cmds[j])
 				continue

@@ -22,7 +22,9 @@ var (
 func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
 	if claim.Ref > 0 {
 		if s.v3 != nil {
-			return s.checkpoint(ctx, []string{s.key(claim.ID), s.v3.index, v3CallKey(s.v3.calls, claim.Token)},
+			key := s.key(claim.ID)
+			index, calls := s.v3Names(key)
+			return s.checkpoint(ctx, []string{key, index, v3CallKey(calls, claim.Token)},
 				[]any{claim.Token, name, value, MaxCheckpoints, claim.Ref, "", millis(keep)})
 		}
 		return s.checkpointCompact(ctx, claim, name, value, keep)

@@ -472,7 +472,7 @@ func (s *RedisStore) settleCalls(target string, keep time.Duration, until int64,
 		}
 		keys := []string{s.callBase(key) + strconv.FormatInt(f.Token, 10), s.entry(f.ID).key}
 		args := []any{key, target, millis(keep), string(places), until}
-		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, route: routedKeyPos})
 	}
 	return calls
 }
@@ -525,7 +525,7 @@ func (s *RedisStore) moveCalls(mode string, lease, keep time.Duration, groups []
 			e := s.entry(fj.ID)
 			args = append(args, fj.Ref, string(e.d8[:]))
 		}
-		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, routed: true})
+		calls = append(calls, batchCall{records: items, keys: keys, args: args, step: st, route: routedKeyPos})
 	}
 	return calls
 }
@@ -562,7 +562,8 @@ func (s *RedisStore) compactIndexArgs(id string) (d8, index, calls string) {
 	if s.v3 != nil {
 		var d [16]byte
 		indexDigest(&d, id)
-		return string(d[:8]), s.v3.index, s.v3.calls
+		index, calls = s.v3Names(s.key(id))
+		return string(d[:8]), index, calls
 	}
 	e := s.entry(id)
 	return string(e.d8[:]), e.key, s.callBase(s.key(id))

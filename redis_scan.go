@@ -80,9 +80,9 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 			yield(Record{}, err)
 			return
 		}
-		calls := sc.prefix + "c:[0-9]*"
+		calls, calls3 := sc.prefix+"c:[0-9]*", sc.prefix+"c3:*"
 		if s.compact.cluster {
-			calls = sc.prefix + "{*}c:[0-9]*"
+			calls, calls3 = sc.prefix+"{*}c:[0-9]*", sc.prefix+"{*}c3:*"
 		}
 		for _, n := range nodes {
 			if !sc.walk(ctx, n, sc.match, sc.read, yield) || !sc.walk(ctx, n, calls, sc.readCalls, yield) {
@@ -90,7 +90,7 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 			}
 			// The v3 layout's call records: its base and 6 bytes ('*', not
 			// six '?': miniredis's '?' is a UTF-8 character).
-			if s.v3 != nil && !sc.walk(ctx, n, sc.prefix+"c3:*", sc.readCalls, yield) {
+			if s.v3 != nil && !sc.walk(ctx, n, calls3, sc.readCalls, yield) {
 				return
 			}
 		}

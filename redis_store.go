@@ -199,9 +199,6 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 			args = append(args, call)
 		}
 		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
-		if s.v3 != nil {
-			args = append(args, millis(req.Lease+max(req.Keep-req.Lease, req.MarkerRetention)))
-		}
 		res, err := s.eval(ctx, claimEval, args).Result()
 		if err != nil {
 			return ClaimReply{}, s.layoutError(err)
@@ -230,7 +227,8 @@ func (s *RedisStore) claimIndexArgs(id, key string) (d8 string, index any, calls
 	e := s.entryAt(id, key)
 	if s.v3 != nil {
 		// The v3 index: its entries start with the same 8 bytes.
-		return string(e.d8[:]), s.v3.index, s.v3.calls, s.v3.calls
+		index, calls := s.v3Names(key)
+		return string(e.d8[:]), index, calls, calls
 	}
 	if !s.compact.cluster {
 		return string(e.d8[:]), s.indexArg, s.callsArg.(string), s.callsArg

@@ -34,17 +34,22 @@ func withLayoutV3() Option {
 }
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
-// index key and its call records, on one server. A batch claim that asked
-// for records of their own reads the same index and writes its claims in
-// records; a checkpoint or a completion with a value moves a v3 claim to a
-// record of its own; Claim (Do, Begin) reads the v3 index (claim.lua).
+// index key and its call records on one server (on each shard of a Ring),
+// one of each a slot on a Cluster (see RedisStore.v3Names). A batch claim
+// that asked for records of their own reads the same index and writes its
+// claims in records; a checkpoint or a completion with a value moves a v3
+// claim to a record of its own; Claim (Do, Begin) reads the v3 index
+// (claim.lua).
 type v3Layout struct {
 	index, calls string
 	// ls is the index's level and split point as the last reply said
 	// (an empty index's before any), level<<24 | split: the next call
-	// packs by them.
-	ls      atomic.Uint32
-	packers sync.Pool
+	// packs by them. On a Cluster, slots holds each slot's, made at the
+	// first claim there.
+	ls        atomic.Uint32
+	slotsOnce sync.Once
+	slots     []atomic.Uint32
+	packers   sync.Pool
 }
 
 // v3Chunk is the most messages one v3 claim call holds: Lua's unpack of its
@@ -57,22 +62,43 @@ const v3Chunk = 1000
 const v3MaxHold = time.Hour
 
 // newV3Layout returns the v3 layout of store s, or nil where v3 does not
-// serve yet (a client of another kind than *redis.Client or *redis.Conn,
-// WithReplicas): the store keeps v2 there. A store made WithoutMarkers
-// takes it too: its claims are records of their own, and it reads the
-// markers others left in the v3 index.
+// serve yet (WithReplicas): the store keeps v2 there. A store made
+// WithoutMarkers takes it too: its claims are records of their own, and
+// it reads the markers others left in the v3 index.
 func newV3Layout(s *RedisStore) *v3Layout {
-	switch s.client.(type) {
-	case *redis.Client, *redis.Conn:
-	default:
-		return nil
-	}
 	if s.durable != nil {
 		return nil
 	}
 	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
 	l.ls.Store(v3StartLevel << 24)
 	return l
+}
+
+// stateOf is where the level and split point of the index of the record
+// whose Redis key is key are kept.
+func (l *v3Layout) stateOf(s *RedisStore, key string) *atomic.Uint32 {
+	if !s.compact.cluster {
+		return &l.ls
+	}
+	l.slotsOnce.Do(func() {
+		l.slots = make([]atomic.Uint32, redisClusterSlots)
+		for i := range l.slots {
+			l.slots[i].Store(v3StartLevel << 24)
+		}
+	})
+	return &l.slots[keySlot(key)]
+}
+
+// v3Names returns the v3 index key and the start of the call record keys
+// of the record whose Redis key is key: the store's own on one server and
+// on a Ring (each shard has its own under the same names, and a call goes
+// where its record is), its slot's on a Cluster.
+func (s *RedisStore) v3Names(key string) (index, calls string) {
+	if !s.compact.cluster {
+		return s.v3.index, s.v3.calls
+	}
+	slot := keySlot(key)
+	return v3IndexKey(s.prefix, true, slot), v3CallBase(s.prefix, true, slot)
 }
 
 // v3CallID is the call id of attempt: itself when it is one (11
@@ -85,31 +111,101 @@ func v3CallID(attempt string) string {
 	return base64.RawURLEncoding.EncodeToString(sum[:8])
 }
 
-// claim is ClaimBatch's compact claim of the records todo, in calls of
-// v3Chunk, answered into out.
+// claim is ClaimBatch's compact claim of the records todo, answered into
+// out: on one server in calls of v3Chunk, on a Cluster in calls of one
+// slot each, on other clients (a Ring) in a call a record, sent where its
+// record is; the calls go in one pipeline.
 func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
+	if len(todo) == 0 {
+		return
+	}
+	if err := s.layoutReady(ctx); err != nil {
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return
+	}
 	keys := s.keysOf(req.IDs, todo)
-	for c := 0; len(todo) > 0; c++ {
-		chunk := todo[:min(len(todo), v3Chunk)]
-		todo = todo[len(chunk):]
+	var groups [][]int
+	route := 0
+	switch s.client.(type) {
+	case *redis.Client, *redis.Conn:
+		groups = [][]int{todo}
+	case *redis.ClusterClient:
+		groups = bySlot(todo, func(i int) string { return keys[i] })
+	default:
+		groups = make([][]int, len(todo))
+		for j := range todo {
+			groups[j] = todo[j : j+1 : j+1]
+		}
+		route = v3ClaimRoutePos
+	}
+	var parts []*v3ClaimPart
+	var calls []batchCall
+	for c := 0; len(groups) > 0; c++ {
+		g := groups[0]
+		chunk := g[:min(len(g), v3Chunk)]
+		if len(chunk) == len(g) {
+			groups = groups[1:]
+		} else {
+			groups[0] = g[len(chunk):]
+		}
 		// Each call has an id of its own, the first the attempt's: a
-		// chunk is not taken for the previous one sent again.
+		// call is not taken for the previous one to its index sent again.
 		callID := v3CallID(req.Attempt)
 		if c > 0 {
 			callID = v3CallID(req.Attempt + "/" + strconv.Itoa(c))
 		}
-		l.claimChunk(ctx, s, req, chunk, keys, callID, out)
+		// On a Cluster a slot's few claims go in records of their own, as
+		// clusterCompactMin says.
+		compact := req.Compact && (!s.compact.cluster || len(chunk) >= clusterCompactMin)
+		part, call := l.prepare(s, req, chunk, keys, callID, compact, out)
+		if part == nil {
+			continue
+		}
+		call.route = route
+		parts = append(parts, part)
+		calls = append(calls, call)
+	}
+	st := &batchStep{script: v3ClaimScript}
+	var records []int
+	for j, cmd := range s.sendCalls(ctx, st, calls) {
+		records = l.answer(s, req, parts[j], cmd, out, records)
+	}
+	// A record of its own to take over (released, or its lease ran out)
+	// or to read a result from is claimed there, as Claim does, a round
+	// trip each: its checkpoints or its result come with it. Such ids are
+	// few (a claim moved by a checkpoint or a completion with a value or a
+	// Final error; one Do or Begin made).
+	for _, i := range records {
+		fp := ""
+		if req.Fingerprints != nil {
+			fp = req.Fingerprints[i]
+		}
+		out[i].Reply, out[i].Err = s.Claim(ctx, req.IDs[i], ClaimRequest{Fingerprint: fp, Attempt: req.Attempt,
+			Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention})
 	}
 }
 
-// claimChunk claims the records chunk in one call of id callID; keys are
-// the records' keys (by the caller's index), out their answers.
-func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, callID string, out []BatchClaimReply) {
-	fail := func(err error) {
-		for _, i := range chunk {
-			out[i].Err = err
-		}
-	}
+// v3ClaimRoutePos is where a v3 claim call of one record has its record
+// key in its command: after EVALSHA, the hash, the number of keys and the
+// index key.
+const v3ClaimRoutePos = 4
+
+// v3ClaimPart is one v3 claim call on its way: its records, the packer
+// that packed them and reads its reply, and the index state it updates.
+type v3ClaimPart struct {
+	chunk   []int
+	p       *v3Packer
+	ls      *atomic.Uint32
+	compact bool
+}
+
+// prepare makes the claim call of the records chunk, of id callID,
+// claiming compactly or in records of their own; keys are the records'
+// keys (by the caller's index). A chunk that cannot be sent is answered
+// into out, and prepare returns nil.
+func (l *v3Layout) prepare(s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, callID string, compact bool, out []BatchClaimReply) (*v3ClaimPart, batchCall) {
 	fpw := 0
 	if req.Fingerprints != nil {
 		for _, i := range chunk {
@@ -117,15 +213,18 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 		}
 	}
 	if fpw > v3MaxFingerprint {
-		fail(fmt.Errorf("%w: a fingerprint of %d bytes, over %d", ErrInvalidConfig, fpw, v3MaxFingerprint))
-		return
+		for _, i := range chunk {
+			out[i].Err = fmt.Errorf("%w: a fingerprint of %d bytes, over %d", ErrInvalidConfig, fpw, v3MaxFingerprint)
+		}
+		return nil, batchCall{}
 	}
 	p, _ := l.packers.Get().(*v3Packer)
 	if p == nil {
 		p = &v3Packer{}
 	}
-	defer l.packers.Put(p)
-	ls := l.ls.Load()
+	index, calls := s.v3Names(keys[chunk[0]])
+	part := &v3ClaimPart{chunk: chunk, p: p, ls: l.stateOf(s, keys[chunk[0]]), compact: compact}
+	ls := part.ls.Load()
 	p.level, p.split = uint8(ls>>24), ls&(1<<24-1)
 	vk := make([]v3Key, len(chunk))
 	for j, i := range chunk {
@@ -133,7 +232,7 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 	}
 	arg, _ := p.pack(vk)
 	rkeys := make([]string, 1+len(chunk))
-	rkeys[0] = l.index
+	rkeys[0] = index
 	var fps []byte
 	if fpw > 0 {
 		fps = make([]byte, 0, fpw*len(chunk))
@@ -151,24 +250,35 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 	}
 	state := []byte{p.level, byte(p.split >> 16), byte(p.split >> 8), byte(p.split)}
 	callKeep := req.Lease + max(req.Keep-req.Lease, req.MarkerRetention)
-	args := []any{millis(req.Lease), millis(callKeep), l.calls, arg, callID, fpw, fps, state, millis(callKeep + v3MaxHold)}
-	if !req.Compact {
+	args := []any{millis(req.Lease), millis(callKeep), calls, arg, callID, fpw, fps, state, millis(callKeep + v3MaxHold), millis(req.Keep)}
+	if !compact {
 		// Records of their own, read from the same index.
-		args = append(args, req.Attempt, millis(req.Keep))
+		args = append(args, req.Attempt)
 	}
-	r, err := v3ClaimScript.Run(ctx, s.client, rkeys, args...).Text()
+	return part, batchCall{records: chunk, keys: rkeys, args: args}
+}
+
+// answer reads the reply cmd of the claim call part into out, and returns
+// records with the records it answered K for (see claim) appended.
+func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPart, cmd *redis.Cmd, out []BatchClaimReply, records []int) []int {
+	p, chunk := part.p, part.chunk
+	defer l.packers.Put(p)
+	fail := func(err error) []int {
+		for _, i := range chunk {
+			out[i].Err = err
+		}
+		return records
+	}
+	r, err := cmd.Text()
 	if err != nil {
-		fail(s.layoutError(err))
-		return
+		return fail(s.layoutError(err))
 	}
 	ans := make([]v3Answer, len(chunk))
 	tok, refusal, err := p.decode(r, ans)
 	if err != nil {
-		fail(err)
-		return
+		return fail(err)
 	}
-	l.ls.Store(uint32(p.level)<<24 | p.split)
-	var records []int
+	part.ls.Store(uint32(p.level)<<24 | p.split)
 	for j, i := range chunk {
 		switch ans[j].code {
 		case v3AnswerRefused:
@@ -179,25 +289,13 @@ func (l *v3Layout) claimChunk(ctx context.Context, s *RedisStore, req *BatchClai
 			records = append(records, i)
 		default:
 			ref := p.place(j)
-			if !req.Compact {
+			if !part.compact {
 				ref = 0 // a record of its own
 			}
 			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, ref, req.Lease)
 		}
 	}
-	// A record of its own to take over (released, or its lease ran out)
-	// or to read a result from is claimed there, as Claim does, a round
-	// trip each: its checkpoints or its result come with it. Such ids are
-	// few (a claim moved by a checkpoint or a completion with a value or a
-	// Final error; one Do or Begin made).
-	for _, i := range records {
-		fp := ""
-		if req.Fingerprints != nil {
-			fp = req.Fingerprints[i]
-		}
-		out[i].Reply, out[i].Err = s.Claim(ctx, req.IDs[i], ClaimRequest{Fingerprint: fp, Attempt: req.Attempt,
-			Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention})
-	}
+	return records
 }
 
 // v3Reply is the ClaimReply of answer a of a v3 claim call of token tok,
@@ -225,6 +323,8 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 		return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
 	case v3AnswerMismatch:
 		return ClaimReply{Status: StatusMismatch}, nil
+	case v3AnswerCallMissing:
+		return ClaimReply{}, errCallMissing
 	}
 	return ClaimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
 }
@@ -233,8 +333,10 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 // or renew ("E") the v3 compact claims of groups, one call record each;
 // keep and arg as v3_settle.lua takes them (completing: the call record's
 // keep and when the results' retention ends; renewing: the call record's
-// keep and the lease). Their answers go into errs.
-func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
+// keep and the lease). Their answers go into errs. A call carries the key
+// of its first record as its last argument, which the script does not
+// read: a Ring sends it there.
+func (l *v3Layout) settleCalls(s *RedisStore, target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
 	answer := compactAnswers(errs)
 	calls := make([]batchCall, 0, len(groups))
 	for _, items := range groups {
@@ -246,11 +348,18 @@ func (l *v3Layout) settleCalls(target string, keep time.Duration, arg int64, gro
 			places = append(places, byte(r>>8), byte(r))
 		}
 		st := &batchStep{script: v3SettleScript, split: v3SettleSplit(target[0], refs), answer: answer}
-		keys := []string{v3CallKey(l.calls, fence(items[0]).Token), l.index}
-		calls = append(calls, batchCall{records: items, keys: keys, args: []any{target, millis(keep), arg, string(places)}, step: st})
+		key := s.key(fence(items[0]).ID)
+		index, base := s.v3Names(key)
+		keys := []string{v3CallKey(base, fence(items[0]).Token), index}
+		calls = append(calls, batchCall{records: items, keys: keys, args: []any{target, millis(keep), arg, string(places), key}, step: st, route: v3SettleRoutePos})
 	}
 	return calls
 }
+
+// v3SettleRoutePos is where a v3 settle call (C, R or E) has its record
+// key in its command: after EVALSHA, the hash, the number of keys, its two
+// keys and its first four arguments.
+const v3SettleRoutePos = 9
 
 // v3SettleSplit cuts the reply of v3_settle.lua to a call of mode (C, R or
 // E) whose claims are at places refs into each claim's reply, as
@@ -312,7 +421,8 @@ func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchComplet
 		tok := items[g[0]].Token
 		places := make([]byte, 0, 2*len(g))
 		keys := make([]string, 2, 2+len(g))
-		keys[0], keys[1] = v3CallKey(l.calls, tok), l.index
+		index, base := s.v3Names(s.key(items[g[0]].ID))
+		keys[0], keys[1] = v3CallKey(base, tok), index
 		args := make([]any, 5, 5+2*len(g))
 		for _, j := range g {
 			r := items[j].Ref
@@ -321,7 +431,7 @@ func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchComplet
 			args = append(args, millis(items[j].Keep), items[j].Value)
 		}
 		args[0], args[1], args[2], args[3], args[4] = "M", 0, 0, string(places), strconv.FormatInt(tok, 36)
-		calls = append(calls, batchCall{records: g, keys: keys, args: args, step: st})
+		calls = append(calls, batchCall{records: g, keys: keys, args: args, step: st, route: routedKeyPos})
 	}
 	return calls
 }

@@ -95,7 +95,7 @@ func (p *v3Packer) decode(r string, ans []v3Answer) (token int64, refusal string
 	for j := 0; j < n; j++ {
 		a := v3Answer{code: answers[j]}
 		switch a.code {
-		case v3AnswerClaimed, v3AnswerRepeat, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord:
+		case v3AnswerClaimed, v3AnswerRepeat, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord, v3AnswerCallMissing:
 		case v3AnswerRefused:
 			refused++
 		case v3AnswerDone, v3AnswerExpired:

@@ -110,7 +110,7 @@ func v3EncodeReply(token int64, l uint8, s uint32, ans []v3Answer) string {
 }
 
 var v3AnswerCodes = []byte{v3AnswerClaimed, v3AnswerRepeat, v3AnswerDone, v3AnswerExpired, v3AnswerBusy,
-	v3AnswerTakenOver, v3AnswerReclaimed, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord, v3AnswerEarlier}
+	v3AnswerTakenOver, v3AnswerReclaimed, v3AnswerMismatch, v3AnswerNotOurs, v3AnswerRecord, v3AnswerEarlier, v3AnswerCallMissing}
 
 // FuzzV3Pack packs arbitrary keys in an arbitrary index state, checks the
 // argument against its format, answers it by a reference encoder and reads

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -665,5 +666,101 @@ func TestV3SingleClaimsFindTheIndex(t *testing.T) {
 		r, err = single(ids[0], "f")
 		require.NoError(t, err)
 		assert.Equal(t, StatusResultExpired, r.Status, "past the retention")
+	})
+}
+
+// TestV3OnAClusterAndARing: the v3 layout serves a Cluster, with an index
+// key and call records in each slot its records are in, a batch of one
+// slot claimed in one call; and a Ring, whose shards each keep their own
+// index under the store's names, every call sent where its record is.
+// Consume runs each message once, a redelivery answers from the markers,
+// a lease that ran out is taken over, and no key of the v2 layout is made.
+func TestV3OnAClusterAndARing(t *testing.T) {
+	ctx := context.Background()
+	run := func(t *testing.T, client redis.UniversalClient, opts []Option, each func(func(*redis.Client) error) error) {
+		k, err := NewRedis(client, append([]Option{withLayoutV3(), WithLease(time.Minute)}, opts...)...)
+		require.NoError(t, err)
+		s := k.store.(*RedisStore)
+		require.NotNil(t, s.v3)
+		runs := map[string]int{}
+		handle := func(_ context.Context, m string) error { runs[m]++; return nil }
+		id := func(m string) string { return m }
+		msgs := make([]string, 40)
+		for i := range msgs {
+			msgs[i] = fmt.Sprint("m", i)
+		}
+		for round := 0; round < 2; round++ {
+			res, err := Consume(ctx, k, "s", msgs, id, handle)
+			require.NoError(t, err)
+			for i, r := range res {
+				want := MessageHandled
+				if round > 0 {
+					want = MessageReplayed
+				}
+				require.Equal(t, want, r.Status, "round %d, %s: %v", round, msgs[i], r.Err)
+			}
+		}
+		for _, m := range msgs {
+			require.Equal(t, 1, runs[m], m)
+		}
+
+		// A claim whose lease ran out is taken over, recovered.
+		rs, err := k.BeginBatch(ctx, "s", []string{"x0", "x1", "x2", "x3"}, WithCompactClaims())
+		require.NoError(t, err)
+		for _, r := range rs {
+			require.NoError(t, r.Err)
+			require.NotNil(t, r.Outcome.Claim)
+		}
+		expireLeaseOf(t, s, k.RecordID("s", "x2"))
+		again, err := k.BeginBatch(ctx, "s", []string{"x2"}, WithCompactClaims())
+		require.NoError(t, err)
+		require.NotNil(t, again[0].Outcome.Claim)
+		assert.True(t, again[0].Outcome.Claim.Recovered())
+		assert.ErrorIs(t, rs[2].Outcome.Claim.Complete(ctx, nil, 0), ErrLeaseLost)
+		require.NoError(t, again[0].Outcome.Claim.Complete(ctx, nil, 0))
+
+		// Every index key is v3's, in its records' slot on a Cluster.
+		var index, v2 []string
+		var mu sync.Mutex // each runs on the nodes side by side
+		require.NoError(t, each(func(c *redis.Client) error {
+			keys, err := c.Keys(ctx, DefaultPrefix+"*").Result()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, key := range keys {
+				switch {
+				case strings.HasSuffix(key, "i3"):
+					index = append(index, key)
+				case strings.HasSuffix(key, "}i") || strings.HasSuffix(key, "i:0") || strings.Contains(key, "c:"):
+					v2 = append(v2, key)
+				}
+			}
+			return err
+		}))
+		assert.NotEmpty(t, index)
+		assert.Empty(t, v2, "keys of the v2 layout")
+		for _, m := range append(msgs, "x0") {
+			rec := s.key(k.RecordID("s", m))
+			want, _ := s.v3Names(rec)
+			assert.Contains(t, index, want, m)
+			if s.compact.cluster {
+				assert.Equal(t, keySlot(rec), keySlot(want), m)
+			}
+		}
+	}
+
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 2, 0)
+		cc := cl.Client(t, nil)
+		run(t, cc, []Option{WithScopeShards(2)}, func(f func(*redis.Client) error) error {
+			return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return f(c) })
+		})
+	})
+	t.Run("ring", func(t *testing.T) {
+		a, b := redistest.Start(t), redistest.Start(t)
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+		t.Cleanup(func() { ring.Close() })
+		run(t, ring, nil, func(f func(*redis.Client) error) error {
+			return ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return f(c) })
+		})
 	})
 }

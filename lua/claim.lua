@@ -16,9 +16,6 @@
 -- ARGV[5]  the first 8 bytes of the record's digest, its entry's start in
 --          the index, when KEYS[2] is given
 -- ARGV[6]  the start of the call record keys, when KEYS[2] is given
--- ARGV[7]  with a v3 index (see v3_claim.lua): how long its call records
---          are kept, ms; an entry younger whose call record is missing
---          answers {11}
 --
 -- Returns one of
 --   token                           (an integer > 0) claimed a new record: the caller
@@ -77,7 +74,7 @@
 -- one is a marker. A v3 index's entry answers the same way; one taken over
 -- is marked T, at the attempt after the one its call record holds, and
 -- its entry stays until swept. A stale entry (its call record gone, and
--- the entry older than ARGV[4], or ARGV[7] in v3) is no answer.
+-- the entry older than ARGV[4]) is no answer.
 --
 -- Every key read or written is declared, the call record too: the script
 -- learns which call record it needs from the index entry, so it answers
@@ -145,10 +142,8 @@ if not v then
       if why then
         return {replyNotOurs, why}
       end
-      -- How long a call record lives at least: a pending record's keep
-      -- (v2), the call records' keep (v3, ARGV[7]).
-      local young = tonumber(ix.v3 and ARGV[7] or ARGV[4])
-      if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < young * 1000 then
+      -- How long a call record lives at least: a pending record's keep.
+      if not c and redis.call('EXISTS', KEYS[3]) == 0 and index_now() - tonumber(ctok) < tonumber(ARGV[4]) * 1000 then
         return {claimCallMissing}
       end
       local st = c and c.st or ''

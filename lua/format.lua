@@ -325,3 +325,4 @@ local v3AnswerNotOurs = 78
 local v3AnswerRefused = 82
 local v3AnswerRecord = 75
 local v3AnswerEarlier = 79
+local v3AnswerCallMissing = 87

@@ -20,13 +20,15 @@
 -- ARGV[9]    ms past its token after which an entry's call record is gone
 --            for sure (the call record's keep and the longest a call holds
 --            its claims): such an entry is swept. An entry whose call record
---            is missing answers busy while younger than ARGV[2] (the call
---            record was lost), as absent after
--- ARGV[10]   absent, or the attempt id of a call whose claims are records
+--            is missing answers W (unavailable) while younger than ARGV[10]
+--            (the call record is elsewhere, its slot migrating, or was
+--            lost), as absent after
+-- ARGV[10]   how long a pending record is kept, ms: at least the lease
+--            and the retention of a result; the least a call record lives
+-- ARGV[11]   absent, or the attempt id of a call whose claims are records
 --            of their own (what a batch claim that asked for no compact
 --            claims gets): what it claims is written there, NX, at this
---            call's token, and no entry is made; ARGV[11] is then how long
---            a pending record is kept, ms
+--            call's token, and no entry is made (kept ARGV[10])
 --
 -- Returns the reply string of format.go: TOKEN7 L1 S3, an answer a place,
 -- then the numbers of the answers that carry one (a done or expired
@@ -42,9 +44,8 @@
 -- this call's attempt, answers K: the client claims it on its record
 -- (claim.lua), which takes it over with its checkpoints; one completed
 -- with a result other than a marker's answers K too (the client reads
--- the result there). What v3 does not
--- handle yet answers busy, never "not seen": an entry whose call record is
--- missing while it may still live.
+-- the result there). An entry whose call record is missing while it may
+-- still live answers W (unavailable), never "not seen".
 --
 -- A call go-redis sent again (its reply was lost) answers as its first run
 -- did when no other call took a token since (the state keeps the id of the
@@ -63,16 +64,16 @@
 -- record's keep past every call (DUE in the state says until when it lives).
 local ikey, lease_ms, keep_ms, cbase, packed = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local callid, fpw, fps = ARGV[5], tonumber(ARGV[6]), ARGV[7]
--- recatt, the attempt id of a call that claims records of their own
--- (ARGV[10]; ARGV[11] how long a pending record is kept, ms), or nil.
-local recatt, reckeep = ARGV[10], ARGV[11]
+-- reckeep, how long a pending record is kept, ms; recatt, the attempt id
+-- of a call that claims records of their own (ARGV[11]), or nil.
+local reckeep, recatt = ARGV[10], ARGV[11]
 local stale = tonumber(ARGV[9]) * 1000
 local n = #packed / v3PackedSize
 local sub, find, byte, char, fmt, concat = string.sub, string.find, string.byte, string.char, string.format, table.concat
 
 local aP, aU, aD, aE, aB = char(v3AnswerClaimed), char(v3AnswerRepeat), char(v3AnswerDone), char(v3AnswerExpired), char(v3AnswerBusy)
 local aT, aA, aM, aN = char(v3AnswerTakenOver), char(v3AnswerReclaimed), char(v3AnswerMismatch), char(v3AnswerNotOurs)
-local aR, aK, aO = char(v3AnswerRefused), char(v3AnswerRecord), char(v3AnswerEarlier)
+local aR, aK, aO, aW = char(v3AnswerRefused), char(v3AnswerRecord), char(v3AnswerEarlier), char(v3AnswerCallMissing)
 -- refused, Redis's error when it refused this call's first write (OOM on
 -- a full server, READONLY on a replica): nothing is written, and what this
 -- call would have claimed answers aR.
@@ -309,8 +310,11 @@ for j = 1, n + 1 do
         if not cv then
           local e1, e2, e3, e4, e5, e6 = byte(ks, 1, 6)
           local et = ref - (ref - (((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6)) % v3TokenModulus
-          if now - et <= keep_ms * 1000 then
-            a, num = aB, lease_ms
+          if now - et <= tonumber(reckeep) * 1000 then
+            -- Younger than its call record lives: the call record is
+            -- elsewhere (its slot migrates) or lost, and the entry is
+            -- not stale.
+            a = aW
           else
             free = true
           end
