@@ -36,8 +36,7 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func init() { redis.SetLogger(quietLogger{}) }
 
 // IDEM_TEST_LAYOUT=v3 runs the package's tests with every RedisStore they
-// make (on a *redis.Client, without WithReplicas) in the v3 layout of
-// compact claims and markers (see internal/layout): a suite of today's
+// make in the v3 layout of compact claims and markers (see internal/layout): a suite of today's
 // tests then checks the paths v3 carries.
 func init() {
 	switch v := os.Getenv("IDEM_TEST_LAYOUT"); v {

@@ -613,32 +613,42 @@ const maxDurableCalls = 8
 // it.
 func (s *RedisStore) sendDurable(ctx context.Context, st *batchStep, calls []batchCall) {
 	d := s.durable
+	cmds, waits := s.sendWaiting(ctx, st.script, calls)
+	for j, c := range calls {
+		answerCall(&batchStep{split: st.split, answer: func(i int, res []any, err error) {
+			if err == nil && st.wroteRecord(res) {
+				err = d.replicated(st.op, waits[j])
+			}
+			st.answer(i, res, err)
+		}}, c, cmds[j].Slice)
+	}
+}
+
+// sendWaiting sends each call of script with its WAIT (see durability.send
+// and sendCluster), at most maxDurableCalls at a time, and returns each
+// one's script and WAIT commands.
+func (s *RedisStore) sendWaiting(ctx context.Context, script *luaScript, calls []batchCall) ([]*redis.Cmd, []*redis.IntCmd) {
+	d := s.durable
+	cmds, waits := make([]*redis.Cmd, len(calls)), make([]*redis.IntCmd, len(calls))
 	sem := make(chan struct{}, maxDurableCalls)
 	if _, one := s.client.(*redis.Conn); one {
 		sem = make(chan struct{}, 1) // one connection: one call at a time
 	}
 	var wg sync.WaitGroup
-	for _, c := range calls {
+	for j, c := range calls {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var script *redis.Cmd
-			var wait *redis.IntCmd
 			if cc, ok := s.client.(*redis.ClusterClient); ok {
-				script, wait = d.sendCluster(ctx, cc, st.script, c.keys, c.args)
+				cmds[j], waits[j] = d.sendCluster(ctx, cc, script, c.keys, c.args)
 			} else {
-				script, wait = d.send(ctx, s.client.(onePipeliner), false, st.script, c.keys, c.args)
+				cmds[j], waits[j] = d.send(ctx, s.client.(onePipeliner), false, script, c.keys, c.args)
 			}
-			answerCall(&batchStep{split: st.split, answer: func(i int, res []any, err error) {
-				if err == nil && st.wroteRecord(res) {
-					err = d.replicated(st.op, wait)
-				}
-				st.answer(i, res, err)
-			}}, c, script.Slice)
 		}()
 	}
 	wg.Wait()
+	return cmds, waits
 }
 
 // replicated returns nil if wait saw enough replicas acknowledge the write of

@@ -61,14 +61,10 @@ const v3Chunk = 1000
 // answers as absent when its call record is missing.
 const v3MaxHold = time.Hour
 
-// newV3Layout returns the v3 layout of store s, or nil where v3 does not
-// serve yet (WithReplicas): the store keeps v2 there. A store made
+// newV3Layout returns the v3 layout of store s. A store made
 // WithoutMarkers takes it too: its claims are records of their own, and
 // it reads the markers others left in the v3 index.
 func newV3Layout(s *RedisStore) *v3Layout {
-	if s.durable != nil {
-		return nil
-	}
 	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
 	l.ls.Store(v3StartLevel << 24)
 	return l
@@ -167,10 +163,20 @@ func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequ
 		parts = append(parts, part)
 		calls = append(calls, call)
 	}
-	st := &batchStep{script: v3ClaimScript}
+	var cmds []*redis.Cmd
+	var waits []*redis.IntCmd
+	if s.durable != nil {
+		cmds, waits = s.sendWaiting(ctx, v3ClaimScript, calls)
+	} else {
+		cmds = s.sendCalls(ctx, &batchStep{script: v3ClaimScript}, calls)
+	}
 	var records []int
-	for j, cmd := range s.sendCalls(ctx, st, calls) {
-		records = l.answer(s, req, parts[j], cmd, out, records)
+	for j, cmd := range cmds {
+		var wait *redis.IntCmd
+		if waits != nil {
+			wait = waits[j]
+		}
+		records = l.answer(s, req, parts[j], cmd, wait, out, records)
 	}
 	// A record of its own to take over (released, or its lease ran out)
 	// or to read a result from is claimed there, as Claim does, a round
@@ -259,8 +265,10 @@ func (l *v3Layout) prepare(s *RedisStore, req *BatchClaimRequest, chunk []int, k
 }
 
 // answer reads the reply cmd of the claim call part into out, and returns
-// records with the records it answered K for (see claim) appended.
-func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPart, cmd *redis.Cmd, out []BatchClaimReply, records []int) []int {
+// records with the records it answered K for (see claim) appended. With
+// WithReplicas, wait is the WAIT sent after the call: a claim it made
+// that too few replicas acknowledged answers a *ReplicationError.
+func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPart, cmd *redis.Cmd, wait *redis.IntCmd, out []BatchClaimReply, records []int) []int {
 	p, chunk := part.p, part.chunk
 	defer l.packers.Put(p)
 	fail := func(err error) []int {
@@ -279,6 +287,10 @@ func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPa
 		return fail(err)
 	}
 	part.ls.Store(uint32(p.level)<<24 | p.split)
+	var replicated error
+	if wait != nil {
+		replicated = s.durable.replicated("claim", wait)
+	}
 	for j, i := range chunk {
 		switch ans[j].code {
 		case v3AnswerRefused:
@@ -293,6 +305,9 @@ func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPa
 				ref = 0 // a record of its own
 			}
 			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, ref, req.Lease)
+			if out[i].Err == nil && out[i].Reply.Status == StatusClaimed && replicated != nil {
+				out[i].Reply, out[i].Err = ClaimReply{}, replicated
+			}
 		}
 	}
 	return records
@@ -348,6 +363,13 @@ func (l *v3Layout) settleCalls(s *RedisStore, target string, keep time.Duration,
 			places = append(places, byte(r>>8), byte(r))
 		}
 		st := &batchStep{script: v3SettleScript, split: v3SettleSplit(target[0], refs), answer: answer}
+		switch {
+		case s.durable == nil:
+		case target == "C":
+			st.op = "complete"
+		case target == "E":
+			st.op = "extend"
+		}
 		key := s.key(fence(items[0]).ID)
 		index, base := s.v3Names(key)
 		keys := []string{v3CallKey(base, fence(items[0]).Token), index}
@@ -416,6 +438,9 @@ func v3SettleSplit(mode byte, refs []int) func(res []any, n int) ([][]any, error
 // go into errs.
 func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchCompletion, errs []error) []batchCall {
 	st := &batchStep{script: v3SettleScript, split: v3SettleSplit(0, nil), answer: compactAnswers(errs)}
+	if s.durable != nil {
+		st.op = "complete"
+	}
 	calls := make([]batchCall, 0, len(groups))
 	for _, g := range groups {
 		tok := items[g[0]].Token

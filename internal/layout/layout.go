@@ -1,7 +1,6 @@
 // Package layout chooses the layout of the index of compact claims and
 // markers that RedisStores made after it is set use: v2 (the default) or
-// v3, the marker floor's layout, which carries only part of what v2 does
-// yet. It is for idem's own tests and tools (IDEM_TEST_LAYOUT=v3, idembench
+// v3, the marker floor's layout. It is for idem's own tests and tools (IDEM_TEST_LAYOUT=v3, idembench
 // -layout v3): an internal package, so no user can reach it.
 package layout
 
@@ -10,8 +9,7 @@ import "sync/atomic"
 var v3 atomic.Bool
 
 // SetV3 makes the RedisStores made from now on use the v3 layout (on) or v2
-// (off), where they can: v3 serves a *redis.Client or a *redis.Conn
-// without WithReplicas; a store on any other client keeps v2.
+// (off), on every client and with WithReplicas.
 func SetV3(on bool) { v3.Store(on) }
 
 // V3 reports whether SetV3 was last given true.
