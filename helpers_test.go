@@ -48,6 +48,16 @@ func init() {
 	}
 }
 
+// layouts returns the layout the package's stores write (as their
+// prefix records say: "v2", or "v3" under IDEM_TEST_LAYOUT=v3), and the
+// other one.
+func layouts() (ours, other string) {
+	if layout.V3() {
+		return "v3", "v2"
+	}
+	return "v2", "v3"
+}
+
 // expireLeaseSrc makes the lease of the claim of a record run out: the
 // record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] the first 8
 // bytes of its digest, ARGV[2] its index key, ARGV[3] the start of the call

@@ -439,7 +439,8 @@ func TestClusterDefaultPlacement(t *testing.T) {
 	}
 	raw, err := cc.Get(ctx, prefixRecordKey(DefaultPrefix)).Result()
 	require.NoError(t, err)
-	assert.Equal(t, fmt.Sprintf("v2 shards=%d", ClusterScopeShards), raw)
+	ours, _ := layouts()
+	assert.Equal(t, fmt.Sprintf("%s shards=%d", ours, ClusterScopeShards), raw)
 
 	// One server's default is no shards.
 	one := newKeeper(t, redistest.Miniredis(t))

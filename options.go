@@ -43,8 +43,9 @@ type settings struct {
 	replicas *durability
 	// noMarkers is set by WithoutMarkers, for a Keeper and a RedisStore.
 	noMarkers bool
-	// layoutV3 is set by withLayoutV3, for a RedisStore.
-	layoutV3 bool
+	// layout is set by withLayoutV3 ("v3") or withLayoutV2 ("v2"), for a
+	// RedisStore; "": internal/layout's.
+	layout string
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration

@@ -35,34 +35,41 @@ type prefixRecord struct {
 	// raw is the record as stored; "" when the prefix has none (no Keeper
 	// of this version has written under it yet).
 	raw string
-	// layout is its layout ("v2"); shards the placement of its Keepers
-	// (WithScopeShards; 0: none), when the layout is this version's.
+	// layout is its layout ("v2", "v3"); shards the placement of its
+	// Keepers (WithScopeShards; 0: none), when the layout is the store's.
 	layout string
 	shards int
 }
 
-// prefixLayout is the layout of the index and keys that this version
-// writes (as the index's field "" says, see lua/lib.lua).
-const prefixLayout = "v2"
+// prefixLayout is the layout of the index and keys that s writes: "v3" for
+// a store of the v3 layout, else "v2" (as the v2 index's field "" says,
+// see lua/lib.lua). A store refuses a prefix recorded in another.
+func (s *RedisStore) prefixLayout() string {
+	if s.v3 != nil {
+		return "v3"
+	}
+	return "v2"
+}
 
-// parsePrefixRecord reads the record raw:
+// parsePrefixRecord reads the record raw of a prefix for a store that
+// writes layout:
 //
 //	LAYOUT " shards=" N
 //
-// LAYOUT is the layout of the prefix's index and keys ("v2"), N the scope
-// shards (WithScopeShards, 0 for none) of the Keepers that write under it.
-// Fields after them, " NAME=VALUE", are left for later versions: one that
-// changes where or how a key is written comes with another LAYOUT. A record
-// of another layout is read as its layout alone (ok, shards -1); a record
-// of this layout that does not say its shards is not ok.
-func parsePrefixRecord(raw string) (rec prefixRecord, ok bool) {
+// LAYOUT is the layout of the prefix's index and keys ("v2", "v3"), N the
+// scope shards (WithScopeShards, 0 for none) of the Keepers that write
+// under it. Fields after them, " NAME=VALUE", are left for later versions:
+// one that changes where or how a key is written comes with another
+// LAYOUT. A record of another layout is read as its layout alone (ok,
+// shards -1); a record of layout that does not say its shards is not ok.
+func parsePrefixRecord(raw, layout string) (rec prefixRecord, ok bool) {
 	rec.raw = raw
 	fields := strings.Fields(raw)
 	if len(fields) == 0 {
 		return rec, false
 	}
 	rec.layout, rec.shards = fields[0], -1
-	if rec.layout != prefixLayout {
+	if rec.layout != layout {
 		return rec, true
 	}
 	for _, f := range fields[1:] {
@@ -142,19 +149,26 @@ func (s *RedisStore) checkPlacement(ctx context.Context, shards int, write bool)
 }
 
 // readPrefix runs prefix.lua: the record, written for a Keeper of shards
-// scope shards if write and there is none.
+// scope shards if write and there is none. On one server it is given the
+// v2 index key, which a v2 store reads only in its own layout and a v3
+// store not at all.
 func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (prefixRecord, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return prefixRecord{}, err
 	}
-	args := make([]any, 0, 6)
+	args := make([]any, 0, 8)
 	args = append(args, "evalsha", prefixEval.shaArg, 1, prefixRecordKey(s.prefix))
 	if !s.compact.cluster {
 		args[2] = 2
 		args = append(args, s.compact.keyNames[0])
 	}
+	writeFor := ""
 	if write && shards >= 0 {
-		args = append(args, strconv.Itoa(shards))
+		writeFor = strconv.Itoa(shards)
+	}
+	args = append(args, writeFor, s.prefixLayout())
+	if s.v3 != nil {
+		args = append(args, "refuse")
 	}
 	raw, err := s.eval(ctx, prefixEval, args).Text()
 	switch {
@@ -163,7 +177,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 	case err != nil:
 		return prefixRecord{}, s.layoutError(err)
 	}
-	rec, ok := parsePrefixRecord(raw)
+	rec, ok := parsePrefixRecord(raw, s.prefixLayout())
 	if !ok {
 		return prefixRecord{}, fmt.Errorf("%w: the record %s of prefix %q holds %q, which says no placement",
 			ErrCorrupt, prefixRecordKey(s.prefix), s.prefix, raw)
@@ -176,7 +190,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 // placement.
 func (s *RedisStore) placementError(rec prefixRecord, shards int) error {
 	key := prefixRecordKey(s.prefix)
-	if rec.layout != prefixLayout {
+	if rec.layout != s.prefixLayout() {
 		return fmt.Errorf("%w: prefix %q is written in layout %q (its record %s holds %q), which this version of idem does not read: use another prefix",
 			ErrInvalidConfig, s.prefix, rec.layout, key, rec.raw)
 	}

@@ -94,6 +94,7 @@ func TestPlacementOfAnotherKeeperIsRefused(t *testing.T) {
 func TestPlacementRecordedByTheFirstWriter(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
+		ours, _ := layouts()
 		ok := func(context.Context) (int, error) { return 1, nil }
 		placed := newKeeper(t, b, WithScopeShards(4))
 		reader := newKeeper(t, b)
@@ -107,7 +108,7 @@ func TestPlacementRecordedByTheFirstWriter(t *testing.T) {
 		require.NoError(t, err)
 		rec, err := b.Client.Get(ctx, "idem:layout").Result()
 		require.NoError(t, err)
-		assert.Equal(t, "v2 shards=4", rec)
+		assert.Equal(t, ours+" shards=4", rec)
 
 		_, err = Do(ctx, reader, "s", "k", ok)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "a Keeper without WithScopeShards after one with")
@@ -122,7 +123,7 @@ func TestPlacementRecordedByTheFirstWriter(t *testing.T) {
 		require.NoError(t, err, "another prefix, another placement")
 		rec, err = b.Client.Get(ctx, "other:layout").Result()
 		require.NoError(t, err)
-		assert.Equal(t, "v2 shards=0", rec)
+		assert.Equal(t, ours+" shards=0", rec)
 	})
 }
 
@@ -132,6 +133,7 @@ func TestPlacementRecordedByTheFirstWriter(t *testing.T) {
 func TestPlacementRaceAgrees(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
+		ours, _ := layouts()
 		const each = 4
 		var keepers []*Keeper
 		for i := range 2 * each {
@@ -149,7 +151,7 @@ func TestPlacementRaceAgrees(t *testing.T) {
 		wg.Wait()
 		rec, err := b.Client.Get(ctx, "idem:layout").Result()
 		require.NoError(t, err)
-		won := map[string]int{"v2 shards=0": 0, "v2 shards=1": 1}
+		won := map[string]int{ours + " shards=0": 0, ours + " shards=1": 1}
 		require.Contains(t, won, rec)
 		for i, err := range errs {
 			if i%2 == won[rec] {
@@ -168,11 +170,12 @@ func TestPlacementRaceAgrees(t *testing.T) {
 func TestPlacementCheckedOncePerStore(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
+		ours, _ := layouts()
 		ok := func(context.Context) (int, error) { return 1, nil }
 		require.NoError(t, newKeeper(t, b).store.(*RedisStore).LoadScripts(ctx), "the scripts loaded, and the record written")
 		rec, err := b.Client.Get(ctx, "idem:layout").Result()
 		require.NoError(t, err)
-		assert.Equal(t, "v2 shards=0", rec, "LoadScripts writes the record of its store's Keeper")
+		assert.Equal(t, ours+" shards=0", rec, "LoadScripts writes the record of its store's Keeper")
 
 		var cnt redistest.Counter
 		b.Client.AddHook(&cnt)
@@ -203,19 +206,20 @@ func TestPlacementCheckedOncePerStore(t *testing.T) {
 func TestPrefixRecordOfAnotherLayout(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
+		ours, other := layouts()
 		ok := func(context.Context) (int, error) { return 1, nil }
 		for raw, want := range map[string]error{
-			"v3 shards=0":      ErrInvalidConfig,
-			"v3":               ErrInvalidConfig,
-			"v2":               ErrCorrupt,
-			"v2 shards=x":      ErrCorrupt,
-			"v2 shards=01":     ErrCorrupt,
-			"v2 shards=257":    ErrCorrupt,
-			" ":                ErrCorrupt,
-			"v2 shards=0 x=1":  nil,
-			"v2 x=1 shards=0":  nil,
-			"v2  shards=0\n":   nil,
-			"v2 shards=1 n=22": ErrInvalidConfig,
+			other + " shards=0":     ErrInvalidConfig,
+			other:                   ErrInvalidConfig,
+			ours:                    ErrCorrupt,
+			ours + " shards=x":      ErrCorrupt,
+			ours + " shards=01":     ErrCorrupt,
+			ours + " shards=257":    ErrCorrupt,
+			" ":                     ErrCorrupt,
+			ours + " shards=0 x=1":  nil,
+			ours + " x=1 shards=0":  nil,
+			ours + "  shards=0\n":   nil,
+			ours + " shards=1 n=22": ErrInvalidConfig,
 		} {
 			require.NoError(t, b.Client.Set(ctx, "idem:layout", raw, 0).Err())
 			_, err := Do(ctx, newKeeper(t, b), "s", "k", ok)

@@ -127,7 +127,7 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 	if cluster {
 		st.compact = newCompactLayout(true, s.prefix)
 	}
-	if s.layoutV3 || layout.V3() {
+	if s.layout == "v3" || s.layout == "" && layout.V3() {
 		st.v3 = newV3Layout(st)
 	}
 	return st, nil

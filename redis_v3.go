@@ -27,10 +27,15 @@ var (
 )
 
 // withLayoutV3 makes a RedisStore keep its compact claims in the v3 layout,
-// where it can (see newV3Layout): for tests that run both layouts side by
-// side. internal/layout does the same for every store made after it is set.
+// and withLayoutV2 in v2, whatever internal/layout says: for tests that run
+// both layouts side by side. internal/layout chooses for every store made
+// after it is set without either.
 func withLayoutV3() Option {
-	return Option{name: "withLayoutV3", to: toStore, set: func(s *settings) { s.layoutV3 = true }}
+	return Option{name: "withLayoutV3", to: toStore, set: func(s *settings) { s.layout = "v3" }}
+}
+
+func withLayoutV2() Option {
+	return Option{name: "withLayoutV2", to: toStore, set: func(s *settings) { s.layout = "v2" }}
 }
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one

@@ -764,3 +764,64 @@ func TestV3OnAClusterAndARing(t *testing.T) {
 		})
 	})
 }
+
+// TestPrefixOfTheOtherLayoutIsRefused: the layouts never meet on a prefix.
+// Whichever of a v2 and a v3 store writes under a prefix first, the
+// prefix's record says its layout, and the other is refused with
+// ErrInvalidConfig before it writes anything or runs a handler; a v3 store
+// is refused too by a v2 index that has no record beside it.
+func TestPrefixOfTheOtherLayoutIsRefused(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		id := func(m string) string { return m }
+		msgs := []string{"a", "b", "c", "d"}
+		refused := func(t *testing.T, k *Keeper) {
+			t.Helper()
+			before, err := b.Client.Keys(ctx, "*").Result()
+			require.NoError(t, err)
+			res, err := Consume(ctx, k, "s", msgs, id, func(context.Context, string) error {
+				t.Error("a handler ran on a prefix of the other layout")
+				return nil
+			})
+			require.NoError(t, err)
+			for _, r := range res {
+				assert.ErrorIs(t, r.Err, ErrInvalidConfig)
+				assert.False(t, r.Ack)
+			}
+			_, err = Do(ctx, k, "s", "e", func(context.Context) (int, error) { return 1, nil })
+			assert.ErrorIs(t, err, ErrInvalidConfig)
+			after, err := b.Client.Keys(ctx, "*").Result()
+			require.NoError(t, err)
+			assert.ElementsMatch(t, before, after, "written under a prefix of the other layout")
+		}
+		for _, first := range []string{"v2", "v3"} {
+			t.Run(first+" first", func(t *testing.T) {
+				require.NoError(t, b.Client.FlushAll(ctx).Err())
+				v2, err := NewRedis(b.Client, withLayoutV2())
+				require.NoError(t, err)
+				v3, err := NewRedis(b.Client, withLayoutV3())
+				require.NoError(t, err)
+				writer, other := v2, v3
+				if first == "v3" {
+					writer, other = v3, v2
+				}
+				res, err := Consume(ctx, writer, "s", msgs, id, func(context.Context, string) error { return nil })
+				require.NoError(t, err)
+				for _, r := range res {
+					require.Equal(t, MessageHandled, r.Status)
+				}
+				rec, err := b.Client.Get(ctx, prefixRecordKey(DefaultPrefix)).Result()
+				require.NoError(t, err)
+				assert.Equal(t, first+" shards=0", rec)
+				refused(t, other)
+			})
+		}
+		t.Run("v2 index without a record", func(t *testing.T) {
+			require.NoError(t, b.Client.FlushAll(ctx).Err())
+			require.NoError(t, b.Client.HSet(ctx, DefaultPrefix+"i:0", "", "v2 2 1 10").Err())
+			v3, err := NewRedis(b.Client, withLayoutV3())
+			require.NoError(t, err)
+			refused(t, v3)
+		})
+	})
+}

@@ -195,10 +195,10 @@ end
 -- index_state reads) and the scope shards (WithScopeShards, 0 for none) of
 -- the Keepers that write under it.
 
--- prefix_record is the record of a prefix written by Keepers of shards
--- scope shards (a decimal string).
-local function prefix_record(shards)
-  return 'v2 shards=' .. shards
+-- prefix_record is the record of a prefix written in layout ("v2", "v3")
+-- by Keepers of shards scope shards (a decimal string).
+local function prefix_record(layout, shards)
+  return layout .. ' shards=' .. shards
 end
 
 -- index_find returns the position in the block blk of the entry whose
