@@ -408,7 +408,8 @@ func TestMarkerDigestsDoNotCollide(t *testing.T) {
 }
 
 // TestMarkersAreSwept: a block written drops the entries whose call records
-// are gone, and keeps the others.
+// are gone, and keeps the others. (In the v3 layout an entry is swept once
+// no call can hold it any more: v3MaxHold past its call record's keep.)
 func TestMarkersAreSwept(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := context.Background()
@@ -422,14 +423,19 @@ func TestMarkersAreSwept(t *testing.T) {
 	}
 	_, err := Consume(ctx, k, "s", old, id, handle)
 	require.NoError(t, err)
-	b.Advance(2 * time.Minute) // the old markers' call record is gone
+	gone := 2 * time.Minute // the old markers' call record is gone
+	if s.v3 != nil {
+		gone += v3MaxHold
+	}
+	b.Advance(gone)
 	fresh := make([]string, 70)
 	for i := range fresh {
 		fresh[i] = fmt.Sprint("new-", i)
 	}
 	_, err = Consume(ctx, k, "s", fresh, id, handle)
 	require.NoError(t, err)
-	blocks, err := b.Client.HGetAll(ctx, s.entry(recordID("s", "new-0")).key).Result()
+	_, index, _ := s.compactIndexArgs(recordID("s", "new-0"))
+	blocks, err := b.Client.HGetAll(ctx, index).Result()
 	require.NoError(t, err)
 	entries := 0
 	for f, v := range blocks {

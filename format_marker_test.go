@@ -138,7 +138,7 @@ func blockOf(d8 [8]byte, l, sp uint32) uint32 {
 // format: the same id must have the same digest and index key, and land in
 // the same block for the same state of the index.
 func TestMarkerPlacementV2(t *testing.T) {
-	s, err := NewRedisStore(redistest.Miniredis(t).Client)
+	s, err := NewRedisStore(redistest.Miniredis(t).Client, withLayoutV2())
 	require.NoError(t, err)
 	require.NoError(t, s.layoutReady(context.Background()))
 	e := s.entry(recordID("s", "golden-1"))
@@ -151,16 +151,17 @@ func TestMarkerPlacementV2(t *testing.T) {
 
 // TestMarkerFormatV2StillReads writes each row's call record and its entry,
 // in an index of a few blocks, and reads it with Keepers with and without
-// markers.
+// markers, of the v2 layout whatever IDEM_TEST_LAYOUT says: the format is
+// v2's.
 func TestMarkerFormatV2StillReads(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client)
+		s, err := NewRedisStore(b.Client, withLayoutV2())
 		require.NoError(t, err)
 		require.NoError(t, s.layoutReady(ctx))
 		keepers := map[string][]Option{
-			"markers":         nil,
-			"without markers": {WithoutMarkers()},
+			"markers":         {withLayoutV2()},
+			"without markers": {withLayoutV2(), WithoutMarkers()},
 		}
 		const l, sp = 2, 1 // 5 blocks
 		for kname, opts := range keepers {

@@ -81,6 +81,13 @@ var consumeCommandBounds = map[int]struct{ claimNew, settleNew, claimAgain, sett
 	500: {claimNew: 24, settleNew: 15, claimAgain: 26, settleAgain: 15},
 }
 
+// consumeCommandBoundsV3 are consumeCommandBounds in the v3 layout, whose
+// batch of 500 is one script call of each (v3Chunk is 1000).
+var consumeCommandBoundsV3 = map[int]struct{ claimNew, settleNew, claimAgain, settleAgain int64 }{
+	3:   {claimNew: 5, settleNew: 4, claimAgain: 6, settleAgain: 4},
+	500: {claimNew: 5, settleNew: 4, claimAgain: 6, settleAgain: 4},
+}
+
 // costConsumeCommands counts the commands that the two script calls of a
 // Consume call make (INFO commandstats: on Redis 7 a script's commands are
 // counted on their own lines), the claim's apart from the settle's: the
@@ -117,7 +124,10 @@ func costConsumeCommands(t *testing.T, c *redis.Client) {
 		copy(again, first[:done])
 		claimNew, settleNew := count(first)
 		claimAgain, settleAgain := count(again)
-		bound := consumeCommandBounds[size]
+		bound, chunk := consumeCommandBounds[size], BatchChunk
+		if k.store.(*RedisStore).v3 != nil {
+			bound, chunk = consumeCommandBoundsV3[size], v3Chunk
+		}
 		for _, x := range []struct {
 			what  string
 			calls map[string]int64
@@ -135,7 +145,7 @@ func costConsumeCommands(t *testing.T, c *redis.Client) {
 				}
 			}
 			t.Logf("Consume, batch %d, %s: %d script call(s), %d commands and %d PEXPIRE %v", size, x.what, scripts, commands, x.calls["pexpire"], x.calls)
-			assert.EqualValues(t, (size+BatchChunk-1)/BatchChunk, scripts, "batch %d, %s: a script call a chunk", size, x.what)
+			assert.EqualValues(t, (size+chunk-1)/chunk, scripts, "batch %d, %s: a script call a chunk", size, x.what)
 			assert.LessOrEqual(t, commands, x.bound, "batch %d, %s: commands in the script calls, PEXPIRE aside", size, x.what)
 			assert.LessOrEqual(t, x.calls["pexpire"], scripts, "batch %d, %s: the index's TTL renewed once a call at most", size, x.what)
 		}
