@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"sync"
@@ -38,15 +37,7 @@ func init() { redis.SetLogger(quietLogger{}) }
 // IDEM_TEST_LAYOUT=v3 runs the package's tests with every RedisStore they
 // make in the v3 layout of compact claims and markers (see internal/layout): a suite of today's
 // tests then checks the paths v3 carries.
-func init() {
-	switch v := os.Getenv("IDEM_TEST_LAYOUT"); v {
-	case "", "v2":
-	case "v3":
-		layout.SetV3(true)
-	default:
-		panic("IDEM_TEST_LAYOUT=" + v + ": want v2 or v3")
-	}
-}
+func init() { layout.FromEnv() }
 
 // layouts returns the layout the package's stores write (as their
 // prefix records say: "v2", or "v3" under IDEM_TEST_LAYOUT=v3), and the

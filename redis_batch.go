@@ -87,6 +87,15 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 	if s.noCompact {
 		req.Compact = false
 	}
+	if len(todo) == 0 {
+		return out
+	}
+	if err := s.layoutReady(ctx); err != nil {
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return out
+	}
 	if s.v3 != nil {
 		s.v3.claim(ctx, s, &req, todo, out)
 		return out

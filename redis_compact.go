@@ -242,17 +242,9 @@ func (s *RedisStore) compactHead(req *BatchClaimRequest, recordKey string, n int
 // records and the index are looked at, and new claims are kept compactly if
 // req asks for it; todo are the records to ask for, out their answers. A
 // call holds records whose entries are in one index key: on one server,
-// almost always all of them; on a Cluster, those of one slot.
+// almost always all of them; on a Cluster, those of one slot. todo is not
+// empty, and the store's layout is known (layoutReady).
 func (s *RedisStore) claimCompact(ctx context.Context, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
-	if len(todo) == 0 {
-		return
-	}
-	if err := s.layoutReady(ctx); err != nil {
-		for _, i := range todo {
-			out[i].Err = err
-		}
-		return
-	}
 	entries := make([]entryOf, len(req.IDs))
 	keys := s.keysOf(req.IDs, todo)
 	for _, i := range todo {

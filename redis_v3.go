@@ -115,17 +115,9 @@ func v3CallID(attempt string) string {
 // claim is ClaimBatch's compact claim of the records todo, answered into
 // out: on one server in calls of v3Chunk, on a Cluster in calls of one
 // slot each, on other clients (a Ring) in a call a record, sent where its
-// record is; the calls go in one pipeline.
+// record is; the calls go in one pipeline. todo is not empty, and the
+// store's layout is known (layoutReady).
 func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
-	if len(todo) == 0 {
-		return
-	}
-	if err := s.layoutReady(ctx); err != nil {
-		for _, i := range todo {
-			out[i].Err = err
-		}
-		return
-	}
 	keys := s.keysOf(req.IDs, todo)
 	var groups [][]int
 	route := 0

@@ -4,7 +4,11 @@
 // -layout v3): an internal package, so no user can reach it.
 package layout
 
-import "sync/atomic"
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+)
 
 var v3 atomic.Bool
 
@@ -14,3 +18,18 @@ func SetV3(on bool) { v3.Store(on) }
 
 // V3 reports whether SetV3 was last given true.
 func V3() bool { return v3.Load() }
+
+// FromEnv sets the layout that IDEM_TEST_LAYOUT names ("v2", "v3"; unset or
+// empty: v2), for idem's test binaries and the programs their tests start,
+// so that every process of a test writes one layout. It panics on another
+// value.
+func FromEnv() {
+	switch v := os.Getenv("IDEM_TEST_LAYOUT"); v {
+	case "", "v2":
+		SetV3(false)
+	case "v3":
+		SetV3(true)
+	default:
+		panic(fmt.Sprintf("IDEM_TEST_LAYOUT=%s: want v2 or v3", v))
+	}
+}
