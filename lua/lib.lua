@@ -55,6 +55,16 @@ local function index_now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- call_get returns the value of the call record key ck; nil when there is
+-- none; nil and 'wrong type' when the key holds another type.
+local function call_get(ck)
+  local v = redis.pcall('GET', ck)
+  if type(v) == 'table' then
+    return nil, 'wrong type'
+  end
+  return v or nil
+end
+
 -- v3_call_place is call_place for place p of the v3 call record at key ck
 -- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
 -- decimal, and untl, a number), when it last completed a claim (done_us)
@@ -62,12 +72,9 @@ end
 -- call id (att), fingerprint (fp), attempt count (cnt) and recovered flag
 -- (rec, '0' or '1'), where the state byte is (at) and ck.
 local function v3_call_place(ck, p)
-  local v = redis.pcall('GET', ck)
-  if type(v) == 'table' then
-    return nil, 'wrong type'
-  end
+  local v, why = call_get(ck)
   if not v then
-    return nil
+    return nil, why
   end
   local _, e, u, d, r, att, fpw, aw = string.find(v, V3_CALL)
   if not e then
@@ -199,12 +206,9 @@ end
 -- (ck); nil when there is no call record or p is not one of its places; or
 -- nil and a reason when it is not one of ours.
 local function call_place(ck, p)
-  local v = redis.pcall('GET', ck)
-  if type(v) == 'table' then
-    return nil, 'wrong type'
-  end
+  local v, why = call_get(ck)
   if not v then
-    return nil
+    return nil, why
   end
   local u, done, runtil, att, fpw, e, places = call_header(v)
   if not u then
