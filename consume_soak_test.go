@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -33,7 +35,8 @@ import (
 // minute (WithMarkerRetention), with a lease of a second, so that most
 // redeliveries of a handled message come after its result retention and
 // within its marker retention: they must be answered "done before"
-// (MessageReplayed) and never run. Workers, each a Keeper of its own:
+// (MessageReplayed) and never run, or retry when their call did not reach
+// Redis (then delivered again). Workers, each a Keeper of its own:
 //
 //   - four consumers take batches of 200 messages: new ids, ids redelivered
 //     at once (a producer's duplicate, a rebalance), ids not acknowledged
@@ -319,8 +322,27 @@ type soakCounts struct {
 	mu                                                  sync.Mutex
 	status                                              map[string]int
 	oldSent, oldReplayed, oldExpired, oldRetry, oldRuns int
-	// oldRetryWhy counts the answers of the redeliveries in oldRetry.
-	oldRetryWhy map[string]int
+	// oldUnreached counts the redeliveries in oldRetry whose call did not
+	// reach Redis (unreachedRedis); oldRetryWhy counts the answers of all
+	// of them.
+	oldUnreached int
+	oldRetryWhy  map[string]int
+	// oldRetrySample is the first answer in oldRetry that reached Redis.
+	oldRetrySample error
+}
+
+// unreachedRedis reports whether err, a message's answer, is
+// ErrUnavailable because its call's connection failed: cut, reset, a reply
+// that did not come in time, no connection free. Redis did not answer, so
+// the message was never decided: it is retried (redelivered), as the
+// consumer contract says, and its next delivery must be answered done
+// before. A reply of Redis's own (a script's error, errCallMissing) is not
+// one of these.
+func unreachedRedis(err error) bool {
+	var ne net.Error
+	var re redis.Error
+	return errors.Is(err, ErrUnavailable) && !errors.As(err, &re) && !errors.Is(err, errCallMissing) &&
+		(errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed))
 }
 
 func (c *soakCounts) add(what string) {
@@ -416,10 +438,17 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 					counts.oldExpired++
 				default:
 					counts.oldRetry++
+					why := r.Status.String() + ": " + cfKind(r.Err)
+					if unreachedRedis(r.Err) {
+						counts.oldUnreached++
+						why += " (Redis not reached)"
+					} else if counts.oldRetrySample == nil {
+						counts.oldRetrySample = r.Err
+					}
 					if counts.oldRetryWhy == nil {
 						counts.oldRetryWhy = map[string]int{}
 					}
-					counts.oldRetryWhy[r.Status.String()+": "+cfKind(r.Err)]++
+					counts.oldRetryWhy[why]++
 				}
 				counts.mu.Unlock()
 			}
@@ -618,7 +647,13 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 	assert.Zero(t, dups, "duplicate executions")
 	assert.Zero(t, book.stale, "stale completions accepted")
 	assert.Zero(t, lost+left, "messages never acknowledged")
-	assert.Zero(t, counts.oldRuns+counts.oldExpired+counts.oldRetry, "redeliveries after the result retention, within the marker retention, not answered done before")
+	// A redelivery whose call did not reach Redis (a cut connection, a
+	// reply lost past go-redis's retries, a timeout on a loaded machine) is
+	// answered retry and delivered again, to be answered done before then:
+	// the duplicate and never-acknowledged checks above hold it to that.
+	// How many there are depends on the faults and the machine's load, so
+	// only the others count.
+	assert.Zero(t, counts.oldRuns+counts.oldExpired+counts.oldRetry-counts.oldUnreached, "redeliveries after the result retention, within the marker retention, not answered done before (Redis answered otherwise; the first retry answer: %v)", counts.oldRetrySample)
 	led.mu.Lock()
 	defer led.mu.Unlock()
 	for _, v := range led.violations {
