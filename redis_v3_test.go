@@ -243,7 +243,7 @@ func TestV3Grows(t *testing.T) {
 		// An index begins at 2^v3StartLevel blocks: past the fill of
 		// those, it splits.
 		s, other, stale := v3Store(t, b), v3Store(t, b), v3Store(t, b)
-		ids := v3IDs("grow", 17*v3Chunk)
+		ids := v3IDs("grow", (2*v3IndexFill<<v3StartLevel/v3Chunk+1)*v3Chunk)
 		require.Greater(t, len(ids), 2*v3IndexFill<<v3StartLevel)
 		for at := 0; at < len(ids); at += v3Chunk {
 			part := ids[at : at+v3Chunk]

@@ -251,7 +251,7 @@ local v3EntryTokenAt = 11
 local v3BlockNameSize = 3
 local v3MaxLevel = 24
 local v3StartLevel = 10
-local v3IndexFill = 8
+local v3IndexFill = 16
 local v3TokenModulus = 281474976710656
 local v3TokenAhead = 4294967296
 
