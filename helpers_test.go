@@ -34,13 +34,14 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quietLogger{}) }
 
-// IDEM_TEST_LAYOUT=v3 runs the package's tests with every RedisStore they
-// make in the v3 layout of compact claims and markers (see internal/layout): a suite of today's
-// tests then checks the paths v3 carries.
+// IDEM_TEST_LAYOUT=v2 runs the package's tests with every RedisStore they
+// make in the v2 layout of compact claims and markers, the one before v3,
+// the default (see internal/layout): a suite of today's tests then checks
+// the paths v2 still carries.
 func init() { layout.FromEnv() }
 
 // layouts returns the layout the package's stores write (as their
-// prefix records say: "v2", or "v3" under IDEM_TEST_LAYOUT=v3), and the
+// prefix records say: "v3", or "v2" under IDEM_TEST_LAYOUT=v2), and the
 // other one.
 func layouts() (ours, other string) {
 	if layout.V3() {

@@ -348,7 +348,7 @@ func TestCompactClaimsAndMarkers(t *testing.T) {
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim, "forgotten: claimed again")
 
-		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v1 scale=5000").Err())
+		require.NoError(t, b.Client.HSet(ctx, "idem:i3", "", "v1 scale=5000").Err())
 		r = ctl("-redis", url(b), "inspect", "-scope", "t", "m2")
 		assert.Equal(t, 1, r.code, "an index of another layout")
 		assert.Contains(t, r.stderr, "v1 scale=5000")
