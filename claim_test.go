@@ -68,7 +68,7 @@ func TestNilClaim(t *testing.T) {
 	ctx := context.Background()
 	for name, ctx := range map[string]context.Context{
 		"no claim":  ctx,
-		"nil claim": ContextWithClaim(ctx, nil),
+		"nil claim": contextWithClaim(ctx, nil),
 	} {
 		c, ok := ClaimFromContext(ctx)
 		assert.False(t, ok, name)

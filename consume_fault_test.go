@@ -1100,7 +1100,7 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 				continue
 			}
 		}
-		run := e.led.begin(ContextWithClaim(ctx, c), heldKeys[j], true)
+		run := e.led.begin(contextWithClaim(ctx, c), heldKeys[j], true)
 		failed := r.IntN(10) == 0
 		time.Sleep(time.Duration(r.IntN(1500)) * time.Microsecond)
 		e.led.end(run, !failed)
@@ -1244,7 +1244,7 @@ func TestConsumeFaults(t *testing.T) {
 func TestMsgLedgerCatches(t *testing.T) {
 	now := time.Now()
 	claim := func(token int64, leaseLeft time.Duration) context.Context {
-		return ContextWithClaim(context.Background(), &Claim{token: token, leaseEnd: now.Add(leaseLeft)})
+		return contextWithClaim(context.Background(), &Claim{token: token, leaseEnd: now.Add(leaseLeft)})
 	}
 	cases := map[string]func(l *msgLedger){
 		"two live runs": func(l *msgLedger) {

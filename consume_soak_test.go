@@ -553,7 +553,7 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 		}
 		for i, br := range res {
 			if c := br.Outcome.Claim; c != nil && i%2 == 0 {
-				run := led.begin(ContextWithClaim(context.Background(), c), ids[i], true)
+				run := led.begin(contextWithClaim(context.Background(), c), ids[i], true)
 				led.end(ids[i], run, true)
 			}
 			// It dies: the broker redelivers the batch.

@@ -16,9 +16,3 @@ func ClaimFromContext(ctx context.Context) (*Claim, bool) {
 	c, _ := ctx.Value(claimKey{}).(*Claim)
 	return c, c != nil
 }
-
-// ContextWithClaim returns a copy of ctx that carries c, for
-// ClaimFromContext.
-func ContextWithClaim(ctx context.Context, c *Claim) context.Context {
-	return context.WithValue(ctx, claimKey{}, c)
-}

@@ -347,7 +347,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 		made.Add(1)
 		out, err := k.Begin(ctx, scope, key)
 		if err == nil && out.Claim != nil {
-			done := l.start(ContextWithClaim(ctx, out.Claim), key)
+			done := l.start(contextWithClaim(ctx, out.Claim), key)
 			done(false)
 			err = out.Claim.Complete(ctx, []byte(fnValue(key)), 0)
 			if err == nil {
@@ -383,7 +383,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 			return
 		}
 		cl := out.Claim
-		done := l.start(ContextWithClaim(ctx, cl), key)
+		done := l.start(contextWithClaim(ctx, cl), key)
 		done(false)
 		pauses.Add(1)
 		var competitor sync.WaitGroup
@@ -513,7 +513,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 				}
 				out, err := k.Begin(ctx, scope, key)
 				if err == nil && out.Claim != nil { // abandoned, released, or never claimed: run it now
-					done := l.start(ContextWithClaim(ctx, out.Claim), key)
+					done := l.start(contextWithClaim(ctx, out.Claim), key)
 					done(false)
 					err = out.Claim.Complete(ctx, []byte(fnValue(key)), 0)
 					if err == nil {

@@ -312,3 +312,9 @@ func badInputBackends(t *testing.T) map[string]*redis.Client {
 	}
 	return backends
 }
+
+// contextWithClaim returns a copy of ctx that carries c, for
+// ClaimFromContext: a claim of the test's making.
+func contextWithClaim(ctx context.Context, c *Claim) context.Context {
+	return context.WithValue(ctx, claimKey{}, c)
+}

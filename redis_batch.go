@@ -30,18 +30,18 @@ var (
 
 var _ Store = (*RedisStore)(nil)
 
-// BatchChunk is the most records one batch script call holds. A script holds
+// batchChunk is the most records one batch script call holds. A script holds
 // Redis while it runs, a few microseconds per record, so a larger batch is
-// sent as several calls of BatchChunk records, in one pipeline: other
+// sent as several calls of batchChunk records, in one pipeline: other
 // clients' commands wait at most one chunk (well under a millisecond on a
 // current server), and the batch still costs one round trip.
-const BatchChunk = 200
+const batchChunk = 200
 
 // ClaimBatch implements Store.
 //
-// On a *redis.Client or *redis.Conn, the records go in chunks of BatchChunk,
-// every chunk in one pipeline: one round trip. On a *redis.ClusterClient each
-// call holds records of one slot only (a script may not reach across slots;
+// On a *redis.Client or *redis.Conn, the records go in chunks of at most
+// 200 (a script holds Redis while it runs), every chunk in one pipeline:
+// one round trip. On a *redis.ClusterClient each call holds records of one slot only (a script may not reach across slots;
 // every record has its own hash tag, so most calls hold one record), and
 // go-redis sends each node's calls in one pipeline, the nodes at once: one
 // round trip per node. On other clients (a Ring, an AutoPipeliner) each call
@@ -482,7 +482,7 @@ func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
 	var calls []batchCall
 	for _, g := range groups {
 		for len(g) > 0 {
-			n := min(len(g), BatchChunk)
+			n := min(len(g), batchChunk)
 			calls = append(calls, s.batchCall(st, g[:n]))
 			g = g[n:]
 		}

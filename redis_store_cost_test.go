@@ -73,7 +73,7 @@ func TestScriptCost(t *testing.T) {
 // handled before. They are the counts of a run on Redis 7.0.15
 // (TestScriptCost logs them), so that a change to the scripts that adds a
 // command fails here and one that removes some lowers them.
-// A batch of 500 is three script calls of each (BatchChunk is 200). The
+// A batch of 500 is three script calls of each (batchChunk is 200). The
 // index's TTL upkeep (PEXPIRE) is due in some calls only, by Redis's clock:
 // it is bounded apart, once a call at most.
 var consumeCommandBounds = map[int]struct{ claimNew, settleNew, claimAgain, settleAgain int64 }{
@@ -124,7 +124,7 @@ func costConsumeCommands(t *testing.T, c *redis.Client) {
 		copy(again, first[:done])
 		claimNew, settleNew := count(first)
 		claimAgain, settleAgain := count(again)
-		bound, chunk := consumeCommandBounds[size], BatchChunk
+		bound, chunk := consumeCommandBounds[size], batchChunk
 		if k.store.(*RedisStore).v3 != nil {
 			bound, chunk = consumeCommandBoundsV3[size], v3Chunk
 		}
@@ -244,7 +244,7 @@ func costScripts(t *testing.T, m *costMeter, s *RedisStore) {
 }
 
 // costBatches measures the batch scripts per record: each caller claims,
-// completes and replays its share of the records in calls of BatchChunk.
+// completes and replays its share of the records in calls of batchChunk.
 func costBatches(t *testing.T, m *costMeter, s *RedisStore) {
 	ctx := context.Background()
 	payload := costPayload()
@@ -442,8 +442,8 @@ func (m *costMeter) run(calls int, op func(i int) error) error {
 // shares cuts 0..n-1 into the ranges of records each batch call holds.
 func (m *costMeter) shares() [][2]int {
 	var out [][2]int
-	for from := 0; from < m.n; from += BatchChunk {
-		out = append(out, [2]int{from, min(from+BatchChunk, m.n)})
+	for from := 0; from < m.n; from += batchChunk {
+		out = append(out, [2]int{from, min(from+batchChunk, m.n)})
 	}
 	return out
 }
