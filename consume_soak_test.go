@@ -336,12 +336,11 @@ type soakCounts struct {
 // that did not come in time, no connection free. Redis did not answer, so
 // the message was never decided: it is retried (redelivered), as the
 // consumer contract says, and its next delivery must be answered done
-// before. A reply of Redis's own (a script's error, errCallMissing) is not
-// one of these.
+// before. A reply of Redis's own (a script's error, errCallMissing) wraps
+// none of these causes.
 func unreachedRedis(err error) bool {
 	var ne net.Error
-	var re redis.Error
-	return errors.Is(err, ErrUnavailable) && !errors.As(err, &re) && !errors.Is(err, errCallMissing) &&
+	return errors.Is(err, ErrUnavailable) &&
 		(errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed))
 }
 

@@ -210,17 +210,8 @@ func TestIndexOfAnotherLayoutIsRefused(t *testing.T) {
 		ctx := context.Background()
 		require.NoError(t, b.Client.HSet(ctx, "idem:i:0", "", "v1 scale=2097152").Err())
 		k := newKeeper(t, b)
-		res, err := Consume(ctx, k, "s", []string{"a", "b"}, func(m string) string { return m },
-			func(context.Context, string) error {
-				t.Error("a handler ran on an index of another layout")
-				return nil
-			})
-		require.NoError(t, err)
-		for _, r := range res {
-			assert.ErrorIs(t, r.Err, ErrInvalidConfig)
-			assert.False(t, r.Ack)
-		}
-		_, err = k.Begin(ctx, "s", "c")
+		consumeRefused(t, k, []string{"a", "b"})
+		_, err := k.Begin(ctx, "s", "c")
 		assert.ErrorIs(t, err, ErrInvalidConfig)
 		_, err = k.Inspect(ctx, "s", "c")
 		assert.ErrorIs(t, err, ErrInvalidConfig)

@@ -318,3 +318,20 @@ func badInputBackends(t *testing.T) map[string]*redis.Client {
 func contextWithClaim(ctx context.Context, c *Claim) context.Context {
 	return context.WithValue(ctx, claimKey{}, c)
 }
+
+// consumeRefused asserts that Consume of msgs on k runs no handler and
+// answers every message with an error that wraps ErrInvalidConfig,
+// unacknowledged: what a Keeper on a prefix or index of another layout or
+// placement gets.
+func consumeRefused(t *testing.T, k *Keeper, msgs []string) {
+	t.Helper()
+	res, err := Consume(context.Background(), k, "s", msgs, func(m string) string { return m }, func(context.Context, string) error {
+		t.Error("a handler ran on a prefix or index of another layout")
+		return nil
+	})
+	require.NoError(t, err)
+	for _, r := range res {
+		assert.ErrorIs(t, r.Err, ErrInvalidConfig)
+		assert.False(t, r.Ack)
+	}
+}

@@ -787,15 +787,7 @@ func TestPrefixOfTheOtherLayoutIsRefused(t *testing.T) {
 			t.Helper()
 			before, err := b.Client.Keys(ctx, "*").Result()
 			require.NoError(t, err)
-			res, err := Consume(ctx, k, "s", msgs, id, func(context.Context, string) error {
-				t.Error("a handler ran on a prefix of the other layout")
-				return nil
-			})
-			require.NoError(t, err)
-			for _, r := range res {
-				assert.ErrorIs(t, r.Err, ErrInvalidConfig)
-				assert.False(t, r.Ack)
-			}
+			consumeRefused(t, k, msgs)
 			_, err = Do(ctx, k, "s", "e", func(context.Context) (int, error) { return 1, nil })
 			assert.ErrorIs(t, err, ErrInvalidConfig)
 			after, err := b.Client.Keys(ctx, "*").Result()
