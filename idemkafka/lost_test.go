@@ -15,21 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// lostWatcher is a kgo.Logger that closes entered when the client enters
-// OnPartitionsLost (kgo logs it at debug level), and drops every message.
-type lostWatcher struct {
-	once    sync.Once
-	entered chan struct{}
-}
-
-func (*lostWatcher) Level() kgo.LogLevel { return kgo.LogLevelDebug }
-
-func (w *lostWatcher) Log(_ kgo.LogLevel, msg string, _ ...any) {
-	if msg == "entering OnPartitionsLost" {
-		w.once.Do(func() { close(w.entered) })
-	}
-}
-
 // TestLostPartitionCommitsNothing: while the handler of record 5 runs, the
 // group answers the member's heartbeats UNKNOWN_MEMBER_ID, so the client
 // loses its partitions (OnPartitionsLost). The handler finishes and its
@@ -77,9 +62,8 @@ func TestLostPartitionCommitsNothing(t *testing.T) {
 		return nil, nil, false
 	})
 
-	lost := &lostWatcher{entered: make(chan struct{})}
 	opts := append(clientOpts(c, "g", "orders"),
-		kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(2*time.Second), kgo.WithLogger(lost))
+		kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(2*time.Second))
 	runs := newCounter()
 	started, release := make(chan struct{}), make(chan struct{})
 	var part5 atomic.Int32
@@ -96,6 +80,13 @@ func TestLostPartitionCommitsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	lost := make(chan struct{})
+	var lostOnce sync.Once
+	idemkafka.OnRelease(r, func(wasLost bool) {
+		if wasLost {
+			lostOnce.Do(func() { close(lost) })
+		}
+	})
 	stop := start(t, r)
 	select {
 	case <-started:
@@ -104,7 +95,7 @@ func TestLostPartitionCommitsNothing(t *testing.T) {
 	}
 	failHeartbeats.Store(true)
 	select {
-	case <-lost.entered: // it waits for the held handler
+	case <-lost: // its partitions stopped; it waits for the held handler
 	case <-time.After(20 * time.Second):
 		t.Fatal("the member did not lose its partitions within 20s")
 	}

@@ -51,6 +51,12 @@ func TestRevokeFinishesRunningStartsNoMore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var revoked atomic.Int64
+	idemkafka.OnRelease(a, func(lost bool) {
+		if !lost {
+			revoked.Add(1)
+		}
+	})
 	stopA := start(t, a)
 	waitFor(t, 20*time.Second, "a handler held in each partition", func() bool { return held.Load() == parts })
 	before := syncs.Load()
@@ -66,10 +72,10 @@ func TestRevokeFinishesRunningStartsNoMore(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopB := start(t, b)
-	// Both members synced the plan that moves partitions: the first is
-	// revoking them now, waiting for its held handlers.
+	// Both members synced the plan that moves partitions, and the first
+	// stopped the revoked ones: it waits for its held handlers.
 	waitFor(t, 20*time.Second, "the rebalance", func() bool { return syncs.Load() >= before+2 })
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, 20*time.Second, "the revoke", func() bool { return revoked.Load() > 0 })
 	close(release)
 	waitFor(t, 20*time.Second, "every offset committed", func() bool { return committedTotal(t, c, "g", "orders") == n })
 	_ = stopA()

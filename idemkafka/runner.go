@@ -46,6 +46,9 @@ type Runner struct {
 	held int
 	// room is signalled (never blocks) when held goes down.
 	room chan struct{}
+	// released, when set (by tests), is called by release once it has
+	// stopped its partitions, before it waits for them.
+	released func(lost bool)
 }
 
 // topicPartition names a partition.
@@ -298,6 +301,9 @@ func (r *Runner) release(m map[string][]int32, lost bool) {
 		}
 	}
 	r.mu.Unlock()
+	if r.released != nil {
+		r.released(lost)
+	}
 	for _, part := range gone {
 		<-part.done
 	}
