@@ -25,10 +25,14 @@ import (
 // In the rows, DONE is replaced by when the call completed and UNTIL by
 // when its results' retention ends, in Redis's microseconds, as each row
 // says.
-var markerFormatV2 = []struct {
+var markerFormat = []struct {
 	name string
-	// call is the call record, "" for none; place is the entry's place in
-	// it.
+	// v3 is the row's call record in the v3 layout, its zero value for
+	// none: its done and result retention are set as doneAgo and untilIn
+	// say.
+	v3 v3Call
+	// call is the call record in v2, "" for none; place is the entry's
+	// place in it.
 	call  string
 	place uint16
 	// doneAgo is how long before the read the call completed its claims;
@@ -36,7 +40,7 @@ var markerFormatV2 = []struct {
 	doneAgo, untilIn time.Duration
 	check            func(t *testing.T, k *Keeper, key string, token int64)
 }{
-	{"marker within the retention", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker within the retention", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "C"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
@@ -48,7 +52,7 @@ var markerFormatV2 = []struct {
 		assert.Equal(t, MessageReplayed, res[0].Status)
 		assert.True(t, res[0].Ack)
 	}},
-	{"marker past the retention", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, 48 * time.Hour, -24 * time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker past the retention", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "C"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:C", 1, 48 * time.Hour, -24 * time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key)
 		assert.ErrorIs(t, err, ErrResultExpired)
 		res, err := Consume(context.Background(), k, "s", []string{key}, func(s string) string { return s },
@@ -56,40 +60,40 @@ var markerFormatV2 = []struct {
 		require.NoError(t, err)
 		assert.Equal(t, MessageReplayed, res[0].Status)
 	}},
-	{"entry whose call record is gone", "", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"entry whose call record is gone", v3Call{}, "", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
 		assert.Equal(t, 1, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"second place of a call", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:XC", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"second place of a call", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "XC"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:XC", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 		assert.Equal(t, token, out.Token)
 	}},
-	{"place not claimed by the call", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:CX", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"place not claimed by the call", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "CX"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:CX", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim, "an entry whose place the call did not claim is stale")
 		assert.Equal(t, 1, out.Claim.Attempt())
 	}},
-	{"marker with a fingerprint", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:C" + fingerprintDigest([]byte("body")), 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"marker with a fingerprint", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "C", fpw: 16, fps: fingerprintDigest([]byte("body"))}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:C" + fingerprintDigest([]byte("body")), 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))
 		assert.ErrorIs(t, err, ErrMismatch)
 		out, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 	}},
-	{"fingerprints padded to the call's widest", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:CC" + fingerprintDigest([]byte("body")) + "................", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"fingerprints padded to the call's widest", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "CC", fpw: 16, fps: fingerprintDigest([]byte("body")) + "................"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:16:CC" + fingerprintDigest([]byte("body")) + "................", 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("body")))
 		assert.ErrorIs(t, err, ErrMismatch, "the second place has no fingerprint")
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		assert.True(t, out.Replayed)
 	}},
-	{"compact claim, lease alive", "i2B4102444800000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim, lease alive", v3Call{until: 4102444800000000, callID: "AAAAAAAAAAE", states: "P"}, "i2B4102444800000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		_, err := k.Begin(context.Background(), "s", key)
 		assert.ErrorIs(t, err, ErrInProgress)
 		res, err := Consume(context.Background(), k, "s", []string{key}, func(s string) string { return s },
@@ -98,7 +102,7 @@ var markerFormatV2 = []struct {
 		assert.Equal(t, MessageRetry, res[0].Status)
 		assert.ErrorIs(t, res[0].Err, ErrInProgress)
 	}},
-	{"compact claim, lease run out", "i2B1700000000000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim, lease run out", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "P"}, "i2B1700000000000000:0:0:AAAAAAAAAAA:0:P", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -106,7 +110,7 @@ var markerFormatV2 = []struct {
 		assert.Equal(t, 2, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"compact claim released", "i2B1700000000000000:0:0:AAAAAAAAAAA:0:R", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim released", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "R"}, "i2B1700000000000000:0:0:AAAAAAAAAAA:0:R", 1, 0, 0, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -114,7 +118,7 @@ var markerFormatV2 = []struct {
 		assert.Equal(t, 2, out.Claim.Attempt())
 		assert.Greater(t, out.Claim.Token(), token)
 	}},
-	{"compact claim forgotten", "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:F", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
+	{"compact claim forgotten", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", states: "F"}, "i2B1700000000000000:DONE:UNTIL:AAAAAAAAAAA:0:F", 1, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		out, err := k.Begin(context.Background(), "s", key)
 		require.NoError(t, err)
 		require.NotNil(t, out.Claim)
@@ -151,7 +155,7 @@ func TestMarkerPlacementV2(t *testing.T) {
 
 // TestMarkerFormatV2StillReads writes each row's call record and its entry,
 // in an index of a few blocks, and reads it with Keepers with and without
-// markers, of the v2 layout whatever IDEM_TEST_LAYOUT says: the format is
+// markers, of the v2 layout: the format is
 // v2's.
 func TestMarkerFormatV2StillReads(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
@@ -166,7 +170,7 @@ func TestMarkerFormatV2StillReads(t *testing.T) {
 		const l, sp = 2, 1 // 5 blocks
 		for kname, opts := range keepers {
 			k := newKeeper(t, b, opts...)
-			for i, row := range markerFormatV2 {
+			for i, row := range markerFormat {
 				t.Run(kname+"/"+row.name, func(t *testing.T) {
 					key := kname + "/" + row.name
 					token := int64(1700000000000000 + i)
@@ -194,6 +198,56 @@ func TestMarkerFormatV2StillReads(t *testing.T) {
 					require.NoError(t, b.Client.HSet(ctx, e.key, "", "v2 2 1 10", field, old+string(entry[:])).Err())
 					if call != "" {
 						require.NoError(t, b.Client.Set(ctx, "idem:c:"+tok, call, time.Hour).Err())
+					}
+					row.check(t, k, key, token)
+				})
+			}
+		}
+	})
+}
+
+// TestMarkerFormatV3StillReads writes each row's call record and its
+// entry, in a v3 index of a few blocks, and reads it with Keepers with and
+// without markers: the format is v3's (format.go, "The v3 layout").
+func TestMarkerFormatV3StillReads(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, err := NewRedisStore(b.Client)
+		require.NoError(t, err)
+		keepers := map[string][]Option{"markers": nil, "without markers": {WithoutMarkers()}}
+		const l, sp = 2, 1 // 5 blocks
+		for kname, opts := range keepers {
+			k := newKeeper(t, b, opts...)
+			for i, row := range markerFormat {
+				t.Run(kname+"/"+row.name, func(t *testing.T) {
+					key := kname + "/" + row.name
+					now, err := b.Client.Time(ctx).Result()
+					require.NoError(t, err)
+					// A v3 token is Redis's clock at the call's claim: an
+					// entry past its call record's keep is stale, one
+					// younger without its call record unavailable (moving).
+					token := now.Add(-time.Minute).UnixMicro() + int64(i)
+					if row.v3.callID == "" {
+						token = now.Add(-30*24*time.Hour).UnixMicro() + int64(i)
+					}
+					call := row.v3
+					if row.doneAgo > 0 {
+						call.done, call.resultUntil = now.Add(-row.doneAgo).UnixMicro(), now.Add(row.untilIn).UnixMicro()
+					}
+					id := recordID("s", key)
+					index, calls := s.v3Names(s.key(id))
+					e := v3KeyOf(id)
+					field := string(v3AppendBlockName(nil, v3Block(e.h, l, sp)))
+					old, err := b.Client.HGet(ctx, index, field).Result()
+					if err != nil {
+						old = ""
+					}
+					state := appendV3State(nil, v3State{level: l, split: sp, count: 10, token: token})
+					require.NoError(t, b.Client.HSet(ctx, index, "", state, field, old+string(v3AppendEntry(nil, e, row.place, token))).Err())
+					if call.callID != "" {
+						rec, ok := appendV3Call(nil, call)
+						require.True(t, ok)
+						require.NoError(t, b.Client.Set(ctx, v3CallKey(calls, token), rec, time.Hour).Err())
 					}
 					row.check(t, k, key, token)
 				})

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -34,21 +33,9 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quietLogger{}) }
 
-// IDEM_TEST_LAYOUT=v2 runs the package's tests with every RedisStore they
-// make in the v2 layout of compact claims and markers, the one before v3,
-// the default (see internal/layout): a suite of today's tests then checks
-// the paths v2 still carries.
-func init() { layout.FromEnv() }
-
-// layouts returns the layout the package's stores write (as their
-// prefix records say: "v3", or "v2" under IDEM_TEST_LAYOUT=v2), and the
-// other one.
-func layouts() (ours, other string) {
-	if layout.V3() {
-		return "v3", "v2"
-	}
-	return "v2", "v3"
-}
+// layouts returns the layout the package's stores write, as their prefix
+// records say, and the one before it, which they refuse.
+func layouts() (ours, other string) { return "v3", "v2" }
 
 // expireLeaseSrc makes the lease of the claim of a record run out: the
 // record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] the first 8

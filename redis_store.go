@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -127,7 +126,7 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 	if cluster {
 		st.compact = newCompactLayout(true, s.prefix)
 	}
-	if s.layout == "v3" || s.layout == "" && layout.V3() {
+	if s.layout != "v2" {
 		st.v3 = newV3Layout(st)
 	}
 	return st, nil

@@ -16,7 +16,7 @@ import (
 )
 
 // The v3 layout's scripts (see format.go, "The v3 layout"), which a store
-// runs when it was made with the layout (internal/layout, withLayoutV3).
+// runs unless it was made withLayoutV2.
 var (
 	//go:embed lua/v3_claim.lua
 	v3ClaimBody string
@@ -27,9 +27,8 @@ var (
 )
 
 // withLayoutV3 makes a RedisStore keep its compact claims in the v3 layout,
-// and withLayoutV2 in v2, whatever internal/layout says: for tests that run
-// both layouts side by side. internal/layout chooses for every store made
-// after it is set without either.
+// the default, and withLayoutV2 in v2, the layout before it, for the few
+// tests of v2 kept until it is deleted.
 func withLayoutV3() Option {
 	return Option{name: "withLayoutV3", to: toStore, set: func(s *settings) { s.layout = "v3" }}
 }

@@ -13,7 +13,7 @@
 #	-w WARMUP    ids handled before the window (default 3000)
 #	-B BATCHES   the batch sizes (default "1 3 10 100 500")
 #	IDEMBENCH FLAGS are added to each run's -batch B -dup 0.2 -c 4 (for
-#	             example -layout v2)
+#	             example -markers=false)
 #
 # About a minute at the defaults on a 2-core machine (Redis under valgrind
 # runs some 50 times slower). The fit is a least-squares line through the

@@ -83,10 +83,6 @@
 // delivered in the last D of its run. Run for a -d of several times D, so
 // that as many markers expire as arrive: the steady state of a consumer.
 //
-// -layout v2 makes idem keep its compact claims and markers in the v2
-// layout, the one before the marker floor's v3 (the default), for
-// measuring the two side by side until v2 is deleted.
-//
 // -side idem or -side baseline runs one side of -workload batch alone, and
 // -on-measure PROG runs PROG start just before the first measured slice and
 // PROG stop just after the last: bench/callgrind.sh counts one side's
@@ -215,7 +211,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -235,8 +230,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "idembench:", err)
 		return 2
 	}
-	layout.SetV3(o.layout != "v2")
-	defer layout.SetV3(true)
 	res, err := bench(ctx, o, stdout, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "idembench:", err)
@@ -334,7 +327,6 @@ type options struct {
 	// side is -side: "" for both sides, or sideIdem or sideBaseline;
 	// onMeasure is -on-measure.
 	side      string
-	layout    string
 	onMeasure string
 	// run names the run (newRunTag), once it starts.
 	run string
@@ -392,7 +384,6 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.markerRetention, "marker-retention", 0, "with -workload batch: the steady state of memory. idem's markers are kept this long (idem.WithMarkerRetention; at least the lease, 30s), and so are its records and the baseline's keys (-retention is set to it); run for -d of several times as long, so that as many markers expire as arrive. The memory per id is then per live id: used_memory after the run minus before, less the connections, over the ids the side delivered in the last marker retention before its last slice ended (the markers, or baseline keys, still live; those that expired and were not yet swept or evicted count in the bytes, not in the ids). The report says when the run lasted less than twice the marker retention, which is not yet steady")
 	fs.IntVar(&o.scopeShards, "scope-shards", 0, "idem.WithScopeShards: the run's scope in this many shards, each one Cluster slot, so that a batch costs a few script calls; 0: keys placed by their own digests (default: the Keeper's, idem.ClusterScopeShards with -cluster, 0 otherwise)")
 	fs.BoolVar(&o.scopePerCaller, "scope-per-caller", false, "with -workload batch: each caller consumes its messages in a scope of its own (the run's scope, \"/\" and the caller's number), as consumers of a partition each do; default: one scope shared by every caller")
-	fs.StringVar(&o.layout, "layout", "v3", "with -workload batch: the layout of idem's index of compact claims and markers, v3 (the default) or v2 (the layout before it, until it is deleted)")
 	fs.StringVar(&o.side, "side", "", "with -workload batch and -baseline: run only this side, idem or baseline (default: both, interleaved), after the prefill of that side alone; for counting one side's Redis instructions (bench/callgrind.sh)")
 	fs.StringVar(&o.onMeasure, "on-measure", "", "a program to run, and wait for, with the argument start just before the first measured slice (after -prefill) and stop just after the last (before the memory is read): bench/callgrind.sh turns valgrind's instrumentation on and off with it")
 	fs.IntVar(&o.baselineDB, "baseline-db", -1, "with -workload batch, a baseline and -redis: the database of the baseline's keys, so that each side's used_memory can be told apart (default: idem's database plus one)")
@@ -498,8 +489,6 @@ func checkBatch(o *options) error {
 		return fmt.Errorf("-scope-shards %d: want 0 to 256", o.scopeShards)
 	case o.prefill < 0 || o.prefill >= 1<<40:
 		return fmt.Errorf("-prefill %d: want 0 to 2^40", o.prefill)
-	case o.layout != "v2" && o.layout != "v3":
-		return fmt.Errorf("-layout %q: want v2 or v3", o.layout)
 	case o.side != "" && o.side != sideIdem && o.side != sideBaseline:
 		return fmt.Errorf("-side %q: want idem or baseline", o.side)
 	case o.side != "" && o.baseline == "":

@@ -21,13 +21,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/idemkit/idem/internal/runlog"
 	"github.com/redis/go-redis/v9"
 )
 
 func main() {
-	layout.FromEnv() // the layout of the test that started it
 	addr := flag.String("addr", "127.0.0.1:6379", "Redis address")
 	stream := flag.String("stream", "s", "stream")
 	group := flag.String("group", "g", "consumer group")
