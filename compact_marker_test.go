@@ -301,7 +301,6 @@ func TestMarkerLostReplies(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		r := &resentScripts{Scripter: b.Client, resend: map[string]bool{
-			compactClaimScript.Hash(): true, compactSettleScript.Hash(): true, compactMoveScript.Hash(): true,
 			v3ClaimScript.Hash(): true, v3SettleScript.Hash(): true,
 		}}
 		s, err := NewRedisStore(r)
@@ -407,9 +406,9 @@ func TestMarkerDigestsDoNotCollide(t *testing.T) {
 	})
 }
 
-// TestMarkersAreSwept: a block written drops the entries whose call records
-// are gone, and keeps the others. (In the v3 layout an entry is swept once
-// no call can hold it any more: v3MaxHold past its call record's keep.)
+// TestMarkersAreSwept: a block written drops the entries that no call can
+// hold any more (v3MaxHold past their call record's keep), and keeps the
+// others.
 func TestMarkersAreSwept(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := context.Background()
@@ -423,11 +422,7 @@ func TestMarkersAreSwept(t *testing.T) {
 	}
 	_, err := Consume(ctx, k, "s", old, id, handle)
 	require.NoError(t, err)
-	gone := 2 * time.Minute // the old markers' call record is gone
-	if s.v3 != nil {
-		gone += v3MaxHold
-	}
-	b.Advance(gone)
+	b.Advance(2*time.Minute + v3MaxHold) // the old markers' entries are stale
 	fresh := make([]string, 70)
 	for i := range fresh {
 		fresh[i] = fmt.Sprint("new-", i)
@@ -555,25 +550,26 @@ func TestCompactClaimSentTwice(t *testing.T) {
 }
 
 // TestMarkerEntryIsKnownByAllItsBytes: an entry holds 8 bytes of the id's
-// digest, 4 of which choose its block: two ids whose digests differ only in
-// the last of those 8 share a block and still answer each for itself.
+// digest, the last 3 its block hash, whose low bits choose its block: two
+// ids whose digests differ only in the first byte of the hash, which no
+// block of an index below level 16 reads, share a block and still answer
+// each for itself.
 func TestMarkerEntryIsKnownByAllItsBytes(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		s, err := NewRedisStore(b.Client)
 		require.NoError(t, err)
-		id := func(last byte) string {
+		id := func(b5 byte) string {
 			var raw [16]byte
-			copy(raw[:7], "same7by")
-			raw[7] = last
+			copy(raw[:], "same5.bytes.16..")
+			raw[5] = b5
 			return base64.RawURLEncoding.EncodeToString(raw[:])
 		}
 		a, c := id(1), id(2)
-		require.NoError(t, s.layoutReady(ctx))
-		ea, ec := s.entry(a), s.entry(c)
-		require.Equal(t, ea.d8[:7], ec.d8[:7], "the entries start alike")
-		require.NotEqual(t, ea.d8, ec.d8)
-		require.Equal(t, blockOf(ea.d8, 0, 0), blockOf(ec.d8, 0, 0), "one block")
+		ka, kc := v3KeyOf(a), v3KeyOf(c)
+		require.Equal(t, ka.d5, kc.d5, "the entries start alike")
+		require.NotEqual(t, ka.h, kc.h)
+		require.Equal(t, v3Block(ka.h, v3StartLevel, 0), v3Block(kc.h, v3StartLevel, 0), "one block")
 
 		req := BatchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
 			Retention: time.Hour, MarkerRetention: time.Hour, Compact: true}

@@ -77,7 +77,7 @@ func clusterReshard(t *testing.T, opts ...Option) {
 			// node whose first call is answered TRYAGAIN and another one
 			// MOVED (pipelineReadCmds sends the whole pipeline again, the
 			// redirected call too, so one Cmd is read by two goroutines).
-			ikey := s.compact.keyNames[sl]
+			ikey := v3IndexKey(s.prefix, true, uint16(sl))
 			require.Eventually(t, func() bool {
 				cc.ReloadState(ctx)
 				owner, err := cc.MasterForKey(ctx, ikey)

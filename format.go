@@ -397,32 +397,6 @@ func cutField(s string) (field, rest string, ok bool) {
 	return rest[:n], rest[n:], true
 }
 
-// callRecord is what a call record holds that Go reads (see the format
-// above): its lease end and its last completion (Redis's clock,
-// microseconds), its fingerprint width and a state byte per place.
-type callRecord struct {
-	until, done int64
-	fpw         int
-	states      string
-}
-
-// parseCallRecord reads the call record v; false when v is not one.
-func parseCallRecord(v string) (callRecord, bool) {
-	rest, ok := strings.CutPrefix(v, "i2B")
-	fields := strings.SplitN(rest, ":", 6)
-	if !ok || len(fields) != 6 {
-		return callRecord{}, false
-	}
-	until, err1 := strconv.ParseInt(fields[0], 10, 64)
-	done, err2 := strconv.ParseInt(fields[1], 10, 64)
-	fpw, err3 := strconv.Atoi(fields[4])
-	tail := fields[5]
-	if err1 != nil || err2 != nil || err3 != nil || fpw < 0 || len(tail)%(1+fpw) != 0 {
-		return callRecord{}, false
-	}
-	return callRecord{until: until, done: done, fpw: fpw, states: tail[:len(tail)/(1+fpw)]}, true
-}
-
 // The v3 layout of compact claims and markers (issue 42, "the marker
 // floor"): an index of 16-byte entries in blocks of about 8, a call record
 // of fixed offsets and an index state that also hands out tokens. Nothing

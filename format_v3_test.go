@@ -326,7 +326,7 @@ func TestFormatV3Lua(t *testing.T) {
 }
 
 // TestFormatV3Keys: the v3 index and call records have names of their own,
-// apart from v2's and from every record key.
+// apart from the layouts' before and from every record key.
 func TestFormatV3Keys(t *testing.T) {
 	assert.Equal(t, "idem:i3", v3IndexKey(DefaultPrefix, false, 0))
 	assert.Equal(t, "idem:c3:", v3CallBase(DefaultPrefix, false, 0))
@@ -337,15 +337,11 @@ func TestFormatV3Keys(t *testing.T) {
 	assert.Equal(t, uint16(42), keySlot(v3IndexKey(DefaultPrefix, true, 42)))
 	assert.Equal(t, uint16(42), keySlot(v3CallBase(DefaultPrefix, true, 42)+"1700000000000123"))
 
-	v2 := newCompactLayout(false, DefaultPrefix)
-	v2c := newCompactLayout(true, DefaultPrefix)
 	for _, name := range []string{v3IndexKey(DefaultPrefix, false, 0), v3IndexKey(DefaultPrefix, true, 42)} {
-		assert.NotEqual(t, v2.keyNames[0], name)
-		assert.NotEqual(t, v2c.keyNames[42], name)
+		assert.NotEqual(t, oldIndexKey(DefaultPrefix), name)
 		assert.NotEqual(t, prefixRecordKey(DefaultPrefix), name)
 		assert.Error(t, checkRecordID(idOfKey(name)), "%s reads as a record key", name)
 	}
-	s := &RedisStore{prefix: DefaultPrefix, compact: v2}
-	assert.False(t, strings.HasPrefix(v3CallBase(DefaultPrefix, false, 0), s.callBase("x")))
-	assert.False(t, strings.HasPrefix(s.callBase("x")+"1", v3CallBase(DefaultPrefix, false, 0)))
+	// v2's call records were prefix + "c:" + the token in decimal.
+	assert.False(t, strings.HasPrefix(v3CallBase(DefaultPrefix, false, 0), DefaultPrefix+"c:"))
 }

@@ -37,29 +37,15 @@ func init() { redis.SetLogger(quietLogger{}) }
 // records say, and the one before it, which they refuse.
 func layouts() (ours, other string) { return "v3", "v2" }
 
-// expireLeaseSrc makes the lease of the claim of a record run out: the
-// record's own (KEYS[1]), or, when it is kept compactly (ARGV[1] the first 8
-// bytes of its digest, ARGV[2] its index key, ARGV[3] the start of the call
-// record keys), that of the call that holds it, which its other claims
-// share. lib.lua goes before it.
-const expireLeaseSrc = `
+// expireRecordLeaseLua makes the lease of the claim kept in the record
+// KEYS[1] run out; it answers 0 when the record is not a pending one.
+var expireRecordLeaseLua = newLuaScript(`
 local v = redis.call('GET', KEYS[1])
-if v then
-  local a, b = string.match(v, '^(i1P%d+:%d+:[01]:)%d+(:.*)$')
-  if not a then return 0 end
-  redis.call('SET', KEYS[1], a .. '1' .. b, 'KEEPTTL')
-  return 1
-end
-if ARGV[1] == '' then return 0 end
-local _, pos, tok = index_entry(ARGV[2], {ARGV[1], ARGV[3]})
-if not pos then return 0 end
-local ck = ARGV[3] .. tok
-local cv = redis.call('GET', ck)
-if not cv then return 0 end
-redis.call('SET', ck, 'i2B1' .. string.sub(cv, string.find(cv, ':', 1, true), -1), 'KEEPTTL')
-return 1`
-
-var expireLeaseLua = newLuaScript(expireLeaseSrc)
+if not v then return 0 end
+local a, b = string.match(v, '^(i1P%d+:%d+:[01]:)%d+(:.*)$')
+if not a then return 0 end
+redis.call('SET', KEYS[1], a .. '1' .. b, 'KEEPTTL')
+return 1`)
 
 // expireLease makes the lease of the claim of (scope, key) in s run out, by
 // Redis's clock, whether the claim is kept in a record or compactly.
@@ -72,16 +58,14 @@ func expireLease(t testing.TB, s *RedisStore, scope, key string) {
 func expireLeaseOf(t testing.TB, s *RedisStore, id string) {
 	t.Helper()
 	ctx := context.Background()
-	d8, index, calls := s.compactIndexArgs(id)
-	if s.v3 != nil {
-		if n, err := s.client.(redis.Cmdable).Exists(ctx, s.key(id)).Result(); err == nil && n == 0 {
-			n, err := expireV3LeaseLua.Run(ctx, s.client, []string{s.key(id)}, d8, index, calls).Int()
-			require.NoError(t, err)
-			require.Positive(t, n, "no v3 entry for %x", d8)
-			return
-		}
+	if n, err := s.client.(redis.Cmdable).Exists(ctx, s.key(id)).Result(); err == nil && n == 1 {
+		require.NoError(t, expireRecordLeaseLua.Run(ctx, s.client, []string{s.key(id)}).Err())
+		return
 	}
-	require.NoError(t, expireLeaseLua.Run(ctx, s.client, []string{s.key(id)}, d8, index, calls).Err())
+	d8, index, calls := s.compactIndexArgs(id)
+	n, err := expireV3LeaseLua.Run(ctx, s.client, []string{s.key(id)}, d8, index, calls).Int()
+	require.NoError(t, err)
+	require.Positive(t, n, "no entry for %x", d8)
 }
 
 // expireV3LeaseLua makes the lease of the v3 claim whose entry starts with

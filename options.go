@@ -43,9 +43,6 @@ type settings struct {
 	replicas *durability
 	// noMarkers is set by WithoutMarkers, for a Keeper and a RedisStore.
 	noMarkers bool
-	// layout is set by withLayoutV2 ("v2"), for a RedisStore; "" (and
-	// withLayoutV3's "v3"): v3.
-	layout string
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte
 	wait        time.Duration

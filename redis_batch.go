@@ -96,11 +96,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		}
 		return out
 	}
-	if s.v3 != nil {
-		s.v3.claim(ctx, s, &req, todo, out)
-		return out
-	}
-	s.claimCompact(ctx, &req, todo, out)
+	s.v3.claim(ctx, s, &req, todo, out)
 	return out
 }
 
@@ -152,7 +148,7 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 	fence := func(j int) Fence { return items[j].Fence }
 	compact, records := splitByRef(len(items), fence)
 	var markers, moving []int
-	var markerKeep, movedKeep time.Duration
+	var markerKeep time.Duration
 	var until int64 // when the markers' results' retention ends; 0: Keep from now
 	for _, j := range compact {
 		u, marker := markerUntil(items[j].Value)
@@ -161,41 +157,18 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 			markerKeep, until = max(markerKeep, items[j].Keep), max(until, u)
 		} else {
 			moving = append(moving, j)
-			movedKeep = max(movedKeep, items[j].Keep)
 		}
 	}
-	moveErrs := make([]error, len(items))
-	if s.v3 != nil {
-		calls = s.v3.settleCalls(s, "C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
-		calls = append(calls, s.v3.moveCalls(s, s.compactGroups(moving, fence), items, errs)...)
-		moving = nil
-	} else {
-		calls = s.settleCalls("C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
-		calls = append(calls, s.moveCalls("M", 0, movedKeep, s.compactGroups(moving, fence), fence, moveErrs)...)
-	}
-	for _, c := range s.batchCalls(st, append(records, moving...)) {
+	calls = s.v3.settleCalls(s, "C", markerKeep, until, s.compactGroups(markers, fence), fence, errs)
+	calls = append(calls, s.v3.moveCalls(s, s.compactGroups(moving, fence), items, errs)...)
+	for _, c := range s.batchCalls(st, records) {
 		c.step = st
 		calls = append(calls, c)
 	}
 	return calls, func() {
 		for j, err := range errs {
 			if err == errCompletedAsMarker {
-				errs[j] = nil // a v3 move of a claim completed before: the first result stays
-			}
-		}
-		for _, j := range moving {
-			switch {
-			case moveErrs[j] == errCompletedAsMarker:
-				errs[j] = nil // completed before: the first result stays
-			case moveErrs[j] != nil:
-				errs[j] = moveErrs[j]
-			case errors.Is(errs[j], ErrLeaseLost):
-				// Moved, but the completion ran first and found no
-				// record: the move was refused NOSCRIPT (a Redis that
-				// lost its scripts) and sent again by EVAL after the
-				// pipeline (sendOnce). The completion goes again, to
-				// the record now there, fenced by the claim's token.
-				errs[j] = errMoved
+				errs[j] = nil // a move of a claim completed before: the first result stays
 			}
 		}
 	}
@@ -249,12 +222,7 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	st := s.releaseStep(claims, keep, errs)
 	fence := func(j int) Fence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
-	var calls []batchCall
-	if s.v3 != nil {
-		calls = s.v3.settleCalls(s, "R", 0, 0, s.compactGroups(compact, fence), fence, errs)
-	} else {
-		calls = s.settleCalls("R", 0, 0, s.compactGroups(compact, fence), fence, errs)
-	}
+	calls := s.v3.settleCalls(s, "R", 0, 0, s.compactGroups(compact, fence), fence, errs)
 	for _, c := range s.batchCalls(st, records) {
 		c.step = st
 		calls = append(calls, c)
@@ -298,12 +266,7 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 		s.runBatch(ctx, st, upTo(len(claims)))
 		return errs
 	}
-	var calls []batchCall
-	if s.v3 != nil {
-		calls = s.v3.settleCalls(s, "E", keep, millis(lease), s.compactGroups(compact, fence), fence, errs)
-	} else {
-		calls = s.moveCalls("E", lease, keep, s.compactGroups(compact, fence), fence, errs)
-	}
+	calls := s.v3.settleCalls(s, "E", keep, millis(lease), s.compactGroups(compact, fence), fence, errs)
 	if s.durable == nil {
 		st.op = ""
 	}
@@ -541,7 +504,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls 
 	for {
 		var todo []int
 		for j, c := range calls {
-			if c.stepOf(st).script != compactClaimScript && c.stepOf(st).script != v3ClaimScript && isClusterRedirect(cmds[j].Err()) {
+			if c.stepOf(st).script != v3ClaimScript && isClusterRedirect(cmds[j].Err()) {
 				todo = append(todo, j)
 			}
 		}
@@ -688,20 +651,6 @@ func answerCall(st *batchStep, call batchCall, result func() ([]any, error)) {
 		}
 		st.answer(i, each[j], nil)
 	}
-}
-
-// claimFields is how many fields follow the code of a claim's answer in
-// compact_claim.lua's reply, or -1 for a code of its own.
-func claimFields(code int64) int {
-	switch code {
-	case compactClaimRecord:
-		return 4
-	case compactClaimCompleted, compactClaimInProgress, replyNotOurs, compactClaimRefused:
-		return 1
-	case compactClaimMismatch:
-		return 0
-	}
-	return -1
 }
 
 // splitTransitions cuts the flat reply of batch_complete.lua,

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,24 +20,12 @@ var (
 // WithReplicas it waits for the replicas as a completion does.
 func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
 	if claim.Ref > 0 {
-		if s.v3 != nil {
-			key := s.key(claim.ID)
-			index, calls := s.v3Names(key)
-			return s.checkpoint(ctx, []string{key, index, v3CallKey(calls, claim.Token)},
-				[]any{claim.Token, name, value, MaxCheckpoints, claim.Ref, "", millis(keep)})
-		}
-		return s.checkpointCompact(ctx, claim, name, value, keep)
+		key := s.key(claim.ID)
+		index, calls := s.v3Names(key)
+		return s.checkpoint(ctx, []string{key, index, v3CallKey(calls, claim.Token)},
+			[]any{claim.Token, name, value, MaxCheckpoints, claim.Ref, "", millis(keep)})
 	}
 	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})
-}
-
-// checkpointCompact records a checkpoint of the compact claim f, moving it to
-// a record of its own kept for keep (see checkpoint.lua).
-func (s *RedisStore) checkpointCompact(ctx context.Context, f Fence, name string, value []byte, keep time.Duration) error {
-	key := s.key(f.ID)
-	e := s.entryAt(f.ID, key)
-	return s.checkpoint(ctx, []string{key, e.key, s.callBase(key) + strconv.FormatInt(f.Token, 10)},
-		[]any{f.Token, name, value, MaxCheckpoints, f.Ref, string(e.d8[:]), millis(keep)})
 }
 
 // checkpoint runs checkpoint.lua on keys with args.

@@ -70,7 +70,7 @@ func (s *RedisStore) withIndex(ctx context.Context, id, rk string, token int64, 
 	d8, index, calls := s.compactIndexArgs(id)
 	keys := []string{rk, index}
 	if token != 0 {
-		keys = append(keys, s.callRecordKey(calls, token))
+		keys = append(keys, v3CallKey(calls, token))
 	}
 	return keys, append(args, d8, calls), nil
 }
@@ -93,18 +93,8 @@ func (s *RedisStore) runIndexed(ctx context.Context, sc *luaScript, keys []strin
 		if asked == maxCallAsks {
 			return nil, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was read", ErrUnavailable, asked+1)
 		}
-		keys = append(keys[:2:2], s.callRecordKey(calls, tok))
+		keys = append(keys[:2:2], v3CallKey(calls, tok))
 	}
-}
-
-// callRecordKey is the key of the call record of token under calls, the
-// start of the call record keys: v3's (v3CallKey) in a store of the v3
-// layout, else the token in decimal.
-func (s *RedisStore) callRecordKey(calls string, token int64) string {
-	if s.v3 != nil {
-		return v3CallKey(calls, token)
-	}
-	return calls + strconv.FormatInt(token, 10)
 }
 
 // checkRecordID refuses an id that no Keeper makes.

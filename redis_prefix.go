@@ -41,15 +41,10 @@ type prefixRecord struct {
 	shards int
 }
 
-// prefixLayout is the layout of the index and keys that s writes: "v3" for
-// a store of the v3 layout, else "v2" (as the v2 index's field "" says,
-// see lua/lib.lua). A store refuses a prefix recorded in another.
-func (s *RedisStore) prefixLayout() string {
-	if s.v3 != nil {
-		return "v3"
-	}
-	return "v2"
-}
+// prefixLayout is the layout of the index and keys a store writes, as the
+// records of the prefixes it writes under say: a store refuses a prefix
+// recorded in another (the layouts before v3 were "v1" and "v2").
+const prefixLayout = "v3"
 
 // parsePrefixRecord reads the record raw of a prefix for a store that
 // writes layout:
@@ -150,8 +145,8 @@ func (s *RedisStore) checkPlacement(ctx context.Context, shards int, write bool)
 
 // readPrefix runs prefix.lua: the record, written for a Keeper of shards
 // scope shards if write and there is none. On one server it is given the
-// v2 index key, which a v2 store reads only in its own layout and a v3
-// store not at all.
+// index key of the layouts before v3 (oldIndexKey), which it refuses to
+// write beside.
 func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (prefixRecord, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return prefixRecord{}, err
@@ -160,16 +155,13 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 	args = append(args, "evalsha", prefixEval.shaArg, 1, prefixRecordKey(s.prefix))
 	if !s.compact.cluster {
 		args[2] = 2
-		args = append(args, s.compact.keyNames[0])
+		args = append(args, oldIndexKey(s.prefix))
 	}
 	writeFor := ""
 	if write && shards >= 0 {
 		writeFor = strconv.Itoa(shards)
 	}
-	args = append(args, writeFor, s.prefixLayout())
-	if s.v3 != nil {
-		args = append(args, "refuse")
-	}
+	args = append(args, writeFor, prefixLayout, "refuse")
 	raw, err := s.eval(ctx, prefixEval, args).Text()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -177,7 +169,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 	case err != nil:
 		return prefixRecord{}, s.layoutError(err)
 	}
-	rec, ok := parsePrefixRecord(raw, s.prefixLayout())
+	rec, ok := parsePrefixRecord(raw, prefixLayout)
 	if !ok {
 		return prefixRecord{}, fmt.Errorf("%w: the record %s of prefix %q holds %q, which says no placement",
 			ErrCorrupt, prefixRecordKey(s.prefix), s.prefix, raw)
@@ -190,7 +182,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 // placement.
 func (s *RedisStore) placementError(rec prefixRecord, shards int) error {
 	key := prefixRecordKey(s.prefix)
-	if rec.layout != s.prefixLayout() {
+	if rec.layout != prefixLayout {
 		return fmt.Errorf("%w: prefix %q is written in layout %q (its record %s holds %q), which this version of idem does not read: use another prefix",
 			ErrInvalidConfig, s.prefix, rec.layout, key, rec.raw)
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"iter"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -80,17 +79,14 @@ func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Recor
 			yield(Record{}, err)
 			return
 		}
-		calls, calls3 := sc.prefix+"c:[0-9]*", sc.prefix+"c3:*"
+		// The call records: their base and 6 bytes ('*', not six '?':
+		// miniredis's '?' is a UTF-8 character).
+		calls := sc.prefix + "c3:*"
 		if s.compact.cluster {
-			calls, calls3 = sc.prefix+"{*}c:[0-9]*", sc.prefix+"{*}c3:*"
+			calls = sc.prefix + "{*}c3:*"
 		}
 		for _, n := range nodes {
 			if !sc.walk(ctx, n, sc.match, sc.read, yield) || !sc.walk(ctx, n, calls, sc.readCalls, yield) {
-				return
-			}
-			// The v3 layout's call records: its base and 6 bytes ('*', not
-			// six '?': miniredis's '?' is a UTF-8 character).
-			if s.v3 != nil && !sc.walk(ctx, n, calls3, sc.readCalls, yield) {
 				return
 			}
 		}
@@ -301,19 +297,16 @@ func (sc *scanner) readCalls(ctx context.Context, node scanClient, keys []string
 	return true
 }
 
-// readCall reads the call record v at key (see compact_claim.lua), whose
-// PTTL is ttl, at Redis's time now: a Record for each state its places are
-// in, pending, completed (markers) and released, in that order.
+// readCall reads the call record v at key (see format.go, "The v3
+// layout"), whose PTTL is ttl, at Redis's time now: a Record for each
+// state its places are in, pending, completed (markers) and released, in
+// that order.
 func readCall(key, v string, ttl time.Duration, now time.Time) ([]Record, error) {
-	if c, ok := parseV3Call(v); ok {
-		return readV3Call(key, c, ttl, now)
-	}
-	tok, err := strconv.ParseInt(key[strings.LastIndexByte(key, ':')+1:], 10, 64)
-	h, ok := parseCallRecord(v)
-	if err != nil || !ok {
+	c, ok := parseV3Call(v)
+	if !ok {
 		return nil, fmt.Errorf("%w: call record %.40q", ErrCorrupt, v)
 	}
-	return callRecords(key, tok, h.fpw > 0, h.until, h.done, h.states, ttl, now), nil
+	return readV3Call(key, c, ttl, now)
 }
 
 // readV3Call is readCall of the v3 call record c at key (see format.go),

@@ -67,14 +67,8 @@ type RedisStore struct {
 	// prefixGate holds the prefix's record, how its keys are written,
 	// once read (see checkPlacement).
 	prefixGate prefixGate
-	// v3 is set for a store that keeps its compact claims in the v3 layout
-	// (redis_v3.go); nil: v2's.
+	// v3 is where the store keeps its compact claims (redis_v3.go).
 	v3 *v3Layout
-	// indexArg and callsArg are claim.lua's index key and start of the call
-	// record keys, boxed once, for one server, where every record has the
-	// same (see claimIndexArgs); unused once compact says a Cluster (which
-	// layoutReady may learn after the store is made).
-	indexArg, callsArg any
 }
 
 // WithPrefix sets the start of every Redis key the store writes, so that
@@ -121,14 +115,8 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 		}
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: newCompactLayout(false, s.prefix), noCompact: s.noMarkers}
-	st.indexArg, st.callsArg = st.entryAt("", "").key, st.callBase("") // one server's
-	if cluster {
-		st.compact = newCompactLayout(true, s.prefix)
-	}
-	if s.layout != "v2" {
-		st.v3 = newV3Layout(st)
-	}
+	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: &compactLayout{cluster: cluster}, noCompact: s.noMarkers}
+	st.v3 = newV3Layout(st)
 	return st, nil
 }
 
@@ -187,7 +175,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		return ClaimReply{}, err
 	}
 	key, call := s.key(id), ""
-	d8, index, calls, callsArg := s.claimIndexArgs(id, key)
+	d8, index, calls := s.claimIndexArgs(id, key)
 	for asked := 0; ; asked++ {
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
@@ -197,7 +185,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 			args[2] = 3
 			args = append(args, call)
 		}
-		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
+		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
 		res, err := s.eval(ctx, claimEval, args).Result()
 		if err != nil {
 			return ClaimReply{}, s.layoutError(err)
@@ -209,31 +197,20 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		if asked == maxCallAsks {
 			return ClaimReply{}, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was claimed", ErrUnavailable, asked+1)
 		}
-		if s.v3 != nil {
-			call = v3CallKey(calls, tok)
-		} else {
-			call = calls + strconv.FormatInt(tok, 10)
-		}
+		call = v3CallKey(calls, tok)
 	}
 }
 
-// claimIndexArgs returns what compactIndexArgs does for the record id
-// whose Redis key is key, the index key and the start of the call record
-// keys boxed for the script's arguments, and that start as a string too:
-// on one server the store's own, boxed once, rather than the key made
-// three times, the start concatenated and both boxed on every claim.
-func (s *RedisStore) claimIndexArgs(id, key string) (d8 string, index any, calls string, callsArg any) {
-	e := s.entryAt(id, key)
-	if s.v3 != nil {
-		// The v3 index: its entries start with the same 8 bytes.
-		index, calls := s.v3Names(key)
-		return string(e.d8[:]), index, calls, calls
-	}
-	if !s.compact.cluster {
-		return string(e.d8[:]), s.indexArg, s.callsArg.(string), s.callsArg
-	}
-	calls = s.callBase(key)
-	return string(e.d8[:]), e.key, calls, calls
+// claimIndexArgs returns the arguments of claim.lua and the operator
+// scripts that let them look in the index for the record id whose Redis
+// key is key: the first 8 bytes of the id's index digest (an entry's
+// digest and block hash), its index key and the start of its call record
+// keys.
+func (s *RedisStore) claimIndexArgs(id, key string) (d8, index, calls string) {
+	var d [16]byte
+	indexDigest(&d, id)
+	index, calls = s.v3Names(key)
+	return string(d[:8]), index, calls
 }
 
 // maxCallAsks bounds how often Claim asks claim.lua again with the call
@@ -534,16 +511,9 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range []*luaScript{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
 		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
-		compactClaimScript, compactSettleScript, compactMoveScript, prefixScript} {
+		v3ClaimScript, v3SettleScript, prefixScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
-		}
-	}
-	if s.v3 != nil {
-		for _, sc := range []*luaScript{v3ClaimScript, v3SettleScript} {
-			if err := sc.Load(ctx, s.client).Err(); err != nil {
-				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
-			}
 		}
 	}
 	if err := s.learnPrefix(ctx); err != nil {

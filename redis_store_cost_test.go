@@ -73,17 +73,10 @@ func TestScriptCost(t *testing.T) {
 // handled before. They are the counts of a run on Redis 7.0.15
 // (TestScriptCost logs them), so that a change to the scripts that adds a
 // command fails here and one that removes some lowers them.
-// A batch of 500 is three script calls of each (batchChunk is 200). The
-// index's TTL upkeep (PEXPIRE) is due in some calls only, by Redis's clock:
-// it is bounded apart, once a call at most.
+// A batch of 500 is one script call of each (v3Chunk is 1000). The index's
+// TTL upkeep (PEXPIRE) is due in some calls only, by Redis's clock: it is
+// bounded apart, once a call at most.
 var consumeCommandBounds = map[int]struct{ claimNew, settleNew, claimAgain, settleAgain int64 }{
-	3:   {claimNew: 8, settleNew: 5, claimAgain: 9, settleAgain: 5},
-	500: {claimNew: 24, settleNew: 15, claimAgain: 26, settleAgain: 15},
-}
-
-// consumeCommandBoundsV3 are consumeCommandBounds in the v3 layout, whose
-// batch of 500 is one script call of each (v3Chunk is 1000).
-var consumeCommandBoundsV3 = map[int]struct{ claimNew, settleNew, claimAgain, settleAgain int64 }{
 	3:   {claimNew: 5, settleNew: 4, claimAgain: 6, settleAgain: 4},
 	500: {claimNew: 5, settleNew: 4, claimAgain: 6, settleAgain: 4},
 }
@@ -124,10 +117,7 @@ func costConsumeCommands(t *testing.T, c *redis.Client) {
 		copy(again, first[:done])
 		claimNew, settleNew := count(first)
 		claimAgain, settleAgain := count(again)
-		bound, chunk := consumeCommandBounds[size], batchChunk
-		if k.store.(*RedisStore).v3 != nil {
-			bound, chunk = consumeCommandBoundsV3[size], v3Chunk
-		}
+		bound, chunk := consumeCommandBounds[size], v3Chunk
 		for _, x := range []struct {
 			what  string
 			calls map[string]int64

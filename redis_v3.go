@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The v3 layout's scripts (see format.go, "The v3 layout"), which a store
-// runs unless it was made withLayoutV2.
+// The scripts of the v3 layout of compact claims and markers (see
+// format.go, "The v3 layout"): a batch's claim, and its settle.
 var (
 	//go:embed lua/v3_claim.lua
 	v3ClaimBody string
@@ -25,17 +25,6 @@ var (
 	v3ClaimScript  = newLuaScript(v3ClaimBody)
 	v3SettleScript = newLuaScript(v3SettleBody)
 )
-
-// withLayoutV3 makes a RedisStore keep its compact claims in the v3 layout,
-// the default, and withLayoutV2 in v2, the layout before it, for the few
-// tests of v2 kept until it is deleted.
-func withLayoutV3() Option {
-	return Option{name: "withLayoutV3", to: toStore, set: func(s *settings) { s.layout = "v3" }}
-}
-
-func withLayoutV2() Option {
-	return Option{name: "withLayoutV2", to: toStore, set: func(s *settings) { s.layout = "v2" }}
-}
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
 // index key and its call records on one server (on each shard of a Ring),
