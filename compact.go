@@ -10,7 +10,8 @@ import (
 // Compact claims and markers: a batch's claims kept without a Redis key
 // each, and what a message handled that way leaves, a marker. This file
 // holds the Keeper's options for them and the marker's result; the
-// RedisStore keeps them as redis_compact.go and lua/compact_claim.lua say.
+// RedisStore keeps them as redis_compact.go, redis_v3.go and format.go
+// ("The v3 layout") say.
 
 // DefaultMarkerRetention is how long a marker answers for a handled
 // message unless WithMarkerRetention says otherwise: 7 days.

@@ -101,12 +101,12 @@ func TestClusterSlotMigrationRunsMarkersAgain(t *testing.T) {
 
 // TestClusterSlotMigrationLosesCompletions: a Consume batch whose slot
 // starts migrating while its handlers run (CLUSTER SETSLOT MIGRATING, no key
-// moved yet). compact_settle.lua declares only a record key, which a compact
-// claim does not have: the old owner answers ASK, and the importing node,
-// which has no call record, answers "lease lost". The handlers ran and
-// returned nil; their outcomes are not stored and the messages are not
-// acknowledged (MessageRetry, ErrLeaseLost); the claims stay pending on the
-// old owner, and the redelivery after the lease runs the handlers again.
+// moved yet). Its completions lose nothing: the settle declares the call
+// record and the index key, both still on the old owner, which runs it
+// there, and every message is handled. (The name is that of the failure it
+// guards against: a settle that declared only a record key, which a compact
+// claim does not have, was sent to the importing node and answered "lease
+// lost".)
 func TestClusterSlotMigrationLosesCompletions(t *testing.T) {
 	cl := redistest.StartCluster(t, 2, 0)
 	cc := cl.Client(t, nil)

@@ -15,8 +15,8 @@ import (
 // format, and the codes by the same names and values: TestReplyCodesInLua
 // holds the codes together). The golden tests pin the formats: a release
 // reads every format an earlier one wrote (format_test.go for records,
-// format_marker_test.go for the index and call records, format_v3_test.go
-// for the v3 layout, which nothing writes yet: see its section below).
+// format_v3_test.go and format_marker_test.go for the index and call
+// records: see "The v3 layout" below).
 //
 // The record, one Redis string at the record key, of two forms:
 //
@@ -32,22 +32,8 @@ import (
 // completed record's payload (see codec.go). The second form is the one
 // complete.lua writes.
 //
-// The call record, one Redis string per call of compact claims, at the
-// call record keys' start and the call's token:
-//
-//	"i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
-//
-// with a state byte per place (P, C, R, X, M, F) and FPW bytes of
-// fingerprint per place (see lua/compact_claim.lua).
-//
-// The index entry, 16 bytes in a block (a field) of an index key:
-//
-//	DIGEST8 PLACE2 TOKEN6
-//
-// the first 8 bytes of the record's digest (indexDigest), its place in the
-// call that holds it and that call's token modulo 2^48, big-endian. The
-// index key's field "" holds its layout and state, "v2 L S N" (see
-// lua/lib.lua).
+// The index of compact claims and markers and its call records are laid
+// out as "The v3 layout" below says.
 
 // The reply codes of the scripts in lua/: the number a script's answer
 // starts with (the first element of a table reply, or each record's part of
@@ -71,7 +57,7 @@ const (
 )
 
 // complete.lua, release.lua, extend.lua, their batch forms (a bare number
-// per record), checkpoint.lua, compact_settle.lua and compact_move.lua.
+// per record), checkpoint.lua and v3_settle.lua.
 const (
 	// transitionLost: lease lost, nothing written.
 	transitionLost = 0
@@ -84,17 +70,14 @@ const (
 	// checkpointFull: checkpoint.lua: the record holds as many checkpoints
 	// as it may; nothing written.
 	checkpointFull = 6
-	// compactSettleDoneBefore: compact_settle.lua: the claim was completed
-	// or released by this call already (a retried call).
+	// compactSettleDoneBefore: v3_settle.lua: the claim was completed or
+	// released by this call already (a retried call).
 	compactSettleDoneBefore = 2
-	// compactSettleMoved: compact_settle.lua: the claim was moved to a
-	// record of its own, which answers by the claim's token.
+	// compactSettleMoved: v3_settle.lua: the claim was moved to a record
+	// of its own, which answers by the claim's token.
 	compactSettleMoved = 3
-	// compactMoveMoved: compact_move.lua, renewing: the claim was moved to
-	// a record of its own already.
-	compactMoveMoved = 3
-	// compactMoveCompleted: compact_move.lua, moving: the claim was
-	// completed already, as a marker.
+	// compactMoveCompleted: v3_settle.lua, moving: the claim was completed
+	// already, as a marker.
 	compactMoveCompleted = 4
 )
 
@@ -116,43 +99,6 @@ const (
 	// claimCallMissing: {11}: the record's entry is younger than a call
 	// record lives and its call record is missing: nothing done.
 	claimCallMissing = 11
-)
-
-// compact_claim.lua: the code of each record in its flat reply, followed by
-// as many fields as the code says.
-const (
-	// compactClaimRecord: 1, token, attempt, recovered, checkpoints:
-	// claimed a record.
-	compactClaimRecord = 1
-	// compactClaimCompleted: 2, record: completed (a record).
-	compactClaimCompleted = 2
-	// compactClaimInProgress: 3, lease_left_ms: in progress.
-	compactClaimInProgress = 3
-	// compactClaimMismatch: 4: another fingerprint.
-	compactClaimMismatch = 4
-	// compactClaimed: 6: claimed compactly by this call.
-	compactClaimed = 6
-	// compactClaimRefused: 7, error: Redis refused a write, or the record's
-	// entry is young and its call record missing: not claimed.
-	compactClaimRefused = 7
-	// compactClaimMarker: 8, token: completed (a marker), within the
-	// retention of its result.
-	compactClaimMarker = 8
-	// compactClaimMarkerExpired: 9, token: completed (a marker), past
-	// that retention.
-	compactClaimMarkerExpired = 9
-	// compactClaimedBefore: 10, token, place: claimed compactly by an
-	// earlier run of this call (its reply was lost).
-	compactClaimedBefore = 10
-	// compactClaimMarked: 11, token, attempt: a record whose result is a
-	// marker's, as compactClaimMarker.
-	compactClaimMarked = 11
-	// compactClaimMarkedExpired: 12, token, attempt: as
-	// compactClaimMarkerExpired.
-	compactClaimMarkedExpired = 12
-	// compactClaimNewRecord: 13: claimed a new record, its token Redis's
-	// clock (the reply's last), attempt 1, not recovered.
-	compactClaimNewRecord = 13
 )
 
 // inspect.lua, forget.lua and abandon.lua, the operator scripts, answer in
@@ -397,16 +343,16 @@ func cutField(s string) (field, rest string, ok bool) {
 	return rest[:n], rest[n:], true
 }
 
-// The v3 layout of compact claims and markers (issue 42, "the marker
-// floor"): an index of 16-byte entries in blocks of about 8, a call record
-// of fixed offsets and an index state that also hands out tokens. Nothing
-// writes or reads it yet: the default path is v2's, above. Its names start
-// with v3; every number here has a twin of the same name and value in
+// The v3 layout of compact claims and markers: an index of 16-byte
+// entries in blocks of about 16, a call record of fixed offsets and an
+// index state that also hands out tokens; the layouts before it ("v1",
+// "v2") are refused, never read (see prefix.lua). Its names start with
+// v3; every number here has a twin of the same name and value in
 // lua/format.lua (TestReplyCodesInLua holds them together), where the
 // scripts read them as constants (no function of the layout is in
 // format.lua: a script would make it anew at every call).
 //
-// Its keys are its own, so that v2 and v3 data never meet (v3IndexKey,
+// Its keys are its own, apart from the layouts' before (v3IndexKey,
 // v3CallBase): on one server the index key prefix + "i3" and the call
 // records prefix + "c3:" + TOKEN (each shard of a Ring has its own under
 // these names); on a Cluster prefix + "{" + TAG + "}i3" and prefix + "{" +

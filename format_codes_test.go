@@ -49,7 +49,7 @@ var luaLocal = regexp.MustCompile(`(?m)^local ([A-Za-z_][A-Za-z0-9_]*) = (-?[0-9
 // together, and the numbers of the v3 layout (its sizes, positions and
 // state bytes) with them: every Go constant has a Lua local of the same
 // name and value, and every Lua local of a Go code's spelling (camelCase,
-// not UPPER_CASE like INDEX_FILL) is one of them.
+// not UPPER_CASE) is one of them.
 func TestReplyCodesInLua(t *testing.T) {
 	goCodes := goReplyCodes(t)
 	require.NotEmpty(t, goCodes)
@@ -68,9 +68,6 @@ func TestReplyCodesInLua(t *testing.T) {
 		}
 	}
 	for name, v := range lua {
-		if name == "INDEX_FILL" {
-			continue
-		}
 		_, ok := goCodes[name]
 		assert.True(t, ok, "format.lua's %s = %d is not a reply code of format.go", name, v)
 	}

@@ -23,7 +23,7 @@ func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, v
 		key := s.key(claim.ID)
 		index, calls := s.v3Names(key)
 		return s.checkpoint(ctx, []string{key, index, v3CallKey(calls, claim.Token)},
-			[]any{claim.Token, name, value, MaxCheckpoints, claim.Ref, "", millis(keep)})
+			[]any{claim.Token, name, value, MaxCheckpoints, claim.Ref, millis(keep)})
 	}
 	return s.checkpoint(ctx, []string{s.key(claim.ID)}, []any{claim.Token, name, value, MaxCheckpoints})
 }

@@ -209,7 +209,7 @@ func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups
 func compactAnswers(errs []error) func(i int, res []any, err error) {
 	return func(i int, res []any, err error) {
 		switch {
-		case err == nil && len(res) == 1 && (res[0] == int64(compactSettleMoved) || res[0] == int64(compactMoveMoved)):
+		case err == nil && len(res) == 1 && res[0] == int64(compactSettleMoved):
 			err = errMoved
 		case err == nil && len(res) == 1 && res[0] == int64(compactMoveCompleted):
 			err = errCompletedAsMarker

@@ -161,7 +161,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 	if write && shards >= 0 {
 		writeFor = strconv.Itoa(shards)
 	}
-	args = append(args, writeFor, prefixLayout, "refuse")
+	args = append(args, writeFor, prefixLayout)
 	raw, err := s.eval(ctx, prefixEval, args).Text()
 	switch {
 	case errors.Is(err, redis.Nil):

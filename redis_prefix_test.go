@@ -89,7 +89,7 @@ func TestPlacementOfAnotherKeeperIsRefused(t *testing.T) {
 
 // TestPlacementRecordedByTheFirstWriter: the first Keeper that writes under
 // a prefix records its placement in the prefix's record, prefix +
-// "layout", "v2 shards=N"; a Keeper of another placement is refused after
+// "layout", "v3 shards=N"; a Keeper of another placement is refused after
 // it, whichever came first, and a prefix of its own takes it.
 func TestPlacementRecordedByTheFirstWriter(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {

@@ -59,13 +59,13 @@ func TestLuaScriptSendsWhatItUses(t *testing.T) {
 	assert.False(t, has(completeScript.src, "claimExisting"))
 	assert.False(t, has(completeScript.src, "call_header"))
 
-	// index_entry uses index_state and index_find (format.lua), which come
-	// first, though the body names neither.
+	// index_entry uses v3_index_entry, index_now and V3_STATE, which come
+	// first, though the body names none of them.
 	s := luaSource("return index_entry(KEYS[1], ARGV)\n")
-	for _, name := range []string{"index_entry", "index_state", "index_find", "index_token", "index_now"} {
+	for _, name := range []string{"index_entry", "v3_index_entry", "index_now", "V3_STATE"} {
 		assert.True(t, has(s, name), name)
 	}
-	assert.Less(t, strings.Index(s, "local function index_state"), strings.Index(s, "local function index_entry"))
+	assert.Less(t, strings.Index(s, "local function v3_index_entry"), strings.Index(s, "local function index_entry"))
 	assert.False(t, has(s, "record_long"))
 	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
 
@@ -82,18 +82,18 @@ func TestLuaFunctionsHere(t *testing.T) {
 	at := strings.Index(s, luaFunctionsHere)
 	require.Positive(t, at)
 	assert.Less(t, strings.Index(s, "local RECORD_SHORT_START"), at)
-	assert.Greater(t, strings.Index(s, "local function index_state"), at)
-	assert.Greater(t, strings.Index(s, "local function index_entry"), strings.Index(s, "local function index_state"))
+	assert.Greater(t, strings.Index(s, "local function v3_index_entry"), at)
+	assert.Greater(t, strings.Index(s, "local function index_entry"), strings.Index(s, "local function v3_index_entry"))
 	assert.True(t, strings.HasSuffix(s, "return index_entry(KEYS[1], ARGV)\n"))
 	assert.Panics(t, func() { luaSource("local a = index_now()\n" + luaFunctionsHere + "\nreturn a\n") })
 
 	// At a second line, the functions the code below it names and the
 	// first did not define.
-	s = luaSource("local z = 1\n" + luaFunctionsHere + "\nlocal a = index_state\n" + luaFunctionsHere + "\nreturn index_entry(KEYS[1], ARGV)\n")
+	s = luaSource("local z = 1\n" + luaFunctionsHere + "\nlocal a = v3_index_entry\n" + luaFunctionsHere + "\nreturn index_entry(KEYS[1], ARGV)\n")
 	first, second := strings.Index(s, luaFunctionsHere), strings.LastIndex(s, luaFunctionsHere)
 	require.Less(t, first, second)
-	assert.Equal(t, 1, strings.Count(s, "local function index_state"))
-	assert.Less(t, strings.Index(s, "local function index_state"), second)
+	assert.Equal(t, 1, strings.Count(s, "local function v3_index_entry"))
+	assert.Less(t, strings.Index(s, "local function v3_index_entry"), second)
 	assert.Greater(t, strings.Index(s, "local function index_entry"), second)
 
 	// claim.lua makes no function before its replay returns, and only

@@ -249,12 +249,10 @@ func claimAnswer(res any) (ClaimReply, error) {
 	return ClaimReply{}, unexpected(res)
 }
 
-// claimReply reads a table claim.lua answered, or one record of
-// compact_claim.lua's reply, a batch's claim, in the same shape ({2,
-// record} and {3, lease_left_ms} are the batch scripts' only).
+// claimReply reads a table claim.lua answered.
 func claimReply(res []any) (ClaimReply, error) {
 	switch replyCode(res) {
-	case claimExisting: // and compactClaimRecord
+	case claimExisting:
 		if len(res) == 4 || len(res) == 5 {
 			tok, ok1 := res[1].(int64)
 			n, ok2 := res[2].(int64)
@@ -263,19 +261,7 @@ func claimReply(res []any) (ClaimReply, error) {
 				return withCheckpoints(ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, res[4:])
 			}
 		}
-	case compactClaimCompleted:
-		if len(res) == 2 {
-			if rec, ok := res[1].(string); ok {
-				return parseCompleted(rec)
-			}
-		}
-	case compactClaimInProgress:
-		if len(res) == 2 {
-			if ms, ok := res[1].(int64); ok {
-				return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(ms) * time.Millisecond}, nil
-			}
-		}
-	case claimMismatch: // and compactClaimMismatch
+	case claimMismatch:
 		return ClaimReply{Status: StatusMismatch}, nil
 	case replyNotOurs:
 		return ClaimReply{}, corrupt(res)
@@ -283,7 +269,7 @@ func claimReply(res []any) (ClaimReply, error) {
 		if len(res) == 1 {
 			return ClaimReply{}, errCallMissing
 		}
-	case claimMarker, claimMarkerExpired: // and compactClaimMarker, compactClaimMarkerExpired
+	case claimMarker, claimMarkerExpired:
 		// A marker: {code, token}; or {code, token, attempt} for a record
 		// whose result is a marker's.
 		attempt, tok, ok := int64(1), int64(0), len(res) == 2 || len(res) == 3

@@ -49,17 +49,17 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local blk, pos, tok, place, name, other = index_entry(ikey, ix)
+  local tok, place, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if not tok then
     return {recordNone, t[1], t[2]}
   end
-  if KEYS[3] ~= index_callkey(ix, tok) then
+  if KEYS[3] ~= index_callkey(ix) then
     return {replyAskAgain, tonumber(tok)}
   end
-  local c, why = index_claim(ix, tok, place)
+  local c, why = index_claim(ix, place)
   if why then
     return {replyNotOurs, why}
   end
@@ -83,9 +83,6 @@ if not v then
   end
   redis.call('SET', key, head, 'PX', keep)
   redis.call('SETRANGE', c.ck, c.at - 1, 'M')
-  if not ix.v3 then
-    index_drop(ikey, name, blk, pos)
-  end
   return {recordDone, head, redis.call('PTTL', key), 0, '', t[1], t[2]}
 end
 local _, hdr, st, tok, cnt, rec, until_us, att, fp = string.find(v, RECORD_LONG)

@@ -1,17 +1,17 @@
 -- checkpoint.lua: record a recovery point in a pending record, under its claim's fence.
 --
 -- KEYS[1]  the record key
--- KEYS[2]  for a compact claim (see compact_claim.lua), its index key, and
+-- KEYS[2]  for a compact claim (see format.go, "The v3 layout"), its index
+--          key (declared, not read: its entry stays, answered by the record
+--          while it lives), and
 -- KEYS[3]  its call record key; absent for a claim kept in a record
 -- ARGV[1]  fencing token of the claim (decimal)
 -- ARGV[2]  the checkpoint's name (bytes, not empty)
 -- ARGV[3]  the checkpoint's value (bytes, may be empty)
 -- ARGV[4]  how many checkpoints a record may hold
 -- ARGV[5]  for a compact claim, its place in its call, else ''; then
---          ARGV[6] the first 8 bytes of its digest ('' for a claim of the
---          v3 layout: KEYS[3] is then its v3 call record, and its entry
---          stays in the index, answered by the record while it lives) and
---          ARGV[7] how long to keep a pending record, in milliseconds
+--          ARGV[6] how long to keep the pending record it moves to, in
+--          milliseconds
 --
 -- Returns
 --   {1}          recorded (or already recorded by this same call: a retried call)
@@ -26,10 +26,9 @@
 -- time to live is kept.
 --
 -- A compact claim's first checkpoint moves it to a record of its own, as
--- compact_move.lua does, in the same call: its token, its attempt (1 in
--- v2), the call's lease end, attempt id and the fingerprint the call
--- record keeps; its place is marked M and (v2) its entry leaves the index. The record is kept for
--- ARGV[7] from then on. Every key it reads or writes is one of its keys:
+-- a settle's move does, in the same call: its token, its attempt, the
+-- call's lease end, call id and the fingerprint the call record keeps;
+-- its place is marked M. The record is kept for ARGV[6] from then on. Every key it reads or writes is one of its keys:
 -- on a Cluster whose slot migrates, it runs where they all are, or is
 -- answered TRYAGAIN.
 local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
@@ -37,13 +36,8 @@ local key, token, name, value = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local v = redis.pcall('GET', key)
 local ttl = 'KEEPTTL'
 if not v and ARGV[5] and ARGV[5] ~= '' then
-  local p, ck, ikey, d8 = tonumber(ARGV[5]), KEYS[3], KEYS[2], ARGV[6]
-  local c, why
-  if d8 == '' then
-    c, why = v3_call_place(ck, p)
-  else
-    c, why = call_place(ck, p)
-  end
+  local p, ck = tonumber(ARGV[5]), KEYS[3]
+  local c, why = call_place(ck, p)
   if why then
     return {replyNotOurs, why}
   end
@@ -52,9 +46,6 @@ if not v and ARGV[5] and ARGV[5] ~= '' then
   end
   v = record_head('P', token, c.cnt or '1', c.rec or '0', c.until_us, c.att, c.fp)
   redis.call('SETRANGE', ck, c.at - 1, 'M')
-  if d8 ~= '' then
-    index_remove(ikey, d8)
-  end
   ttl = nil
 end
 if type(v) == 'table' then
@@ -111,6 +102,6 @@ kept[#kept + 1] = checkpoint_pair(name, value)
 if ttl then
   redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), ttl)
 else
-  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[7])
+  redis.call('SET', key, string.sub(v, 1, hdr) .. table.concat(kept), 'PX', ARGV[6])
 end
 return {transitionDone}

@@ -2,8 +2,8 @@
 --
 -- KEYS[1]  the record key
 -- KEYS[2]  its index key, in the id index of compact claims (see
---          compact_claim.lua and lib.lua, which go before this with
---          format.lua), absent when the store keeps none: an index key of
+--          format.go, "The v3 layout", and lib.lua, which goes before this
+--          with format.lua), absent when the store keeps none: an index key of
 --          another layout is refused with the error "IDEMLAYOUT " and what
 --          its field "" holds
 -- KEYS[3]  the call record key of the record's entry in the index, when
@@ -70,10 +70,9 @@
 -- When the key holds no record, the id index of compact claims answers:
 -- a compact claim whose lease is live is in progress; one whose lease ran
 -- out, or that was released, is taken over by a record of its own (attempt
--- 2, a higher token), its place in the call record marked M; a completed
--- one is a marker. A v3 index's entry answers the same way; one taken over
--- is marked T, at the attempt after the one its call record holds, and
--- its entry stays until swept. A stale entry (its call record gone, and
+-- after the one its call record holds, a higher token), its place in the
+-- call record marked T (taken over) and its entry left until swept; a
+-- completed one is a marker. A stale entry (its call record gone, and
 -- the entry older than ARGV[4]) is no answer.
 --
 -- Every key read or written is declared, the call record too: the script
@@ -130,15 +129,15 @@ if not v then
   local prev, cnt, rec = 0, 0, 0
   if KEYS[2] then
     local ix = {ARGV[5], ARGV[6]}
-    local blk, pos, ctok, place, name, other = index_entry(KEYS[2], ix)
+    local ctok, place, other = index_entry(KEYS[2], ix)
     if other then
       return redis.error_reply('IDEMLAYOUT ' .. other)
     end
     if ctok then
-      if KEYS[3] ~= index_callkey(ix, ctok) then
+      if KEYS[3] ~= index_callkey(ix) then
         return {replyAskAgain, tonumber(ctok)}
       end
-      local c, why = index_claim(ix, ctok, place)
+      local c, why = index_claim(ix, place)
       if why then
         return {replyNotOurs, why}
       end
@@ -164,13 +163,9 @@ if not v then
         if st == 'P' then
           rec = 1
         end
-        -- v2: moved to a record (M), and the entry leaves the index; v3:
-        -- taken over (T), and the entry stays, behind the record, until
+        -- Taken over (T): the entry stays, behind the record, until
         -- swept.
-        redis.call('SETRANGE', c.ck, c.at - 1, ix.v3 and 'T' or 'M')
-      end
-      if not ix.v3 then
-        index_drop(KEYS[2], name, blk, pos)
+        redis.call('SETRANGE', c.ck, c.at - 1, 'T')
       end
     end
   end

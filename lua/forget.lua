@@ -11,8 +11,8 @@
 --          digest's first 8 bytes and the start of the call record keys
 --          (see lib.lua): when the key holds no record, a
 --          compact claim or marker of the token there is forgotten instead,
---          its place in its call record marked F and its entry taken out of
---          the index
+--          its place in its call record marked F (its entry, which then
+--          answers nothing, stays until a claim sweeps it)
 -- KEYS[3]  the call record key of the token (the start of the call record
 --          keys and ARGV[1]): the one call record it may read and write
 --
@@ -48,14 +48,14 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local blk, pos, tok, place, name, other = index_entry(ikey, ix)
+  local tok, place, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
-  if tok ~= token or KEYS[3] ~= index_callkey(ix, tok) then
+  if tok ~= token or KEYS[3] ~= index_callkey(ix) then
     return {recordNone, t[1], t[2]}
   end
-  local c, why = index_claim(ix, tok, place)
+  local c, why = index_claim(ix, place)
   if why then
     return {replyNotOurs, why}
   end
@@ -69,9 +69,6 @@ if not v then
     return reply
   end
   redis.call('SETRANGE', c.ck, c.at - 1, 'F')
-  if not ix.v3 then
-    index_drop(ikey, name, blk, pos)
-  end
   return reply
 end
 local _, hdr, st, tok, _, _, until_us = string.find(v, RECORD_LONG)

@@ -18,14 +18,13 @@ local replyNotOurs = 5
 local replyAskAgain = 10
 -- complete.lua, release.lua, extend.lua and their batch forms (whose
 -- answers are bare numbers, one a record, or the reason a value is not
--- ours), checkpoint.lua, compact_settle.lua and compact_move.lua.
+-- ours), checkpoint.lua and v3_settle.lua.
 local transitionLost = 0
 local transitionDone = 1
 local completeDoneBefore = 2
 local checkpointFull = 6
 local compactSettleDoneBefore = 2
 local compactSettleMoved = 3
-local compactMoveMoved = 3
 local compactMoveCompleted = 4
 -- claim.lua.
 local claimExisting = 1
@@ -33,19 +32,6 @@ local claimMismatch = 4
 local claimMarker = 8
 local claimMarkerExpired = 9
 local claimCallMissing = 11
--- compact_claim.lua, for each record of its flat reply.
-local compactClaimRecord = 1
-local compactClaimCompleted = 2
-local compactClaimInProgress = 3
-local compactClaimMismatch = 4
-local compactClaimed = 6
-local compactClaimRefused = 7
-local compactClaimMarker = 8
-local compactClaimMarkerExpired = 9
-local compactClaimedBefore = 10
-local compactClaimMarked = 11
-local compactClaimMarkedExpired = 12
-local compactClaimNewRecord = 13
 -- inspect.lua, forget.lua and abandon.lua, the operator scripts.
 local recordNone = 0
 local recordDone = 1
@@ -126,114 +112,20 @@ local function checkpoint_pair(name, value)
   return #name .. ':' .. name .. #value .. ':' .. value
 end
 
--- The call record, one Redis string per compact claim call, at the start of
--- the call record keys and the call's token:
---   "i2B" LEASE_UNTIL_US ":" DONE_US ":" RESULT_UNTIL_US ":" ATTEMPT_ID ":" FPW ":" STATES FPS
--- STATES holds one byte per place of the call (see compact_claim.lua), FPS
--- FPW bytes per place, its fingerprint '.' padded.
-
--- call_header reads the header of the call record v: its lease end, when it
--- last completed a claim, when the retention of its markers' results ends
--- (microseconds, decimal), its attempt id, its fingerprint width (a
--- number), where its header ends and how many places it has; nil when v is
--- not a call record.
-local function call_header(v)
-  local _, e, u, done, runtil, att, fpw = string.find(v, '^i2B(%d+):(%d+):(%d+):([%w_%-]*):(%d+):')
-  if not e then
-    return nil
-  end
-  fpw = tonumber(fpw)
-  return u, done, runtil, att, fpw, e, (#v - e) / (1 + fpw)
-end
-
--- call_head is the header of a call record of those fields, strings (as
--- record_head's).
-local function call_head(u, done, runtil, att, fpw)
-  return 'i2B' .. u .. ':' .. done .. ':' .. runtil .. ':' .. att .. ':' .. fpw .. ':'
-end
-
--- call_fp reads the fingerprint of place p of the call record v, whose
--- header ends at e, with places places of fingerprints fpw bytes wide.
-local function call_fp(v, e, places, fpw, p)
-  if fpw == 0 then
-    return ''
-  end
-  local from = e + 1 + places + (p - 1) * fpw
-  return (string.gsub(string.sub(v, from, from + fpw - 1), '%.+$', ''))
-end
-
--- An entry of the id index (see lib.lua), 16 bytes:
---   DIGEST8 PLACE2 TOKEN6
--- the first 8 bytes of the record's digest, its place in the call that
--- holds it and that call's token (Redis's clock in microseconds) modulo
--- 2^48, both big-endian. A block of the index is entries end to end.
-
--- The index's field "" holds its layout and state, "v2 L S N" (see
--- lib.lua).
-
--- index_state reads the index's state from its field "" (raw, or nil for a
--- new index): a table {l, s, n}, or nil and raw when raw is another layout
--- (an index written by another version), which nothing may touch.
-local function index_state(raw)
-  if not raw then
-    return {l = 0, s = 0, n = 0}
-  end
-  local l, s, n = string.match(raw, '^v2 (%d+) (%d+) (%d+)$')
-  if not l then
-    return nil, raw
-  end
-  return {l = tonumber(l), s = tonumber(s), n = tonumber(n)}
-end
-
--- index_format is the field "" that holds state m.
-local function index_format(m)
-  return string.format('v2 %d %d %d', m.l, m.s, m.n)
-end
-
 -- The prefix's record (prefix .. 'layout', see prefix.lua) says how the
--- prefix is written: "v2 shards=N", the layout of its index (the one
--- index_state reads) and the scope shards (WithScopeShards, 0 for none) of
--- the Keepers that write under it.
+-- prefix is written: "v3 shards=N", the layout of its index and the scope
+-- shards (WithScopeShards, 0 for none) of the Keepers that write under it.
 
--- prefix_record is the record of a prefix written in layout ("v2", "v3")
+-- prefix_record is the record of a prefix written in layout ("v3")
 -- by Keepers of shards scope shards (a decimal string).
 local function prefix_record(layout, shards)
   return layout .. ' shards=' .. shards
 end
 
--- index_find returns the position in the block blk of the entry whose
--- digest is d8 (entries are 16 bytes, so it starts at 1 modulo 16), or nil.
-local function index_find(blk, d8)
-  local pos = string.find(blk, d8, 1, true)
-  while pos and pos % 16 ~= 1 do
-    pos = string.find(blk, d8, pos + 1, true)
-  end
-  return pos
-end
-
--- index_token reads the token (a number) and the place of the entry at pos
--- of block blk; now is Redis's clock: a token is never later than a few
--- microseconds past it, and never 2^48 microseconds (8.9 years) before it.
-local function index_token(blk, pos, now)
-  local p1, p2, a, b, c, d, e, f = string.byte(blk, pos + 8, pos + 15)
-  local t48 = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-  local ref = now + 4294967296
-  return ref - (ref - t48) % 281474976710656, p1 * 256 + p2
-end
-
--- index_tok6 is token in the 6 bytes of an entry.
-local function index_tok6(token)
-  local b = {}
-  for j = 6, 1, -1 do
-    b[j] = token % 256
-    token = (token - b[j]) / 256
-  end
-  return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
-end
-
--- The v3 layout (see format.go, which says it byte by byte and holds the
--- same numbers by the same names): nothing runs it yet. Constants and
--- patterns only, for top-level code: a v3 script defines no function.
+-- The index and call records of compact claims and markers, the v3
+-- layout (see format.go, which says it byte by byte and holds the same
+-- numbers by the same names): constants and patterns only, for top-level
+-- code: v3_claim.lua and v3_settle.lua define no function.
 -- Positions count from 1, as string.sub and string.byte do.
 --
 -- An entry, 16 bytes: DIGEST5 H3 PLACE2 TOKEN6, the digest bytes 0-4 and

@@ -55,15 +55,15 @@ if type(v) == 'table' then
 end
 local t = redis.call('TIME')
 if not v then
-  local _, _, tok, place, _, other = index_entry(ikey, ix)
+  local tok, place, other = index_entry(ikey, ix)
   if other then
     return redis.error_reply('IDEMLAYOUT ' .. other)
   end
   if tok then
-    if KEYS[3] ~= index_callkey(ix, tok) then
+    if KEYS[3] ~= index_callkey(ix) then
       return {replyAskAgain, tonumber(tok)}
     end
-    local c, why = index_claim(ix, tok, place)
+    local c, why = index_claim(ix, place)
     if why then
       return {replyNotOurs, why}
     end

@@ -1,53 +1,20 @@
 -- lib.lua: functions the scripts that read records and the id index share
--- (every script of compact claims and markers, claim.lua and the operator
--- scripts): finding a compact claim or a marker in the index (see
--- compact_claim.lua), growing and shrinking the index, reading a call
--- record's place, and describing a record. It goes after format.lua, whose
--- formats it reads, before each of them, so that they are one script each
--- (each with the definitions it uses: see format.lua); it only defines
--- functions and constants.
+-- (claim.lua and the operator scripts): finding a compact claim or a marker
+-- in the index (see format.go, "The v3 layout"), reading a call record's
+-- place, and describing a record. It goes after format.lua, whose formats
+-- it reads, before each of them, so that they are one script each (each
+-- with the definitions it uses: see format.lua); it only defines functions
+-- and constants.
 --
 -- The operator scripts take the index from their arguments after their own:
 -- KEYS[2] is the index key of the record's entry, IX[1] the first 8 bytes of
--- the record's digest, IX[2] the start of the call record keys. Without
--- KEYS[2] (Scan reads the record keys only) there is no index to look in.
+-- the record's index digest (an entry's digest and block hash), IX[2] the
+-- start of the call record keys. Without KEYS[2] (Scan reads the record
+-- keys only) there is no index to look in.
 --
--- An index key of another layout (its field "" not "v2 ...") is refused by
--- every script with the error "IDEMLAYOUT " and what the field holds, before
--- anything is written.
-
--- The id index of compact claims and markers (see compact_claim.lua) is a
--- hash that sizes itself by linear hashing. Its field "" holds its layout
--- and state, "v2 L S N": L and S place a digest's block (of the 2^L + S
--- blocks, block h mod 2^L, or h mod 2^(L+1) when that is below S, for h the
--- digest's bytes 5 to 8), N is how many entries it holds. Every other field
--- is a block of entries (see format.lua). Blocks are split one
--- at a time as entries come (N above INDEX_FILL per block) and merged as they
--- go (N below a quarter of that): no block holds many more than INDEX_FILL.
-local INDEX_FILL = 16
-
--- index_blocks is how many blocks an index of state m has.
-local function index_blocks(m)
-  return 2 ^ m.l + m.s
-end
-
--- index_name is the field of block b: 4 bytes, big-endian.
-local function index_name(b)
-  return string.char(math.floor(b / 16777216) % 256, math.floor(b / 65536) % 256, math.floor(b / 256) % 256, b % 256)
-end
-
--- index_place is the block of the digest whose bytes 5 to 8 are at positions
--- at+4 to at+7 of str, in an index of state m.
-local function index_place(m, str, at)
-  local a, b, c, d = string.byte(str, at + 4, at + 7)
-  local h = ((a * 256 + b) * 256 + c) * 256 + d
-  local half = 2 ^ m.l
-  local blk = h % half
-  if blk < m.s then
-    blk = h % (2 * half)
-  end
-  return blk
-end
+-- An index key of another layout (its field "" not a v3 state: an index
+-- of a layout before v3) is refused by every script with the error
+-- "IDEMLAYOUT " and what the field holds, before anything is written.
 
 -- index_now is Redis's clock in microseconds.
 local function index_now()
@@ -65,13 +32,16 @@ local function call_get(ck)
   return v or nil
 end
 
--- v3_call_place is call_place for place p of the v3 call record at key ck
--- (see format.lua's V3_CALL): its state letter (st), lease end (until_us,
--- decimal, and untl, a number), when it last completed a claim (done_us)
--- and when its results' retention ends (runtil_us, and runtil, a number),
--- call id (att), fingerprint (fp), attempt count (cnt) and recovered flag
--- (rec, '0' or '1'), where the state byte is (at) and ck.
-local function v3_call_place(ck, p)
+-- call_place reads place p of the call record at key ck (see format.lua's
+-- V3_CALL): a table with the place's state letter (st), the call's lease
+-- end (until_us, decimal, and untl, a number), when it last completed a
+-- claim (done_us) and when its results' retention ends (runtil_us, and
+-- runtil, a number), its call id (att), the place's fingerprint (fp),
+-- attempt count (cnt) and recovered flag (rec, '0' or '1'), where the
+-- place's state byte is in the record (at) and the record's key (ck); nil
+-- when there is no call record or p is not one of its places; or nil and
+-- a reason when it is not one of ours.
+local function call_place(ck, p)
   local v, why = call_get(ck)
   if not v then
     return nil, why
@@ -138,104 +108,42 @@ local function v3_index_entry(ikey, state, d8, now)
   return p1 * 256 + p2, ref - (ref - t48) % v3TokenModulus, tok6
 end
 
--- index_entry finds the entry of the record whose digest is ix[1] in the
--- index key ikey: the block's value, the entry's position in it, the token
--- of the call that holds it (decimal), its place in the call and the
--- block's field; nil when there is no index to look in or no entry; or, as
--- a sixth value, the field "" of an index key laid out otherwise.
+-- index_entry finds the entry of the record whose digest starts with ix[1]
+-- in the index key ikey: the token of the call that holds it (decimal) and
+-- its place in that call, and sets ix.t6 to the token's low 48 bits, which
+-- name the call's record (index_callkey); nil when there is no index to
+-- look in or no entry; or, as a third value, the field "" of an index key
+-- laid out otherwise. An entry stays where it is (a reader marks its place
+-- in the call record instead) until a claim sweeps it.
 local function index_entry(ikey, ix)
   if not ikey then
     return nil
   end
-  local m, other = index_state(redis.call('HGET', ikey, ''))
-  if other and string.find(other, V3_STATE) then
-    -- A v3 index (see v3_claim.lua): ix.v3 is set to the entry's low 48
-    -- token bits, which name its call record (index_callkey), and the
-    -- entry stays where it is (a reader marks its place instead): no block
-    -- or position is answered.
-    local place, token, tok6 = v3_index_entry(ikey, other, ix[1], index_now())
-    if not place then
-      return nil
-    end
-    ix.v3 = tok6
-    return nil, nil, string.format('%d', token), place
-  end
-  if not m then
-    return nil, nil, nil, nil, nil, other
-  end
-  local name = index_name(index_place(m, ix[1], 1))
-  local blk = redis.call('HGET', ikey, name)
-  local pos = blk and index_find(blk, ix[1])
-  if not pos then
+  local state = redis.call('HGET', ikey, '')
+  if not state then
     return nil
   end
-  local tok, place = index_token(blk, pos, index_now())
-  return blk, pos, string.format('%d', tok), place, name
-end
-
--- index_drop takes the entry at pos out of blk, the value of the field
--- name of the index key ikey, and counts it out of the index's state.
-local function index_drop(ikey, name, blk, pos)
-  blk = string.sub(blk, 1, pos - 1) .. string.sub(blk, pos + 16)
-  local m = index_state(redis.call('HGET', ikey, ''))
-  if m then
-    m.n = math.max(0, m.n - 1)
-    redis.call('HSET', ikey, '', index_format(m))
+  if not string.find(state, V3_STATE) then
+    return nil, nil, state
   end
-  if blk == '' then
-    redis.call('HDEL', ikey, name)
-  else
-    redis.call('HSET', ikey, name, blk)
-  end
-end
-
--- index_remove takes the entry whose digest is d8 out of the index key
--- ikey, if it is there.
-local function index_remove(ikey, d8)
-  local blk, pos, _, _, name = index_entry(ikey, {d8})
-  if pos then
-    index_drop(ikey, name, blk, pos)
-  end
-end
-
--- call_place reads place p of the call record at key ck: a table with the
--- place's state byte as a letter (st), the call's lease end (until_us),
--- when it last completed a claim (done_us), when its markers' retention
--- ends (runtil_us), its attempt id (att), the place's fingerprint (fp),
--- where the place's state byte is in the record (at) and the record's key
--- (ck); nil when there is no call record or p is not one of its places; or
--- nil and a reason when it is not one of ours.
-local function call_place(ck, p)
-  local v, why = call_get(ck)
-  if not v then
-    return nil, why
-  end
-  local u, done, runtil, att, fpw, e, places = call_header(v)
-  if not u then
-    return nil, 'unknown format'
-  end
-  if p < 1 or p > places then
+  local place, token, tok6 = v3_index_entry(ikey, state, ix[1], index_now())
+  if not place then
     return nil
   end
-  return {st = string.sub(v, e + p, e + p), until_us = u, done_us = done, runtil_us = runtil, att = att,
-    fp = call_fp(v, e, places, fpw, p), at = e + p, ck = ck}
+  ix.t6 = tok6
+  return string.format('%d', token), place
 end
 
--- index_callkey is the key of the call record of token tok (decimal) that
+-- index_callkey is the key of the call record of the entry that
 -- index_entry found in index ix.
-local function index_callkey(ix, tok)
-  if ix.v3 then
-    return ix[2] .. ix.v3
-  end
-  return ix[2] .. tok
+local function index_callkey(ix)
+  return ix[2] .. ix.t6
 end
 
--- index_claim is call_place for place p of the call of token tok.
-local function index_claim(ix, tok, p)
-  if ix.v3 then
-    return v3_call_place(ix[2] .. ix.v3, p)
-  end
-  return call_place(ix[2] .. tok, p)
+-- index_claim is call_place for place p of the call of the entry that
+-- index_entry found in index ix.
+local function index_claim(ix, p)
+  return call_place(ix[2] .. ix.t6, p)
 end
 
 -- index_reply describes the compact claim or marker c of token tok as
