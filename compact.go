@@ -32,16 +32,6 @@ func WithMarkerRetention(d time.Duration) Option {
 	return Option{name: "WithMarkerRetention", to: toKeeper, set: func(s *settings) { s.policy.markerRetention, s.policy.markerSet = d, true }}
 }
 
-// WithMarkerScale was how a RedisStore's index of compact claims and
-// markers was sized. The index now sizes itself: it grows a block at a time
-// as markers come and shrinks as they go, whatever their number, so n is
-// ignored and every store on a prefix reads the same index.
-//
-// Deprecated: the index sizes itself; remove the option.
-func WithMarkerScale(n int64) Option {
-	return Option{name: "WithMarkerScale", to: toStore, set: func(*settings) {}}
-}
-
 // WithoutMarkers turns compact claims off: Consume keeps each message's
 // claim and outcome in a record of its own, as Begin does, kept for the
 // retention, and a RedisStore made with it never claims compactly. It still

@@ -34,18 +34,12 @@ func ValidateKey(key string) error {
 // idLen is the length of a record id: 16 bytes of SHA-256, base64url.
 const idLen = 22
 
-// RecordID returns the id of the record of (scope, key): the digest under
-// which a Store keeps it, as Event.ID and Record.ID name it, so that an
-// operator or a log can tie an id to a key they know. The key is not
-// checked (see ValidateKey). It is the id a Keeper without scope shards
-// uses: one made WithScopeShards(0), or without the option on one server
-// or a Ring (a Keeper on a Cluster places its keys by default, see
-// WithScopeShards); Keeper.RecordID gives any Keeper's.
-func RecordID(scope, key string) string { return recordID(scope, key) }
-
 // RecordID returns the id under which k keeps the record of (scope, key):
-// RecordID's, or for a Keeper whose scopes are in shards (WithScopeShards,
-// or on a Cluster by default) one that carries the scope's placement.
+// the digest a Store keeps it by, as Event.ID and Record.ID name it, so
+// that an operator or a log can tie an id to a key they know. The key is
+// not checked (see ValidateKey). For a Keeper whose scopes are in shards
+// (WithScopeShards, or on a Cluster by default) the id carries the
+// scope's placement.
 func (k *Keeper) RecordID(scope, key string) string {
 	var id [idLen]byte
 	k.ids(scope).put(&id, key)

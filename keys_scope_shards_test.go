@@ -28,7 +28,7 @@ func TestScopeShardsIDs(t *testing.T) {
 	plain := keeper(0)
 	for _, key := range []string{"a", "order-1", strings.Repeat("k", MaxKeyLen)} {
 		id := plain.RecordID("s", key)
-		assert.Equal(t, RecordID("s", key), id)
+		assert.Equal(t, recordID("s", key), id)
 		assert.False(t, placedID(id), "%s is not placed", id)
 		assert.Equal(t, DefaultPrefix+"{"+id+"}", s.key(id))
 		assert.Equal(t, id, idOfKey(s.key(id)))
@@ -43,7 +43,7 @@ func TestScopeShardsIDs(t *testing.T) {
 			id := k.RecordID("orders", key)
 			require.NoError(t, checkRecordID(id), "a placed id is a record id")
 			require.True(t, placedID(id), "%s is placed", id)
-			require.Equal(t, RecordID("orders", key)[:15], id[:15], "a placed id starts with the key's digest")
+			require.Equal(t, recordID("orders", key)[:15], id[:15], "a placed id starts with the key's digest")
 			rk := s.key(id)
 			tag := id[idLen-placedTagLen:]
 			require.Equal(t, DefaultPrefix+"{"+tag+"}"+id[:idLen-placedTagLen], rk)
@@ -351,7 +351,7 @@ func TestClusterDefaultPlacement(t *testing.T) {
 		id := k.RecordID("orders", key)
 		require.True(t, placedID(id), "%s: placed by default on a Cluster", key)
 		require.Equal(t, explicit.RecordID("orders", key), id, key)
-		require.Equal(t, RecordID("orders", key), digest.RecordID("orders", key), "WithScopeShards(0): by digest")
+		require.Equal(t, recordID("orders", key), digest.RecordID("orders", key), "WithScopeShards(0): by digest")
 		tags[id[idLen-placedTagLen:]] = true
 	}
 	assert.Len(t, tags, ClusterScopeShards, "the scope's keys in ClusterScopeShards shards")
@@ -444,5 +444,5 @@ func TestClusterDefaultPlacement(t *testing.T) {
 
 	// One server's default is no shards.
 	one := newKeeper(t, redistest.Miniredis(t))
-	assert.Equal(t, RecordID("orders", "m-1"), one.RecordID("orders", "m-1"))
+	assert.Equal(t, recordID("orders", "m-1"), one.RecordID("orders", "m-1"))
 }

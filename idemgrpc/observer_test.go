@@ -88,7 +88,7 @@ func TestCallsReachTheObserver(t *testing.T) {
 			switch row.result {
 			case idem.ResultDone, idem.ResultReplayed:
 				assert.Equal(t, scope, ev.Scope, row.name)
-				assert.Equal(t, idem.RecordID(scope, "order-1"), ev.ID, row.name)
+				assert.Equal(t, k.RecordID(scope, "order-1"), ev.ID, row.name)
 				assert.NotZero(t, ev.Token, row.name)
 				assert.Equal(t, 1, ev.Attempt, "%s: the attempt that ran it", row.name)
 			case idem.ResultInvalid, idem.ResultRefused:

@@ -670,7 +670,7 @@ func TestClientGoneStorm(t *testing.T) {
 			if live[key] > 0 {
 				violations = append(violations, fmt.Sprintf("%s: a handler started while another ran", key))
 			}
-			if stored[idem.RecordID("", key)] {
+			if stored[k.RecordID("", key)] {
 				violations = append(violations, fmt.Sprintf("%s: a handler started after a response was stored", key))
 			}
 			if runs[key] > 0 && !c.Recovered() && !released[key] {

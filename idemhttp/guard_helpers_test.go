@@ -18,6 +18,7 @@ import (
 // guarded is a handler behind the middleware, with its events and how many
 // times it ran.
 type guarded struct {
+	k      *idem.Keeper
 	h      http.Handler
 	runs   atomic.Int64
 	events tap
@@ -30,7 +31,7 @@ func newGuarded(t *testing.T, b *redistest.Backend, keeperOpts []idem.Option, ha
 	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
 		return idem.NewRedis(b.Client, append(keeperOpts, observe)...)
 	})
-	g := &guarded{events: tapOf(t, k)}
+	g := &guarded{k: k, events: tapOf(t, k)}
 	mw, err := New(k, opts...)
 	require.NoError(t, err)
 	g.h = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -42,7 +42,7 @@ func TestKeyFuncRedeliveryRunsOnce(t *testing.T) {
 		first := g.serve(post("/webhooks/stripe", delivery))
 		require.Equal(t, http.StatusOK, first.Code, "body: %s", first.Body)
 		assert.Equal(t, delivery, first.Body.String(), "the handler gets the whole body")
-		assert.Equal(t, idem.RecordID("", "evt_1"), g.next(t, idem.ResultClaimed).ID)
+		assert.Equal(t, g.k.RecordID("", "evt_1"), g.next(t, idem.ResultClaimed).ID)
 
 		again := g.serve(post("/webhooks/stripe", delivery, DefaultKeyHeader, "ignored"))
 		assert.Equal(t, http.StatusOK, again.Code)

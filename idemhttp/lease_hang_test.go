@@ -61,7 +61,7 @@ func TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	case <-done:
 		assert.ErrorIs(t, cause, idem.ErrLeaseLost)
 		assert.Positive(t, s.hung.Load(), "the renewal was under way, and still is")
-		r, err := rs.Inspect(context.Background(), idem.RecordID("", "k"))
+		r, err := rs.Inspect(context.Background(), k.RecordID("", "k"))
 		require.NoError(t, err)
 		assert.Equal(t, idem.StatePending, r.State, "nothing stored, nothing released")
 	case <-time.After(20 * time.Second): // the renewal hangs until the test ends

@@ -100,7 +100,7 @@ func TestSlogOneDebugLinePerRequest(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, ev := range steps {
-			direct := ev.Scope == "" && ev.ID == idem.RecordID("", "direct")
+			direct := ev.Scope == "" && ev.ID == k.RecordID("", "direct")
 			want := ev.Step != idem.StepRequest && !direct
 			assert.Equal(t, want, ev.InRequest, "%s:%s", ev.Step, ev.Result)
 		}
