@@ -132,8 +132,9 @@ func (r *batchLinRecorder) histories() map[string][]porcupine.Operation {
 // TestLinearizabilityBatches records histories of BeginBatch (with and
 // without compact claims), CompleteBatch (with an empty result, which a
 // compact claim keeps as a marker, and with a value), ReleaseBatch,
-// ExtendBatch, the single steps of a Claim of a batch, and Consume (whose
-// handlers succeed, fail, or fail for good), from three clients on three
+// ExtendBatch, the single steps of a Claim of a batch, Consume (whose
+// handlers succeed, fail, or fail for good), and Begin and Do, which claim
+// one key by the single scripts among the batches, from three clients on three
 // keys at once, with markers on, and WithoutMarkers; through a fault proxy
 // that drops replies, cuts connections and delays replies past the read
 // timeout. Each key's history is checked with porcupine against the model of
@@ -203,7 +204,7 @@ func TestLinearizabilityBatches(t *testing.T) {
 								fps[j] = []byte("B")
 							}
 						}
-						switch x := r.IntN(20); {
+						switch x := r.IntN(24); {
 						case x < 6:
 							bopts := []Option{WithFingerprints(fps)}
 							if r.IntN(3) > 0 {
@@ -246,6 +247,24 @@ func TestLinearizabilityBatches(t *testing.T) {
 									v = []byte(fmt.Sprintf("s%d-%d", cl, i))
 								}
 								note("Claim.Complete", hs[0].Complete(ctx, v, 0))
+							}
+						case x >= 22:
+							// Do on a key a batch may hold or have settled:
+							// one claim, one completion or release, by the
+							// single scripts.
+							v, fail := []byte(fmt.Sprintf("d%d-%d", cl, i)), r.IntN(3) == 0
+							_, err := Do(ctx, k, scope, sub[0], func(context.Context) ([]byte, error) {
+								if fail {
+									return nil, errFlaky
+								}
+								return v, nil
+							}, WithFingerprint(fps[0]))
+							note("Do", err)
+						case x >= 20:
+							out, err := k.Begin(ctx, scope, sub[0], WithFingerprint(fps[0]))
+							note("Begin", err)
+							if err == nil && out.Claim != nil {
+								held[sub[0]] = out.Claim
 							}
 						default:
 							batch := make([]msg, len(sub))

@@ -29,13 +29,14 @@
 --   -lease_left_ms                  (an integer < 0) another attempt holds a live lease
 --   {4}                             the record was made for another fingerprint
 --   {5, reason}                     the value at the key is not a record of ours
---   {8, token}                      completed, as a marker (a compact claim's),
+--   {8, token, attempt}             completed, as a marker (a compact claim's,
+--                                   or a record whose result is a marker's),
 --                                   with an empty result, within the retention
---                                   its completion asked for
---   {9, token}                      completed, as a marker, past that
+--                                   its completion asked for; attempt is the
+--                                   claim's count, as its call record or
+--                                   record holds it
+--   {9, token, attempt}             completed, as a marker, past that
 --                                   retention: the result is no longer kept
---   {8 or 9, token, attempt}        the same, for a record whose result is a
---                                   marker's (see marked)
 --   {10, token}                     the record's entry in the index is held by
 --                                   the call of token, whose call record key
 --                                   is not KEYS[3]: nothing is done; ask again
@@ -152,9 +153,9 @@ if not v then
       local now = index_now()
       if st == 'C' then
         if now < tonumber(c.runtil_us) then
-          return {claimMarker, tonumber(ctok)}
+          return {claimMarker, tonumber(ctok), c.cnt}
         end
-        return {claimMarkerExpired, tonumber(ctok)}
+        return {claimMarkerExpired, tonumber(ctok), c.cnt}
       elseif st == 'P' and tonumber(c.until_us) > now then
         return -math.ceil((tonumber(c.until_us) - now) / 1000)
       end
