@@ -404,6 +404,43 @@ func TestMarkersAreSwept(t *testing.T) {
 	}
 }
 
+// TestEmptiedBlocksAreDeleted: a block whose last entry a claim sweeps is
+// deleted, not kept as an empty field: here a message redelivered, past
+// its marker's life, to a Keeper without markers, which claims it in a
+// record and leaves no entry in its block.
+func TestEmptiedBlocksAreDeleted(t *testing.T) {
+	b := redistest.Miniredis(t)
+	ctx := context.Background()
+	opts := []Option{WithLease(time.Second), WithRetention(time.Minute), WithMarkerRetention(time.Minute)}
+	k := newKeeper(t, b, opts...)
+	handle := func(context.Context, string) error { return nil }
+	id := func(s string) string { return s }
+	_, err := Consume(ctx, k, "s", []string{"old"}, id, handle)
+	require.NoError(t, err)
+	_, index, _ := k.store.(*RedisStore).compactIndexArgs(recordID("s", "old"))
+
+	// The marker's entry goes stale while other messages keep the index
+	// key alive.
+	for i, gone := 0, time.Duration(0); gone <= 2*time.Minute+v3MaxHold; i, gone = i+1, gone+30*time.Second {
+		b.Advance(30 * time.Second)
+		_, err := Consume(ctx, k, "s", []string{fmt.Sprint("alive-", i)}, id, handle)
+		require.NoError(t, err)
+	}
+	res, err := Consume(ctx, newKeeper(t, b, append(opts, WithoutMarkers())...), "s", []string{"old"}, id, handle)
+	require.NoError(t, err)
+	require.Equal(t, MessageHandled, res[0].Status)
+	blocks, err := b.Client.HGetAll(ctx, index).Result()
+	require.NoError(t, err)
+	require.Contains(t, blocks, "", "the index key lives")
+	for f, v := range blocks {
+		assert.True(t, f == "" || v != "", "block %x is kept empty", f)
+	}
+	e := v3KeyOf(recordID("s", "old"))
+	st, ok := parseV3State(blocks[""])
+	require.True(t, ok)
+	assert.NotContains(t, blocks, string(v3AppendBlockName(nil, v3Block(e.h, st.level, st.split))), "the old marker's block")
+}
+
 // TestMarkerMemory: a message handled by Consume costs at most 24 bytes of
 // Redis memory, where its record (WithoutMarkers) costs well over a
 // hundred. What the ids cost is the keys' MEMORY USAGE (every field of

@@ -546,17 +546,30 @@ if stateChanged then
       cid = '\0\0\0\0\0\0\0\0\0\0\0'
     end
   end
-  local w = {'', V3_STATE_TAG .. char(level) .. s3 .. char(c, c2, c3, c4) .. tokst .. char(d, d2, d3, d4) .. cid}
+  -- A block left empty (swept, or split off whole) is deleted, not
+  -- written: a block is a field only while it holds an entry.
+  local w, gone, nh, ng = {'', V3_STATE_TAG .. char(level) .. s3 .. char(c, c2, c3, c4) .. tokst .. char(d, d2, d3, d4) .. cid}, {}, 2, 0
   for j = 1, nw do
-    w[2 * j + 1], w[2 * j + 2] = wnames[j], bl[wnames[j]]
+    local f = wnames[j]
+    if bl[f] == '' then
+      ng = ng + 1
+      gone[ng] = f
+    else
+      w[nh + 1], w[nh + 2], nh = f, bl[f], nh + 2
+    end
   end
   -- The first write of a call that took nothing over: Redis may refuse it
-  -- (the PEXPIRE below, not refused under OOM, goes after it).
+  -- (the HDEL and PEXPIRE below, not refused under OOM, go after it).
   local ok = redis.pcall('HSET', ikey, unpack(w))
   if type(ok) == 'table' and ok.err then
     refused = ok.err
-  elseif expire then
-    redis.call('PEXPIRE', ikey, 2 * keep_ms)
+  else
+    if ng > 0 then
+      redis.call('HDEL', ikey, unpack(gone))
+    end
+    if expire then
+      redis.call('PEXPIRE', ikey, 2 * keep_ms)
+    end
   end
 end
 
