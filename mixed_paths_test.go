@@ -18,9 +18,10 @@ import (
 
 // The paths that claim a key, taken one after another on the same few keys
 // with time moving between them: Do, Begin (completed, released, or left
-// pending as by a process that died), BeginBatch with compact claims,
-// Consume (handlers that succeed, fail, fail finally, or record a
-// checkpoint first, which moves a compact claim to a record of its own).
+// pending as by a process that died), BeginBatch with compact claims or in
+// records, Consume with markers or, on a Keeper WithoutMarkers, in records
+// (handlers that succeed, fail, fail finally, or record a checkpoint
+// first, which moves a compact claim to a record of its own).
 // Whatever path made a key's record, claim, marker or checkpoint, every
 // other path must see it: a key whose outcome is stored does not run again
 // before its retention ends, nor one whose lease is live. This guards
@@ -43,12 +44,14 @@ var mixSteps = [...]time.Duration{50 * time.Millisecond, 700 * time.Millisecond,
 // a redis-server (m nil), whose clock they cannot: there the steps that
 // move it do nothing, and a run takes far less than a lease.
 type mixWorld struct {
-	m     *miniredis.Miniredis
-	k     *Keeper
-	mu    sync.Mutex
-	now   time.Time
-	start time.Time
-	scope atomic.Int64
+	m *miniredis.Miniredis
+	// k keeps markers; plain, on the same store's prefix, keeps every
+	// claim in a record of its own (WithoutMarkers).
+	k, plain *Keeper
+	mu       sync.Mutex
+	now      time.Time
+	start    time.Time
+	scope    atomic.Int64
 }
 
 // newMixWorld makes a mixWorld on client, a miniredis's when m is set.
@@ -58,10 +61,13 @@ func newMixWorld(t testing.TB, client *redis.Client, m *miniredis.Miniredis) *mi
 		m.SetTime(w.now)
 	}
 	w.start = w.clock()
-	k, err := NewRedis(client, WithLease(mixLease), WithRetention(mixRetention), WithErrorRetention(mixErrorRetention),
-		WithMarkerRetention(mixMarkerRetention), WithClock(w.clock), WithCoalescing(false))
+	opts := []Option{WithLease(mixLease), WithRetention(mixRetention), WithErrorRetention(mixErrorRetention),
+		WithMarkerRetention(mixMarkerRetention), WithClock(w.clock), WithCoalescing(false)}
+	var err error
+	w.k, err = NewRedis(client, opts...)
 	require.NoError(t, err)
-	w.k = k
+	w.plain, err = NewRedis(client, append(opts, WithoutMarkers())...)
+	require.NoError(t, err)
 	return w
 }
 
@@ -192,9 +198,13 @@ func mixRun(t testing.TB, w *mixWorld, ops []byte) {
 				}
 			}
 			require.False(t, wasFresh && !md.ran[i], "Begin did not claim a new key: %v", err)
-		case 6: // BeginBatch with compact claims, completed as markers
+		case 6: // BeginBatch, with compact claims or in records, completed
 			keys, idx := md.batch(arg)
-			res, err := w.k.BeginBatch(ctx, md.scope, keys, WithCompactClaims())
+			var bopts []Option
+			if arg&0x40 != 0 {
+				bopts = append(bopts, WithCompactClaims())
+			}
+			res, err := w.k.BeginBatch(ctx, md.scope, keys, bopts...)
 			require.NoError(t, err)
 			var items []Completion
 			var claimed []int
@@ -222,7 +232,11 @@ func mixRun(t testing.TB, w *mixWorld, ops []byte) {
 			for j, i := range idx {
 				wasFresh[j] = fresh(i)
 			}
-			res, err := Consume(ctx, w.k, md.scope, keys, func(k string) string { return k }, func(ctx context.Context, k string) error {
+			keeper := w.k
+			if arg&0x80 != 0 {
+				keeper = w.plain // a record a message
+			}
+			res, err := Consume(ctx, keeper, md.scope, keys, func(k string) string { return k }, func(ctx context.Context, k string) error {
 				j := slicesIndex(keys, k)
 				md.run(idx[j], [...]string{"Consume (handled)", "Consume (fails)", "Consume (final)", "Consume (checkpoint, handled)", "Consume (checkpoint, fails)"}[fate[k]])
 				switch fate[k] {
@@ -257,9 +271,12 @@ func mixRun(t testing.TB, w *mixWorld, ops []byte) {
 				if r.Status != MessageHandled {
 					continue
 				}
-				if fate[keys[j]] == 2 {
+				switch {
+				case fate[keys[j]] == 2:
 					md.quietFor(idx[j], mixErrorRetention)
-				} else {
+				case keeper == w.plain:
+					md.quietFor(idx[j], mixRetention) // a record, kept for the retention
+				default:
 					md.quietFor(idx[j], mixMarkerRetention)
 				}
 			}
