@@ -35,7 +35,7 @@ func init() { redis.SetLogger(quietLogger{}) }
 
 // layouts returns the layout the package's stores write, as their prefix
 // records say, and the one before it, which they refuse.
-func layouts() (ours, other string) { return "v3", "v2" }
+func layouts() (ours, other string) { return prefixLayout, "v2" }
 
 // expireRecordLeaseLua makes the lease of the claim kept in the record
 // KEYS[1] run out; it answers 0 when the record is not a pending one.
