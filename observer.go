@@ -194,8 +194,10 @@ type Event struct {
 	Result Result
 	// Scope is the call's scope. ID is the record's id, a digest of (scope,
 	// key): the client's key itself is never reported. For StepStream,
-	// ResultRemoved, ID is the name of the consumer removed; for the other
-	// StepStream and StepBacklog events it is empty.
+	// ResultRemoved, ID is the name of the consumer removed; for
+	// StepBacklog, the part of the source the backlog counts where a
+	// runner reports one per part (idemkafka: a partition, "orders/3");
+	// for the other StepStream and StepBacklog events it is empty.
 	Scope, ID string
 	// Token, Attempt and Recovered describe the claim (see Claim); for a
 	// replay, Token and Attempt are the completing claim's. Zero when there
@@ -230,12 +232,14 @@ type Event struct {
 	// broker counts it; zero for the other steps. Lag is how many entries
 	// of the stream the consumer group (or JetStream consumer) has not
 	// been delivered yet: a Redis stream group's lag (XINFO GROUPS), a
-	// JetStream consumer's NumPending. It is -1 when the broker does not
+	// JetStream consumer's NumPending, a Kafka partition's records past
+	// the runner's last poll of it. It is -1 when the broker does not
 	// say: Redis before 7.0, a group whose lag Redis cannot count (entries
 	// deleted within its range), miniredis once the group has read. Pending
 	// is how many were delivered and are not acknowledged yet: the group's
 	// pending entries (XINFO GROUPS' pending, XPENDING's count), a JetStream
-	// consumer's NumAckPending.
+	// consumer's NumAckPending, the records of a Kafka partition its
+	// runner holds not settled.
 	Lag, Pending int64
 	// InRequest is set on the steps a Keeper takes for a request that a
 	// layer on top of it answers (idemhttp, idemgrpc): the request's claim,

@@ -36,6 +36,10 @@ type partition struct {
 	// queue is the records polled and not yet settled, in offset order.
 	// Guarded by the Runner's mu.
 	queue []*pending
+	// lag is how many records Kafka held past the partition's last poll
+	// that brought records of it (its high watermark less the next
+	// offset). Guarded by the Runner's mu.
+	lag int64
 	// wake is signalled (never blocks) when records are added to queue.
 	wake chan struct{}
 	// done is closed when the goroutine has ended.

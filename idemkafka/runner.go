@@ -1,9 +1,12 @@
 package idemkafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +58,11 @@ type Runner struct {
 type topicPartition struct {
 	topic     string
 	partition int32
+}
+
+// String names tp as a backlog report does: "orders/3".
+func (tp topicPartition) String() string {
+	return tp.topic + "/" + strconv.Itoa(int(tp.partition))
 }
 
 // New returns a Runner that joins a consumer group with a client made of
@@ -181,11 +189,13 @@ func (r *Runner) Client() *kgo.Client { return r.client }
 // the client was closed or Run was called before. It reports to the
 // Keeper's Observer, beside the steps of idem.Consume, each record
 // dead-lettered (idem.StepStream, idem.ResultDeadLettered, Err the
-// reason), and the backlog (idem.StepBacklog) at the first poll and then at
-// most every 10 seconds (backlogEvery), from the poll's own answers, at no request: Lag,
-// the records of the partitions in that poll that Kafka holds past it (their
-// high watermarks less the next offsets), and Pending, the records the
-// Runner holds not settled.
+// reason), and the backlog (idem.StepBacklog) of each partition it holds
+// records of, ID naming it ("orders/3"): at the first poll that brings
+// records, then at most every 10 seconds (backlogEvery), from the polls'
+// own answers, at no request. Lag is the records Kafka held past the
+// partition's last poll that brought records of it (its high watermark
+// less the next offset), Pending the records of it the Runner holds not
+// settled.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.ran.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: idemkafka: Run was called before (a Runner runs once)", idem.ErrInvalidConfig)
@@ -253,14 +263,10 @@ func (r *Runner) waitRoom(ctx context.Context) int {
 // rebalances back (BlockRebalanceOnPoll), so every record belongs to a
 // partition the Runner owns.
 func (r *Runner) dispatch(ctx context.Context, fetches kgo.Fetches) {
-	var lag int64
 	r.mu.Lock()
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 {
 			return
-		}
-		if last := p.Records[len(p.Records)-1]; p.HighWatermark > last.Offset {
-			lag += p.HighWatermark - last.Offset - 1
 		}
 		tp := topicPartition{p.Topic, p.Partition}
 		part := r.parts[tp]
@@ -269,15 +275,15 @@ func (r *Runner) dispatch(ctx context.Context, fetches kgo.Fetches) {
 			r.parts[tp] = part
 			r.workers.Go(func() { r.work(ctx, part) })
 		}
+		part.lag = max(p.HighWatermark-p.Records[len(p.Records)-1].Offset-1, 0)
 		for _, rec := range p.Records {
 			part.queue = append(part.queue, &pending{rec: rec})
 		}
 		r.held += len(p.Records)
 		part.signal()
 	})
-	held := r.held
 	r.mu.Unlock()
-	r.observeBacklog(ctx, lag, held)
+	r.observeBacklog(ctx)
 }
 
 // release stops the partitions in m, revoked (lost false) or lost, and
@@ -324,15 +330,35 @@ func (r *Runner) observer() idem.Observer { return r.keeper.Observer() }
 const backlogEvery = 10 * time.Second
 
 // observeBacklog tells the Keeper's Observer, if any and when due, the
-// backlog of a poll: lag records behind it in Kafka, held in the Runner.
-func (r *Runner) observeBacklog(ctx context.Context, lag int64, held int) {
+// backlog of each partition the Runner holds records of, in order; it
+// waits for the first poll that brings records to tell anything.
+func (r *Runner) observeBacklog(ctx context.Context) {
 	o := r.observer()
 	now := time.Now()
 	if o == nil || now.UnixNano() < r.backlogAt {
 		return
 	}
+	type backlog struct {
+		tp           topicPartition
+		lag, pending int64
+	}
+	r.mu.Lock()
+	bs := make([]backlog, 0, len(r.parts))
+	for tp, p := range r.parts {
+		bs = append(bs, backlog{tp, p.lag, int64(len(p.queue))})
+	}
+	r.mu.Unlock()
+	if len(bs) == 0 {
+		return
+	}
 	r.backlogAt = now.Add(backlogEvery).UnixNano()
-	o.Observe(ctx, idem.Event{Step: idem.StepBacklog, Result: idem.ResultDone, Scope: r.scope, Lag: lag, Pending: int64(held)})
+	slices.SortFunc(bs, func(a, b backlog) int {
+		return cmp.Or(cmp.Compare(a.tp.topic, b.tp.topic), cmp.Compare(a.tp.partition, b.tp.partition))
+	})
+	for _, b := range bs {
+		o.Observe(ctx, idem.Event{Step: idem.StepBacklog, Result: idem.ResultDone, Scope: r.scope,
+			ID: b.tp.String(), Lag: b.lag, Pending: b.pending})
+	}
 }
 
 // sleep waits d, or until ctx is done; it tells whether ctx is still

@@ -53,6 +53,35 @@ func TestObserverRecordsTheBacklog(t *testing.T) {
 	assert.Empty(t, tm.spans.Ended(), "a backlog report is not a span")
 }
 
+// A backlog reported by partition (idemkafka) is a series per partition:
+// idem.partition beside idem.scope, each holding its own last report.
+func TestObserverRecordsTheBacklogByPartition(t *testing.T) {
+	tm := newTelemetry(t)
+	ctx := context.Background()
+	for _, ev := range []idem.Event{
+		{Step: idem.StepBacklog, Result: idem.ResultDone, Scope: "orders", ID: "orders/0", Lag: 40, Pending: 10},
+		{Step: idem.StepBacklog, Result: idem.ResultDone, Scope: "orders", ID: "orders/1", Lag: 7, Pending: 2},
+		{Step: idem.StepBacklog, Result: idem.ResultDone, Scope: "orders", ID: "orders/0", Lag: 0, Pending: 3},
+	} {
+		tm.obs.Observe(ctx, ev)
+	}
+	byPartition := func(m metricdata.Metrics) map[string]int64 {
+		g, ok := m.Data.(metricdata.Gauge[int64])
+		require.True(t, ok, "%s is a %T", m.Name, m.Data)
+		out := map[string]int64{}
+		for _, dp := range g.DataPoints {
+			scope, _ := dp.Attributes.Value("idem.scope")
+			part, ok := dp.Attributes.Value("idem.partition")
+			require.True(t, ok, "%s carries idem.partition", m.Name)
+			out[scope.AsString()+" "+part.AsString()] = dp.Value
+		}
+		return out
+	}
+	ms := tm.metrics(t)
+	assert.Equal(t, map[string]int64{"orders orders/0": 0, "orders orders/1": 7}, byPartition(ms["idem.consumer.lag"]))
+	assert.Equal(t, map[string]int64{"orders orders/0": 3, "orders orders/1": 2}, byPartition(ms["idem.consumer.pending"]))
+}
+
 // A StreamConsumer's backlog, dead letters and removed consumer names
 // reach the metrics: a stream of 10 entries, 4 of them held by another
 // consumer, one of the other 6 with an invalid key.

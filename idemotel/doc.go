@@ -19,7 +19,10 @@
 // report sets two gauges, whose one attribute is idem.scope, the
 // consumer's scope (a Redis stream's "<stream> <group>", the scope given
 // to idemjetstream.New): one series per consumer group, however many
-// processes run it.
+// processes run it. idemkafka's Runner reports each partition it holds
+// records of, at its first poll that brings records and then at most
+// every 10 seconds; its gauges carry idem.partition too ("orders/3"):
+// one series per partition.
 //
 //	idem.consumer.lag           Int64Gauge        {message}  entries not yet delivered to the group (XINFO GROUPS lag; JetStream NumPending)
 //	idem.consumer.pending       Int64Gauge        {message}  entries delivered and not acknowledged (the group's pending; JetStream NumAckPending)

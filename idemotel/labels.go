@@ -12,6 +12,7 @@ const (
 	keyResult    = attribute.Key("idem.result")
 	keyScope     = attribute.Key("idem.scope")
 	keyID        = attribute.Key("idem.id")
+	keyPartition = attribute.Key("idem.partition")
 	keyToken     = attribute.Key("idem.token")
 	keyAttempt   = attribute.Key("idem.attempt")
 	keyRecovered = attribute.Key("idem.recovered")

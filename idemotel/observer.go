@@ -67,7 +67,7 @@ type instruments struct {
 	inProgress   metric.Float64Histogram
 	leaseLosses  metric.Int64Counter
 	// lag and pending are a consumer's backlog (idem.StepBacklog), by
-	// idem.scope.
+	// idem.scope, and idem.partition where the consumer reports one.
 	lag, pending metric.Int64Gauge
 }
 
@@ -92,9 +92,9 @@ func (in *instruments) create(m metric.Meter) error {
 	in.leaseLosses, errs[3] = m.Int64Counter("idem.lease.losses", metric.WithUnit("{loss}"),
 		metric.WithDescription("Claims that learned they were no longer the holder: a completion or release refused, or a lease KeepAlive found lost."))
 	in.lag, errs[4] = m.Int64Gauge("idem.consumer.lag", metric.WithUnit("{message}"),
-		metric.WithDescription("Entries of a stream not yet delivered to a consumer's group (Redis Streams: XINFO GROUPS lag; JetStream: NumPending), by idem.scope, as the consumer last read it."))
+		metric.WithDescription("Entries of a stream not yet delivered to a consumer's group (Redis Streams: XINFO GROUPS lag; JetStream: NumPending), by idem.scope (and idem.partition: Kafka), as the consumer last read it."))
 	in.pending, errs[5] = m.Int64Gauge("idem.consumer.pending", metric.WithUnit("{message}"),
-		metric.WithDescription("Entries delivered to a consumer's group and not acknowledged (Redis Streams: the group's pending entries; JetStream: NumAckPending), by idem.scope, as the consumer last read it."))
+		metric.WithDescription("Entries delivered to a consumer's group and not acknowledged (Redis Streams: the group's pending entries; JetStream: NumAckPending), by idem.scope (and idem.partition: Kafka), as the consumer last read it."))
 	return errors.Join(errs[:]...)
 }
 
@@ -109,7 +109,11 @@ func (in *instruments) record(ctx context.Context, ev idem.Event, l *label) {
 		}
 	}
 	if ev.Step == idem.StepBacklog && ev.Result == idem.ResultDone {
-		scope := metric.WithAttributeSet(attribute.NewSet(keyScope.String(ev.Scope)))
+		set := attribute.NewSet(keyScope.String(ev.Scope))
+		if ev.ID != "" {
+			set = attribute.NewSet(keyScope.String(ev.Scope), keyPartition.String(ev.ID))
+		}
+		scope := metric.WithAttributeSet(set)
 		if ev.Lag >= 0 {
 			in.lag.Record(ctx, ev.Lag, scope)
 		}
