@@ -16,7 +16,9 @@ import (
 // holds the codes together). The golden tests pin the formats: a release
 // reads every format an earlier one wrote (format_test.go for records,
 // format_v3_test.go and format_marker_test.go for the index and call
-// records: see "The v3 layout" below).
+// records: see "The v3 layout" below), and writes only what the last
+// release's readers read (format_upgrade_test.go: the grammars of what they
+// read, added to only once a release with the reader has shipped).
 //
 // The record, one Redis string at the record key, of two forms:
 //
