@@ -39,7 +39,7 @@ func layouts() (ours, other string) { return prefixLayout, "v2" }
 
 // expireRecordLeaseLua makes the lease of the claim kept in the record
 // KEYS[1] run out; it answers 0 when the record is not a pending one.
-var expireRecordLeaseLua = newLuaScript(`
+var expireRecordLeaseLua = makeLuaScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local a, b = string.match(v, '^(i1P%d+:%d+:[01]:)%d+(:.*)$')
@@ -74,7 +74,7 @@ func expireLeaseOf(t testing.TB, s *RedisStore, id string) {
 // entries wait to be swept) becomes 0, and so that of every claim of those
 // calls, which share one lease. KEYS[1], the record's key, sends it where
 // the record is (a Ring). It answers how many entries it found.
-var expireV3LeaseLua = newLuaScript(`
+var expireV3LeaseLua = makeLuaScript(`
 local d8, ikey, base = ARGV[1], ARGV[2], ARGV[3]
 local h, n = redis.call('HGETALL', ikey), 0
 for i = 1, #h, 2 do

@@ -347,16 +347,10 @@ const routedKeyPos = 5
 // cmd returns the command of the routed call c: EVALSHA, or EVAL for eval,
 // sent where its record key is.
 func (c *batchCall) cmd(ctx context.Context, st *batchStep, eval bool) *redis.Cmd {
-	step := c.stepOf(st)
-	args := make([]any, 0, 3+len(c.keys)+len(c.args))
+	sc := c.stepOf(st).script
+	args := sc.evalArgs(len(c.args), c.keys...)
 	if eval {
-		args = append(args, "eval", step.script.src)
-	} else {
-		args = append(args, "evalsha", step.script.Hash())
-	}
-	args = append(args, len(c.keys))
-	for _, k := range c.keys {
-		args = append(args, k)
+		args[0], args[1] = "eval", sc.srcArg
 	}
 	args = append(args, c.args...)
 	cmd := redis.NewCmd(ctx, args...)

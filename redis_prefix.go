@@ -24,7 +24,6 @@ var (
 	//go:embed lua/prefix.lua
 	prefixBody   string
 	prefixScript = newLuaScript(prefixBody)
-	prefixEval   = newEvalScript(prefixScript)
 )
 
 // prefixRecordKey is where the record of prefix is kept.
@@ -151,18 +150,17 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 	if err := s.layoutReady(ctx); err != nil {
 		return prefixRecord{}, err
 	}
-	args := make([]any, 0, 8)
-	args = append(args, "evalsha", prefixEval.shaArg, 1, prefixRecordKey(s.prefix))
+	keys := []string{prefixRecordKey(s.prefix)}
 	if !s.compact.cluster {
-		args[2] = 2
-		args = append(args, oldIndexKey(s.prefix))
+		keys = append(keys, oldIndexKey(s.prefix))
 	}
+	args := prefixScript.evalArgs(2, keys...)
 	writeFor := ""
 	if write && shards >= 0 {
 		writeFor = strconv.Itoa(shards)
 	}
 	args = append(args, writeFor, prefixLayout)
-	raw, err := s.eval(ctx, prefixEval, args).Text()
+	raw, err := s.eval(ctx, prefixScript, args).Text()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return prefixRecord{}, nil

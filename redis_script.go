@@ -97,18 +97,47 @@ func luaNames(code string) []string {
 }
 
 // luaScript is one of the store's scripts: the go-redis Script that runs it
-// (EVALSHA, then EVAL on NOSCRIPT) and its source, for the calls that send
-// EVAL themselves.
+// (EVALSHA, then EVAL on NOSCRIPT), its source, and its hash and source
+// boxed once, for the calls that send EVALSHA and EVAL themselves (evalArgs
+// begins them).
 type luaScript struct {
 	*redis.Script
-	src string
+	body           string // the file of lua/ it is made of
+	src            string // what it sends: body after the definitions it uses (luaSource)
+	shaArg, srcArg any
 }
 
+// luaScripts are the store's scripts, every one newLuaScript made: the list
+// LoadScripts loads, and TestEveryScriptIsLoaded holds to the files of lua/.
+var luaScripts []*luaScript
+
 // newLuaScript is the script of the file body of lua/, sent as luaSource
-// makes it.
+// makes it, and added to luaScripts.
 func newLuaScript(body string) *luaScript {
+	sc := makeLuaScript(body)
+	luaScripts = append(luaScripts, sc)
+	return sc
+}
+
+// makeLuaScript is the script of body, sent as luaSource makes it, and not
+// one of the store's (a test's).
+func makeLuaScript(body string) *luaScript {
 	src := luaSource(body)
-	return &luaScript{Script: redis.NewScript(src), src: src}
+	sc := &luaScript{Script: redis.NewScript(src), body: body, src: src}
+	sc.shaArg, sc.srcArg = sc.Hash(), src
+	return sc
+}
+
+// evalArgs begins the arguments of an EVALSHA of sc with keys, with room for
+// n arguments more: the command, the hash, the number of keys, the keys.
+// RedisStore.eval sends them (EVAL after NOSCRIPT).
+func (sc *luaScript) evalArgs(n int, keys ...string) []any {
+	args := make([]any, 3, 3+len(keys)+n)
+	args[0], args[1], args[2] = "evalsha", sc.shaArg, len(keys)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return args
 }
 
 // luaSource is the script body after the definitions of format.lua and

@@ -1,12 +1,14 @@
 package idem
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -120,4 +122,38 @@ func TestLuaDefsRefuseAStatement(t *testing.T) {
 	assert.Equal(t, "local a, b = 1, 2\n", defs[0].code)
 	assert.Equal(t, []string{"f"}, defs[1].names)
 	assert.Contains(t, defs[1].uses, "a")
+}
+
+// TestEveryScriptIsLoaded holds luaScripts to lua/: every file but the
+// shared definitions (format.lua, lib.lua) is one script, made once, and
+// LoadScripts loads every one of them, on miniredis and a redis-server.
+func TestEveryScriptIsLoaded(t *testing.T) {
+	files, err := filepath.Glob("lua/*.lua")
+	require.NoError(t, err)
+	bodies := map[string]int{}
+	for _, sc := range luaScripts {
+		bodies[sc.body]++
+	}
+	made := 0
+	for _, f := range files {
+		if name := filepath.Base(f); name == "format.lua" || name == "lib.lua" {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		assert.Equal(t, 1, bodies[string(src)], "%s: scripts made of it", f)
+		made++
+	}
+	assert.Len(t, luaScripts, made, "a script that is no file of lua/")
+
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		s, err := NewRedisStore(b.Client)
+		require.NoError(t, err)
+		require.NoError(t, s.LoadScripts(context.Background()))
+		for _, sc := range luaScripts {
+			ok, err := sc.Exists(context.Background(), b.Client).Result()
+			require.NoError(t, err)
+			assert.Equal(t, []bool{true}, ok, "not loaded: the script of\n%.200s", sc.body)
+		}
+	})
 }

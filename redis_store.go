@@ -179,14 +179,13 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 	for asked := 0; ; asked++ {
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
-		args := make([]any, 0, 12)
-		args = append(args, "evalsha", claimEval.shaArg, 2, key, index)
-		if call != "" {
-			args[2] = 3
-			args = append(args, call)
+		keys := []string{key, index, call}
+		if call == "" {
+			keys = keys[:2]
 		}
+		args := claimScript.evalArgs(6, keys...)
 		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
-		res, err := s.eval(ctx, claimEval, args).Result()
+		res, err := s.eval(ctx, claimScript, args).Result()
 		if err != nil {
 			return ClaimReply{}, s.layoutError(err)
 		}
@@ -308,9 +307,9 @@ func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value
 // completion stored. (A call whose first run stored value and whose reply
 // was lost, sent again by go-redis, reports false too.)
 func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
-	args := s.evalArgs(completeEval, id, 4)
+	args := completeScript.evalArgs(4, s.key(id))
 	args = append(args, token, strconv.FormatInt(token, 36), s.boxes.millis(boxRetention, keep), value)
-	res, err := s.eval(ctx, completeEval, args).Result()
+	res, err := s.eval(ctx, completeScript, args).Result()
 	if err != nil {
 		return false, err
 	}
@@ -330,19 +329,19 @@ func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, v
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
-	args := s.evalArgs(releaseEval, id, 2)
-	return s.transition(ctx, releaseEval, append(args, token, s.boxes.millis(boxKeep, keep)))
+	args := releaseScript.evalArgs(2, s.key(id))
+	return s.transition(ctx, releaseScript, append(args, token, s.boxes.millis(boxKeep, keep)))
 }
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	args := s.evalArgs(extendEval, id, 3)
-	return s.transition(ctx, extendEval, append(args, token, s.boxes.millis(boxLease, lease), s.boxes.millis(boxKeep, keep)))
+	args := extendScript.evalArgs(3, s.key(id))
+	return s.transition(ctx, extendScript, append(args, token, s.boxes.millis(boxLease, lease), s.boxes.millis(boxKeep, keep)))
 }
 
 // transition runs a script that answers 1 (done), 0 (lease lost) or {5,
 // reason} (corrupt).
-func (s *RedisStore) transition(ctx context.Context, sc *evalScript, args []any) error {
+func (s *RedisStore) transition(ctx context.Context, sc *luaScript, args []any) error {
 	res, err := s.eval(ctx, sc, args).Result()
 	if err != nil {
 		return err
@@ -373,48 +372,21 @@ func transitionReply(res []any) error {
 	return unexpected(res)
 }
 
-// evalScript is a script as a single-record step sends it: EVALSHA's
-// arguments start with its hash, boxed once, as is its source, which EVAL
-// sends after NOSCRIPT.
-type evalScript struct {
-	*luaScript
-	shaArg, srcArg any
-}
-
-func newEvalScript(sc *luaScript) *evalScript {
-	return &evalScript{luaScript: sc, shaArg: sc.Hash(), srcArg: sc.src}
-}
-
-var (
-	claimEval    = newEvalScript(claimScript)
-	completeEval = newEvalScript(completeScript)
-	releaseEval  = newEvalScript(releaseScript)
-	extendEval   = newEvalScript(extendScript)
-)
-
-// evalArgs returns the start of an EVALSHA of sc on the record id (the
-// command, the hash, one key, the key), with room for n arguments more.
-func (s *RedisStore) evalArgs(sc *evalScript, id string, n int) []any {
-	args := make([]any, 4, 4+n)
-	args[0], args[1], args[2], args[3] = "evalsha", sc.shaArg, 1, s.key(id)
-	return args
-}
-
 // processor is a client that sends a command it is given: every go-redis
 // client is one.
 type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// eval runs sc with args, which evalArgs began, as Script.Run does (EVALSHA,
-// then EVAL on NOSCRIPT), and with WithReplicas, for the steps that need it,
-// pipelines WAIT after it. It sends args as they are when it can, rather than
-// have go-redis copy them into a command of its own.
-func (s *RedisStore) eval(ctx context.Context, sc *evalScript, args []any) *redis.Cmd {
+// eval runs sc with args, which sc.evalArgs began, as Script.Run does
+// (EVALSHA, then EVAL on NOSCRIPT), and with WithReplicas, for the steps
+// that need it, pipelines WAIT after it. It sends args as they are when it
+// can, rather than have go-redis copy them into a command of its own.
+func (s *RedisStore) eval(ctx context.Context, sc *luaScript, args []any) *redis.Cmd {
 	if s.durable != nil {
-		if op := waitsAfter(sc.luaScript); op != "" {
+		if op := waitsAfter(sc); op != "" {
 			keys, rest := evalKeys(args)
-			return s.durable.run(ctx, s.client, op, sc.luaScript, keys, rest...)
+			return s.durable.run(ctx, s.client, op, sc, keys, rest...)
 		}
 	}
 	p, ok := s.client.(processor)
@@ -495,9 +467,7 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 // a Keeper of another placement than the prefix's is refused then, with an
 // error that wraps ErrInvalidConfig.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*luaScript{claimScript, completeScript, releaseScript, extendScript, inspectScript, forgetScript, abandonScript,
-		checkpointScript, batchCompleteScript, batchReleaseScript, batchExtendScript,
-		v3ClaimScript, v3SettleScript, prefixScript} {
+	for _, sc := range luaScripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 		}
