@@ -8,7 +8,9 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -69,6 +71,27 @@ const (
 	// microseconds); see markerEnvelope.
 	kindMarker byte = 'm'
 )
+
+// markerEnvelope is the result a record keeps when a claim of a call that
+// claims compactly (Consume, BeginBatch with WithCompactClaims) was kept in
+// a record of its own (a takeover, a claim after a release) and completes
+// with an empty result: the record answers as a marker does, as completed
+// with an empty result until the retention ends at until, then as one whose
+// result is no longer kept (ErrResultExpired) for as long as it is kept,
+// the marker retention.
+func markerEnvelope(until time.Time) []byte {
+	return strconv.AppendInt([]byte{envelopeV1, kindMarker}, until.UnixMicro(), 10)
+}
+
+// markerUntil reads when the retention of the result env ends, if env is a
+// markerEnvelope.
+func markerUntil(env []byte) (until int64, ok bool) {
+	if len(env) < 3 || env[0] != envelopeV1 || env[1] != kindMarker {
+		return 0, false
+	}
+	until, err := strconv.ParseInt(string(env[2:]), 10, 64)
+	return until, err == nil
+}
 
 // seal puts body in an envelope of the given kind.
 func seal(kind byte, body []byte) []byte {

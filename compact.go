@@ -3,13 +3,13 @@ package idem
 import (
 	"bytes"
 	"errors"
-	"strconv"
 	"time"
 )
 
 // Compact claims and markers: a batch's claims kept without a Redis key
 // each, and what a message handled that way leaves, a marker. This file
-// holds the Keeper's options for them and the marker's result; the
+// holds the Keeper's options for them (the result a marker's record keeps
+// is codec.go's markerEnvelope, beside the other envelopes); the
 // RedisStore keeps them as redis_compact.go, redis_v3.go and format.go
 // ("The v3 layout") say.
 
@@ -62,27 +62,6 @@ func WithCompactClaims() Option {
 // WithMarkerRetention), past the retention and within the marker retention.
 // The operation must not run again, and there is nothing to replay.
 var ErrResultExpired = errors.New("idem: the operation completed; its result is no longer kept")
-
-// markerEnvelope is the result a record keeps when a claim of a call that
-// claims compactly (Consume, BeginBatch with WithCompactClaims) was kept in
-// a record of its own (a takeover, a claim after a release) and completes
-// with an empty result: the record answers as a marker does, as completed
-// with an empty result until the retention ends at until, then as one whose
-// result is no longer kept (ErrResultExpired) for as long as it is kept,
-// the marker retention.
-func markerEnvelope(until time.Time) []byte {
-	return strconv.AppendInt([]byte{envelopeV1, kindMarker}, until.UnixMicro(), 10)
-}
-
-// markerUntil reads when the retention of the result env ends, if env is a
-// markerEnvelope.
-func markerUntil(env []byte) (until int64, ok bool) {
-	if len(env) < 3 || env[0] != envelopeV1 || env[1] != kindMarker {
-		return 0, false
-	}
-	until, err := strconv.ParseInt(string(env[2:]), 10, 64)
-	return until, err == nil
-}
 
 // isEmptyResult reports whether env is the envelope of an empty result of
 // Claim.Complete, which a compact claim keeps as a marker.

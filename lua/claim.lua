@@ -50,20 +50,15 @@
 -- integer and a bare string: a table reply costs Redis more than the rest
 -- of a replay's Lua.
 --
--- Record format (one string, so that a completed record is one allocation):
---   "i1" STATE TOKEN ":" ATTEMPT ":" RECOVERED ":" LEASE_UNTIL_US ":" ATTEMPT_ID ":" FP ":" PAYLOAD
--- STATE is P (pending), C (completed) or R (released). TOKEN is a fencing token:
--- max(previous token + 1, Redis time in microseconds), so it never repeats for a
--- key, even after the record expired. The PAYLOAD of a pending or released
--- record holds its checkpoints (see checkpoint.lua), often none: a claim carries
--- them over to the next holder and answers them. A released record that holds
--- checkpoints keeps its fingerprint, and answers another one {4}.
--- A completed record is written in a shorter form (see complete.lua), without
--- the lease end and attempt id it never uses, its fingerprint first and its
--- token in base 36:
---   "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" RECOVERED ":" PAYLOAD
--- Both forms are read; a replay of the short form compares the fingerprint at
--- its fixed place and leaves the rest of the header to the caller.
+-- The record's two forms are format.go's (and format.lua's, whose patterns
+-- read them). A token is max(previous token + 1, Redis time in
+-- microseconds), so it never repeats for a key, even after the record
+-- expired. A pending or released record holds its checkpoints (see
+-- checkpoint.lua), often none: a claim carries them over to the next holder
+-- and answers them. A released record that holds checkpoints keeps its
+-- fingerprint, and answers another one {4}. A replay of a completed
+-- record's short form compares the fingerprint at its fixed place and
+-- leaves the rest of the header to the caller.
 --
 -- Redis's clock is read only when the record is not completed: a replay costs
 -- one command inside the script.

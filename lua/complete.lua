@@ -15,12 +15,11 @@
 --   0            lease lost: the record is gone, released, or held by another token
 --   {5, reason}  the value at the key is not a record of ours; nothing is written
 --
--- The completed record drops what only a pending record needs (the lease end,
--- the attempt id, the checkpoints) and keeps its token in base 36:
---   "i1C:" FP ":" TOKEN36 ":" ATTEMPT ":" RECOVERED ":" PAYLOAD
--- (claim.lua reads it, and the longer form earlier versions wrote). A pending
--- record whose lease ran out but that nobody has taken over still belongs to
--- its token: no other holder exists, so the result is accepted.
+-- The completed record is format.go's short form: it drops what only a
+-- pending record needs (the lease end, the attempt id, the checkpoints) and
+-- keeps its token in base 36 (claim.lua reads it, and the longer form). A
+-- pending record whose lease ran out but that nobody has taken over still
+-- belongs to its token: no other holder exists, so the result is accepted.
 local key, token = KEYS[1], ARGV[1]
 
 local v = redis.pcall('GET', key)

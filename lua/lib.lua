@@ -1,10 +1,11 @@
 -- lib.lua: functions the scripts that read records and the id index share
 -- (claim.lua and the operator scripts): finding a compact claim or a marker
 -- in the index (see format.go, "The v3 layout"), reading a call record's
--- place, and describing a record. It goes after format.lua, whose formats
--- it reads, before each of them, so that they are one script each (each
--- with the definitions it uses: see format.lua); it only defines functions
--- and constants.
+-- place, and describing a record; and the transitions off the hot path
+-- that a script and its batch form share (a release, a renewal). It goes
+-- after format.lua, whose formats it reads, before each of them, so that
+-- they are one script each (each with the definitions it uses: see
+-- format.lua); it only defines functions and constants.
 --
 -- The operator scripts take the index from their arguments after their own:
 -- KEYS[2] is the index key of the record's entry, IX[1] the first 8 bytes of
@@ -205,4 +206,73 @@ end
 -- now_s, now_us}, Redis's clock t (the checkpoints, if any, go after).
 local function record_reply(code, key, v, head, t)
   return {code, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
+end
+
+-- record_release gives up the claim of token (decimal) on the record at
+-- key, as release.lua says, a released record without checkpoints kept keep
+-- milliseconds: transitionDone (released, or released before by token),
+-- transitionLost, or why the value at the key is not a record of ours (a
+-- string). release.lua and batch_release.lua share it.
+local function record_release(key, token, keep)
+  local v = redis.pcall('GET', key)
+  if not v then
+    return transitionLost
+  end
+  if type(v) ~= 'string' then
+    return 'wrong type'
+  end
+  local _, hdr, st, tok, cnt, _, _, _, fp = string.find(v, RECORD_LONG)
+  if not st then
+    -- A completed record of the short form (see complete.lua) is no claim's.
+    if string.find(v, RECORD_SHORT) then
+      return transitionLost
+    end
+    return 'unknown format'
+  end
+  if tok ~= token then
+    return transitionLost
+  end
+  if st == 'R' then
+    return transitionDone
+  end
+  if st ~= 'P' then
+    return transitionLost
+  end
+  if hdr < #v then
+    redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', fp) .. string.sub(v, hdr + 1), 'KEEPTTL')
+  else
+    redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', ''), 'PX', keep)
+  end
+  return transitionDone
+end
+
+-- record_extend renews the lease of the claim of token (decimal) on the
+-- record at key, as extend.lua says, to lease milliseconds after now() (a
+-- function that answers Redis's clock in microseconds, called only for a
+-- claim of token), the record kept keep milliseconds: transitionDone,
+-- transitionLost, or why the value at the key is not a record of ours (a
+-- string). extend.lua and batch_extend.lua share it.
+local function record_extend(key, token, lease, keep, now)
+  local v = redis.pcall('GET', key)
+  if not v then
+    return transitionLost
+  end
+  if type(v) ~= 'string' then
+    return 'wrong type'
+  end
+  local _, hdr, st, tok, cnt, rec, _, att, fp = string.find(v, RECORD_LONG)
+  if not st then
+    -- A completed record of the short form (see complete.lua) is no claim's.
+    if string.find(v, RECORD_SHORT) then
+      return transitionLost
+    end
+    return 'unknown format'
+  end
+  if st ~= 'P' or tok ~= token then
+    return transitionLost
+  end
+  redis.call('SET', key,
+    record_head('P', tok, cnt, rec, string.format('%d', now() + lease * 1000), att, fp) .. string.sub(v, hdr + 1),
+    'PX', keep)
+  return transitionDone
 end

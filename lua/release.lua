@@ -14,35 +14,8 @@
 -- checkpoints keeps them, and its fingerprint, for as long as the pending record
 -- would have been kept: the steps they record have happened, so the next claim
 -- of the same request continues from them.
-local key, token = KEYS[1], ARGV[1]
-
-local v = redis.pcall('GET', key)
-if not v then
-  return transitionLost
+local r = record_release(KEYS[1], ARGV[1], ARGV[2])
+if type(r) == 'string' then
+  return {replyNotOurs, r}
 end
-if type(v) ~= 'string' then
-  return {replyNotOurs, 'wrong type'}
-end
-local _, hdr, st, tok, cnt, _, _, _, fp = string.find(v, RECORD_LONG)
-if not st then
-  -- A completed record of the short form (see complete.lua) is no claim's.
-  if string.find(v, RECORD_SHORT) then
-    return transitionLost
-  end
-  return {replyNotOurs, 'unknown format'}
-end
-if tok ~= token then
-  return transitionLost
-end
-if st == 'R' then
-  return transitionDone
-end
-if st ~= 'P' then
-  return transitionLost
-end
-if hdr < #v then
-  redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', fp) .. string.sub(v, hdr + 1), 'KEEPTTL')
-  return transitionDone
-end
-redis.call('SET', key, record_head('R', tok, cnt, '0', '0', '', ''), 'PX', ARGV[2])
-return transitionDone
+return r
