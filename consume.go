@@ -12,111 +12,64 @@ import (
 // whole batch at once (BeginBatch), runs handle for each message it claimed,
 // keeps the batch's leases alive while the handlers run, stores or releases
 // each outcome, and answers, for each message in the order of msgs, whether
-// to acknowledge it and why.
+// to acknowledge it and why. docs/consumers.md says how it goes about each
+// step, what a crash or an outage leaves, and what a batch costs.
 //
 // key gives a message's key (its id, or the producer's idempotency key).
 // For each message:
 //
 //   - its key claimed: handle runs, its context carrying the Claim
 //     (ClaimFromContext: fencing token, Recovered, Checkpoints). A nil error
-//     completes the key (nothing is stored but the fact), and so does a Final
-//     error, stored for the Keeper's error retention: both are acknowledged
-//     (MessageHandled). Any other error releases the key, so that a
-//     redelivery runs handle again, and is not acknowledged (MessageRetry).
-//     A panic releases the key and the keys not yet run, settles the others,
-//     and panics again in Consume's caller.
-//   - handled before (a redelivery, a duplicate from the producer): handle
-//     does not run; acknowledged (MessageReplayed). A message handled
-//     within the marker retention is known by its marker, a few bytes in
-//     Redis, after its record has gone (see WithMarkerRetention).
-//   - its key earlier in the batch: handle does not run; acknowledged when
-//     the first one is (MessageDuplicate).
-//   - held by another consumer, the store unreachable, the lease lost: not
-//     acknowledged, so that it comes again (MessageRetry).
-//   - an invalid key, a fingerprint mismatch, a corrupt record: not
-//     acknowledged, and a redelivery will be answered the same: send it to a
-//     dead-letter queue (MessageRejected).
+//     completes the key, and so does a Final error, stored for the Keeper's
+//     error retention: MessageHandled, acknowledged. Any other error
+//     releases the key, so that a redelivery runs handle again:
+//     MessageRetry. A panic releases the key and the keys not yet run,
+//     settles the others, and panics again in Consume's caller.
+//   - handled before (a redelivery, a producer's duplicate): handle does not
+//     run; MessageReplayed, acknowledged. A message handled within the
+//     marker retention (WithMarkerRetention) is known by its marker.
+//   - its key earlier in the batch: handle does not run; MessageDuplicate,
+//     acknowledged when the first one is.
+//   - held by another consumer, the store unreachable, the lease lost:
+//     MessageRetry, not acknowledged, so that it comes again.
+//   - an invalid key, a fingerprint mismatch, a corrupt record:
+//     MessageRejected, not acknowledged, and a redelivery is answered the
+//     same: dead-letter it.
 //
-// The handlers run one after another in the order of msgs, or, with
-// WithConcurrency(n), up to n at once, started in that order. The outcomes
-// of the handlers are stored as they return, within the settle window
-// (WithSettleWindow: 10 ms after the first unstored one returned, or as
-// soon as 128 have, whichever comes first), each time in one call to the
-// store (one pipeline per Redis node) while the other handlers go on: the
-// successes completed, the failures released. Every third of the lease,
-// one ExtendBatch renews the leases of the messages not yet settled. What
-// is left is stored when the last handler returns. A batch whose handlers
-// all return within the window thus costs two round trips per Redis node:
-// the claim and the completion, when they are fewer than the window's
-// count.
+// The handlers run one after another in the order of msgs, or up to n at
+// once with WithConcurrency(n), started in that order. Their outcomes are
+// stored as they return, within the settle window (WithSettleWindow), while
+// the other handlers go on, and the leases of the messages not yet settled
+// are renewed every third of the lease. A storing that Redis cannot take
+// (ErrUnavailable) is tried again until the claim's lease, by this
+// process's clock, is about to run out, and for at most a lease after the
+// last handler returned: an outage shorter than half a lease loses no
+// outcome. A handler's context is cancelled, with a cause wrapping
+// ErrLeaseLost, when its lease is found lost or runs out by this process's
+// clock, and its outcome is not stored. Once ctx is done no handler
+// starts and the claims not run are released; the handlers running finish
+// and their outcomes are stored.
 //
-// A storing the store cannot take for want of it (ErrUnavailable: Redis
-// unreachable, a failover, a full Redis), whether within the window or
-// when the last handler returned, is tried again with backoff (10 ms, then
-// twice as long each time, up to a tenth of the lease and at most 1 s),
-// the renewals going on meanwhile, until the claim's lease, by this
-// process's clock, has less than a twentieth of it left (at most 100 ms),
-// and for no longer than a lease after the last handler returned: an
-// outage shorter than half a lease loses no outcome. Only then is such a
-// message MessageRetry, its error wrapping ErrUnavailable. Every try is
-// told to the Observer. A storing sent again after its reply was lost is
-// answered as the first was. A completion that Redis took but too few
-// replicas acknowledged (ErrNotReplicated) is not tried again once the
-// last handler has returned.
+// A process that dies mid-batch leaves the keys it had not settled pending:
+// once their lease has run out, their redelivery takes them over and runs
+// them again, told Claim.Recovered. Those are the handlers that were
+// running, those not yet started, and those that returned within the settle
+// window before the death or whose storing waited for an unreachable Redis.
 //
-// A process that dies mid-batch leaves the keys it had not settled
-// pending; their redelivery, once the lease has run out, takes them over
-// (Claim.Recovered, with the checkpoints recorded) and runs their handlers
-// again. Those are the handlers that were running, the ones not yet
-// started, and the ones that returned within the settle window before the
-// death (at most the window's count, plus those of one store call under
-// way), and those whose storing waited for an unreachable Redis: every
-// message handled longer ago than that is answered MessageReplayed. A
-// handler with side effects outside Redis checks, on Recovered, whether its
-// effect is already there (see docs/consumers.md).
+// With WithWait(d), a message whose key another consumer holds is claimed
+// again, with backoff, for up to d once the other messages are settled:
+// MessageReplayed when the holder completes, run here when it releases the
+// key or its lease runs out. The Keeper's own WithWait does not apply.
 //
-// With WithWait(d), a message whose key another consumer holds (its lease
-// alive) is claimed again, with backoff, once the other messages are
-// settled, until d has passed since then: when the holder completes, it is
-// MessageReplayed; when the holder releases the key or its lease runs out,
-// its handler runs here. The Keeper's own WithWait does not apply: a batch
-// waits only when its call says so, since its answers wait with it.
-//
-// On a RedisStore the claims are compact (see WithCompactClaims): a claim of
-// a key that has no record is an entry in an index (its layout: format.go),
-// and a message handled without error leaves a marker, about 22 bytes of
-// Redis memory (the index sizes itself as it fills), kept for the marker
-// retention (WithMarkerRetention; by default 7 days, DefaultMarkerRetention),
-// where a record costs more than a hundred. The claims of one batch share one
-// lease. A handler that records a Checkpoint, or whose outcome is a Final
-// error, moves its claim to a record of its own. WithoutMarkers on the Keeper
-// keeps every claim in a record.
-//
-// A holder knows its own lease: a claim whose answer came after its lease
-// ran out, by this process's clock, never starts its handler
-// (MessageRetry); one with less than a third of it left is renewed before
-// any handler starts. A handler's context is cancelled, with a cause
-// wrapping ErrLeaseLost, when the renewals find its lease lost, or when its
-// lease runs out by this process's clock before a renewal got through,
-// whatever a renewal in flight is doing; no renewal waits longer than the
-// lease left, and one that fails is tried again within a third of what is
-// left. The outcome of a handler whose lease was lost is not stored. The
-// caller's cancellation reaches the handlers' contexts; once ctx is done no
-// further handler starts, and the claims not run are released. The leases
-// are renewed, and the outcomes stored, whatever happens to ctx, until the
-// handlers have returned; once ctx is done, the tries of the last storing
-// go on for at most 5 s.
-//
-// Options that apply: WithConcurrency (1), WithFingerprints (none),
-// WithLease (the Keeper's lease), the lease of this call's claims,
-// WithSettleWindow (10 ms, 128) and WithWait (0: no waiting). The error is
-// nil when something was done. It is non-nil, with nil results, for a nil
-// key or handle, an option that does not apply or does not fit
+// Options that apply, and their defaults: WithConcurrency (1),
+// WithFingerprints (none), WithLease (the Keeper's lease), WithSettleWindow
+// (10 ms, 128) and WithWait (0: no waiting). The error is nil when
+// something was done. It is non-nil, with nil results, for a nil key or
+// handle, an option that does not apply or does not fit
 // (ErrInvalidConfig), or ctx already done. When no message's claim reached
-// the store (every key sent to it was answered ErrUnavailable), every
-// result is still returned, each such message MessageRetry, and the error
-// wraps ErrUnavailable and the first cause: a loop that reads it backs off
-// instead of spinning.
+// the store, every result is still returned, each MessageRetry, and the
+// error wraps ErrUnavailable and the first cause: back off before the next
+// batch.
 func Consume[M any](ctx context.Context, k *Keeper, scope string, msgs []M, key func(M) string, handle func(ctx context.Context, msg M) error, opts ...Option) ([]MessageResult, error) {
 	if key == nil || handle == nil {
 		return nil, fmt.Errorf("%w: Consume needs a key function and a handler", ErrInvalidConfig)

@@ -12,11 +12,9 @@ import (
 // until stop is called, and returns a context derived from ctx for the
 // operation, which carries c (ClaimFromContext).
 //
-// Renewals go on until stop, whatever happens to ctx: a caller that gives up
-// (a client timeout) does not end an operation that goes on, so its lease
-// must not end either, or a retry would take the key over and run the
-// operation a second time while the first still runs. They carry ctx's
-// values, not its cancellation. The operation's context still carries ctx's
+// Renewals go on until stop, whatever happens to ctx (a caller that gave
+// up does not end an operation that goes on, nor its lease): they carry
+// ctx's values, not its cancellation. The operation's context carries ctx's
 // cancellation, for the operation to honour if it can.
 //
 // The claim knows its own lease: the lease end, by the Keeper's clock
@@ -46,12 +44,6 @@ import (
 // lost, else nil; it may be called again, and returns the same. Call stop
 // exactly when the operation has returned; until then the key stays held,
 // for as long as the process lives and its renewals get through.
-//
-// An operation shorter than a third of the lease (most of them) costs no
-// goroutine, no timer of its own and no renewal: the renewals of a Keeper's
-// claims are due in the order they were asked for, and wait in one queue
-// with one timer (renewalQueue). A renewal runs on a goroutine of its own,
-// with a timer for its deadline.
 //
 // On a nil Claim (ClaimFromContext where no claim was made) KeepAlive
 // renews nothing: it returns a context already cancelled with a cause
