@@ -210,12 +210,13 @@ local function record_reply(code, key, v, head, t)
   return {code, head, redis.call('PTTL', key), #v - #head, string.sub(v, #head + 1, #head + 2), t[1], t[2]}
 end
 
--- record_release gives up the claim of token (decimal) on the record at
--- key, as release.lua says, a released record without checkpoints kept keep
--- milliseconds: transitionDone (released, or released before by token),
--- transitionLost, or why the value at the key is not a record of ours (a
--- string). release.lua and batch_release.lua share it.
-local function record_release(key, token, keep)
+-- record_read reads the record at key for a transition of a claim: its
+-- value and what RECORD_LONG reads of it (the header's end, state, token,
+-- attempt count, recovered flag, attempt id and fingerprint); or, when
+-- there is no claim's record at key, transitionLost (none, or a completed
+-- record of the short form, which no claim holds) or why the value is not
+-- a record of ours (a string).
+local function record_read(key)
   local v = redis.pcall('GET', key)
   if not v then
     return transitionLost
@@ -223,13 +224,25 @@ local function record_release(key, token, keep)
   if type(v) ~= 'string' then
     return 'wrong type'
   end
-  local _, hdr, st, tok, cnt, _, _, _, fp = string.find(v, RECORD_LONG)
+  local _, hdr, st, tok, cnt, rec, _, att, fp = string.find(v, RECORD_LONG)
   if not st then
-    -- A completed record of the short form (see complete.lua) is no claim's.
     if string.find(v, RECORD_SHORT) then
       return transitionLost
     end
     return 'unknown format'
+  end
+  return v, hdr, st, tok, cnt, rec, att, fp
+end
+
+-- record_release gives up the claim of token (decimal) on the record at
+-- key, as release.lua says, a released record without checkpoints kept keep
+-- milliseconds: transitionDone (released, or released before by token),
+-- transitionLost, or why the value at the key is not a record of ours (a
+-- string). release.lua and batch_release.lua share it.
+local function record_release(key, token, keep)
+  local v, hdr, st, tok, cnt, _, _, fp = record_read(key)
+  if not hdr then
+    return v
   end
   if tok ~= token then
     return transitionLost
@@ -255,20 +268,9 @@ end
 -- transitionLost, or why the value at the key is not a record of ours (a
 -- string). extend.lua and batch_extend.lua share it.
 local function record_extend(key, token, lease, keep, now)
-  local v = redis.pcall('GET', key)
-  if not v then
-    return transitionLost
-  end
-  if type(v) ~= 'string' then
-    return 'wrong type'
-  end
-  local _, hdr, st, tok, cnt, rec, _, att, fp = string.find(v, RECORD_LONG)
-  if not st then
-    -- A completed record of the short form (see complete.lua) is no claim's.
-    if string.find(v, RECORD_SHORT) then
-      return transitionLost
-    end
-    return 'unknown format'
+  local v, hdr, st, tok, cnt, rec, att, fp = record_read(key)
+  if not hdr then
+    return v
   end
   if st ~= 'P' or tok ~= token then
     return transitionLost
