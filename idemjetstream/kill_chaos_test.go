@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -115,21 +114,7 @@ type chaosProc struct {
 
 func startChaosWorker(t *testing.T, natsURL, redisAddr, name, log string) *chaosProc {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{cmd: exec.Command(exe, "-test.run=^$"), done: make(chan struct{}), out: &strings.Builder{}}
-	w.cmd.Env = append(os.Environ(), "IDEMJS_WORKER=chaos", "IDEMJS_NATS="+natsURL, "IDEMJS_REDIS="+redisAddr, "IDEMJS_LOG="+log)
-	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out
-	if err := proc.Start(w.cmd); err != nil {
-		t.Fatal(err)
-	}
-	go func() { w.err = w.cmd.Wait(); close(w.done) }()
-	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		<-w.done
-	})
+	w := proc.StartWorker(t, "IDEMJS_WORKER=chaos", "IDEMJS_NATS="+natsURL, "IDEMJS_REDIS="+redisAddr, "IDEMJS_LOG="+log)
 	return &chaosProc{worker: w, name: name, log: log}
 }
 
@@ -142,7 +127,7 @@ func stopMidHandler(t *testing.T, w *chaosProc, deadline time.Time) []runlog.Run
 		if time.Now().After(deadline) {
 			t.Fatalf("worker %s was never stopped mid-handler", w.name)
 		}
-		if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := w.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		under, err := runlog.Unfinished(w.log)
@@ -152,7 +137,7 @@ func stopMidHandler(t *testing.T, w *chaosProc, deadline time.Time) []runlog.Run
 		if len(under) > 0 {
 			return under
 		}
-		if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		if err := w.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Millisecond)
@@ -208,8 +193,8 @@ func TestKillOutagePause(t *testing.T) {
 		t.Helper()
 		for _, w := range workers {
 			select {
-			case <-w.done:
-				t.Fatalf("worker %s exited: %v\n%s", w.name, w.err, w.out)
+			case <-w.Done:
+				t.Fatalf("worker %s exited: %v\n%s", w.name, w.Err, w.Out)
 			default:
 			}
 		}
@@ -236,10 +221,10 @@ func TestKillOutagePause(t *testing.T) {
 	// A SIGKILL mid-handler, and another worker started in its place.
 	waitRuns(chaosMessages / 10)
 	killed := stopMidHandler(t, workers[0], deadline)
-	if err := workers[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := workers[0].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-workers[0].done
+	<-workers[0].Done
 	workers[0] = start("w3")
 
 	// The redis-server killed, and started again on its AOF: first after
@@ -258,7 +243,7 @@ func TestKillOutagePause(t *testing.T) {
 	waitRuns((2 + len(outages)) * chaosMessages / 10)
 	stopped := stopMidHandler(t, workers[1], deadline)
 	time.Sleep(pause)
-	if err := workers[1].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := workers[1].Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 
@@ -281,13 +266,13 @@ func TestKillOutagePause(t *testing.T) {
 	// the steps the Observer was told Redis did not answer.
 	refused, told, unavailable := 0, 0, 0
 	for _, w := range workers {
-		_ = w.cmd.Process.Signal(syscall.SIGTERM)
-		if <-w.done; w.err != nil {
-			t.Errorf("worker %s did not stop cleanly on SIGTERM: %v\n%s", w.name, w.err, w.out)
+		_ = w.Cmd.Process.Signal(syscall.SIGTERM)
+		if <-w.Done; w.Err != nil {
+			t.Errorf("worker %s did not stop cleanly on SIGTERM: %v\n%s", w.name, w.Err, w.Out)
 		}
-		refused += strings.Count(w.out.String(), "connection refused")
-		told += strings.Count(w.out.String(), "worker: told:")
-		unavailable += strings.Count(w.out.String(), "worker: unavailable:")
+		refused += strings.Count(w.Out.String(), "connection refused")
+		told += strings.Count(w.Out.String(), "worker: told:")
+		unavailable += strings.Count(w.Out.String(), "worker: unavailable:")
 	}
 
 	l, err := runlog.Read(logs...)

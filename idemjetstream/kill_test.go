@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -120,32 +118,12 @@ func killWorker() int {
 }
 
 // worker is a running worker process.
-type worker struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited, err set
-	err  error
-	out  *strings.Builder
-}
+type worker = proc.Worker
 
 func startWorker(t *testing.T, natsURL, redisAddr string, victim bool) *worker {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{cmd: exec.Command(exe, "-test.run=^$"), done: make(chan struct{}), out: &strings.Builder{}}
-	w.cmd.Env = append(os.Environ(), "IDEMJS_WORKER=1", "IDEMJS_NATS="+natsURL, "IDEMJS_REDIS="+redisAddr,
+	return proc.StartWorker(t, "IDEMJS_WORKER=1", "IDEMJS_NATS="+natsURL, "IDEMJS_REDIS="+redisAddr,
 		"IDEMJS_VICTIM="+map[bool]string{true: "1", false: "0"}[victim])
-	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out
-	if err := proc.Start(w.cmd); err != nil {
-		t.Fatal(err)
-	}
-	go func() { w.err = w.cmd.Wait(); close(w.done) }()
-	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		<-w.done
-	})
-	return w
 }
 
 func TestKillAWorkerMidBatch(t *testing.T) {
@@ -180,16 +158,16 @@ func TestKillAWorkerMidBatch(t *testing.T) {
 	// Kill the victim once its handler has blocked in the middle of a batch.
 	for rc.Exists(ctx, keyInside).Val() == 0 {
 		select {
-		case <-victim.done:
-			t.Fatalf("the victim exited before it was killed: %v\n%s", victim.err, victim.out)
+		case <-victim.Done:
+			t.Fatalf("the victim exited before it was killed: %v\n%s", victim.Err, victim.Out)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := victim.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	<-victim.done
+	<-victim.Done
 	held, err := rc.ZRevRangeWithScores(ctx, keyVictimSeq, 0, 0).Result()
 	if err != nil || len(held) != 1 {
 		t.Fatalf("the victim's stream sequences: %v %v", held, err)
@@ -226,9 +204,9 @@ func TestKillAWorkerMidBatch(t *testing.T) {
 	}
 	took := time.Since(started)
 	for _, w := range survivors {
-		_ = w.cmd.Process.Signal(syscall.SIGTERM)
-		if <-w.done; w.err != nil {
-			t.Errorf("a survivor did not stop cleanly on SIGTERM: %v\n%s", w.err, w.out)
+		_ = w.Cmd.Process.Signal(syscall.SIGTERM)
+		if <-w.Done; w.Err != nil {
+			t.Errorf("a survivor did not stop cleanly on SIGTERM: %v\n%s", w.Err, w.Out)
 		}
 	}
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -134,30 +133,12 @@ func killWorker(name string) int {
 // worker is a running worker process.
 type worker struct {
 	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited, err set
-	err  error
-	out  *strings.Builder // read only once done is closed
+	*proc.Worker
 }
 
 func startWorker(t *testing.T, name, brokers, redisAddr string) *worker {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{name: name, cmd: exec.Command(exe, "-test.run=^$"), done: make(chan struct{}), out: &strings.Builder{}}
-	w.cmd.Env = append(os.Environ(), "IDEMKAFKA_WORKER="+name, "IDEMKAFKA_BROKERS="+brokers, "IDEMKAFKA_REDIS="+redisAddr)
-	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out
-	if err := proc.Start(w.cmd); err != nil {
-		t.Fatal(err)
-	}
-	go func() { w.err = w.cmd.Wait(); close(w.done) }()
-	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		<-w.done
-	})
-	return w
+	return &worker{name, proc.StartWorker(t, "IDEMKAFKA_WORKER="+name, "IDEMKAFKA_BROKERS="+brokers, "IDEMKAFKA_REDIS="+redisAddr)}
 }
 
 // running fails t if one of ws has exited.
@@ -165,8 +146,8 @@ func running(t *testing.T, ws ...*worker) {
 	t.Helper()
 	for _, w := range ws {
 		select {
-		case <-w.done:
-			t.Fatalf("worker %s exited: %v\n%s", w.name, w.err, w.out)
+		case <-w.Done:
+			t.Fatalf("worker %s exited: %v\n%s", w.name, w.Err, w.Out)
 		default:
 		}
 	}
@@ -199,11 +180,11 @@ func TestKillAWorkerMidBatch(t *testing.T) {
 		running(t, append(ws, victim)...)
 		return rc.Exists(ctx, keyInside).Val() == 1
 	})
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := victim.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	<-victim.done
+	<-victim.Done
 	at, err := rc.ZRangeWithScores(ctx, keyVictimAt, 0, -1).Result()
 	if err != nil || len(at) == 0 {
 		t.Fatalf("the victim's partitions: %v %v", at, err)
@@ -242,13 +223,13 @@ func TestKillAWorkerMidBatch(t *testing.T) {
 	})
 	took := time.Since(began)
 	for _, w := range ws {
-		_ = w.cmd.Process.Signal(syscall.SIGTERM)
+		_ = w.Cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, w := range ws {
 		select {
-		case <-w.done:
-			if w.err != nil {
-				t.Errorf("worker %s did not stop cleanly on SIGTERM: %v\n%s", w.name, w.err, w.out)
+		case <-w.Done:
+			if w.Err != nil {
+				t.Errorf("worker %s did not stop cleanly on SIGTERM: %v\n%s", w.name, w.Err, w.Out)
 			}
 		case <-time.After(killWait):
 			t.Fatalf("worker %s did not stop within %s of SIGTERM", w.name, killWait)
