@@ -4,8 +4,16 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"testing"
 )
+
+// TB is what StartWorker needs of a test (testing.TB has it), named here
+// so that the commands that start servers through this package do not
+// link the testing package.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
 
 // Worker is the running test binary started again as a worker process of a
 // test (a kill test's consumer): StartWorker starts it, and the test's
@@ -24,7 +32,7 @@ type Worker struct {
 // which reads env, runs the worker instead. It starts it with Start (it
 // dies with this process), and stops it, if it still runs, in tb's
 // Cleanup.
-func StartWorker(tb testing.TB, env ...string) *Worker {
+func StartWorker(tb TB, env ...string) *Worker {
 	tb.Helper()
 	exe, err := os.Executable()
 	if err != nil {
