@@ -58,6 +58,11 @@ func (k *Keeper) abandon(ctx context.Context, scope, key string, token int64) (R
 	if err := k.placementReady(ctx, false); err != nil {
 		return Record{}, storeError(ctx, "abandon", err)
 	}
-	r, err := k.store.Abandon(ctx, k.RecordID(scope, key), token)
+	return k.abandonID(ctx, k.RecordID(scope, key), token)
+}
+
+// abandonID ends the lease of token on the record id; see Abandon.
+func (k *Keeper) abandonID(ctx context.Context, id string, token int64) (Record, error) {
+	r, err := k.store.Abandon(ctx, id, token)
 	return r, storeError(ctx, "abandon", err)
 }

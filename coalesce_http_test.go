@@ -24,11 +24,9 @@ func TestCoalescingBehindTheMiddleware(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		cnt := &redistest.Counter{}
 		b.Client.AddHook(cnt)
-		s, err := idem.NewRedisStore(b.Client)
+		k, err := idem.NewRedis(b.Client, idem.WithCoalescing(true))
 		require.NoError(t, err)
-		k, err := idem.New(s, idem.WithCoalescing(true))
-		require.NoError(t, err)
-		require.NoError(t, s.LoadScripts(context.Background()), "the scripts, and the prefix's record for k")
+		require.NoError(t, k.LoadScripts(context.Background()), "the scripts, and the prefix's record for k")
 		mw, err := idemhttp.New(k, idemhttp.WithWait(time.Minute))
 		require.NoError(t, err)
 		const n = 30

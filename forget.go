@@ -150,7 +150,12 @@ func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, for
 	if err := k.placementReady(ctx, false); err != nil {
 		return Record{}, storeError(ctx, "forget", err)
 	}
-	id := k.RecordID(scope, key)
+	return k.forgetID(ctx, k.RecordID(scope, key), token, force)
+}
+
+// forgetID removes the record id of token, or of the token it reads first
+// when token is 0.
+func (k *Keeper) forgetID(ctx context.Context, id string, token int64, force bool) (Record, error) {
 	if token == 0 {
 		r, err := k.store.Inspect(ctx, id)
 		if err != nil || r.State == StateAbsent {

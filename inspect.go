@@ -203,6 +203,11 @@ func (k *Keeper) inspect(ctx context.Context, scope, key string) (Record, error)
 	if err := k.placementReady(ctx, false); err != nil {
 		return Record{}, storeError(ctx, "inspect", err)
 	}
-	r, err := k.store.Inspect(ctx, k.RecordID(scope, key))
+	return k.inspectID(ctx, k.RecordID(scope, key))
+}
+
+// inspectID reads the record id; see Inspect.
+func (k *Keeper) inspectID(ctx context.Context, id string) (Record, error) {
+	r, err := k.store.Inspect(ctx, id)
 	return r, storeError(ctx, "inspect", err)
 }

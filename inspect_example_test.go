@@ -59,15 +59,14 @@ func ExampleKeeper_Forget() {
 }
 
 // Scan lists the operations in progress, or abandoned by a crashed process.
-func ExampleRedisStore_Scan() {
+func ExampleKeeper_Scan() {
 	client, done := newClient()
 	defer done()
-	store, _ := idem.NewRedisStore(client)
-	keeper, _ := idem.New(store)
+	keeper, _ := idem.NewRedis(client)
 	ctx := context.Background()
 	_, _ = keeper.Begin(ctx, "tenant-42", "order-1003")
 
-	for rec, err := range store.Scan(ctx, idem.ScanOptions{State: idem.StatePending}) {
+	for rec, err := range keeper.Scan(ctx, idem.ScanOptions{State: idem.StatePending}) {
 		if err != nil {
 			fmt.Println(err)
 			continue

@@ -23,9 +23,9 @@ var (
 	//go:embed lua/batch_extend.lua
 	batchExtendBody string
 
-	batchCompleteScript = newLuaScript(batchCompleteBody)
-	batchReleaseScript  = newLuaScript(batchReleaseBody)
-	batchExtendScript   = newLuaScript(batchExtendBody)
+	batchCompleteScript = newLuaScript("batch_complete", batchCompleteBody)
+	batchReleaseScript  = newLuaScript("batch_release", batchReleaseBody)
+	batchExtendScript   = newLuaScript("batch_extend", batchExtendBody)
 )
 
 var _ Store = (*RedisStore)(nil)

@@ -13,7 +13,7 @@ import (
 var (
 	//go:embed lua/checkpoint.lua
 	checkpointBody   string
-	checkpointScript = newLuaScript(checkpointBody)
+	checkpointScript = newLuaScript("checkpoint", checkpointBody)
 )
 
 // Checkpoint implements Store: one script, one round trip. With

@@ -94,53 +94,8 @@ func (e *EvictionError) Is(target error) bool {
 // Unwrap returns Err.
 func (e *EvictionError) Unwrap() error { return e.Err }
 
-// CheckEviction reads maxmemory-policy and maxmemory (CONFIG GET maxmemory*)
-// from every Redis server the store writes to: the server a *redis.Client or
-// *redis.Conn reaches, every master of a *redis.ClusterClient, every live
-// shard of a *redis.Ring. Through a client that reaches one server it also
-// reads cluster-enabled, to tell a Cluster node whose other masters it cannot
-// see. Call it once when the process starts. It returns:
-//
-//   - nil when every server has maxmemory-policy noeviction. A full Redis then
-//     refuses writes instead of dropping records: a claim fails with
-//     ErrUnavailable and its operation does not run, and completed keys are
-//     still replayed. An operation whose result is refused after it ran (Do
-//     returns its value with ErrUnavailable) leaves its key pending, as a
-//     crashed process would: retries get ErrInProgress until the lease runs
-//     out, then take the key over with Claim.Recovered set.
-//   - an *EvictionError matching ErrEvictionPolicy when a server has any other
-//     policy. It is reported whatever maxmemory is, 0 (no limit) included,
-//     because maxmemory can be set at run time (CONFIG SET, a managed
-//     service's defaults); MaxMemory says what it is now, for the caller to
-//     judge.
-//   - an *EvictionError matching ErrEvictionUnchecked when the policy could not
-//     be read: CONFIG refused, renamed or unknown (managed services, ACLs,
-//     miniredis), a client that cannot send CONFIG GET, or a Cluster node
-//     reached through a client that is not a *redis.ClusterClient (such as an
-//     AutoPipeliner on one: call CheckEviction on a store made on the
-//     ClusterClient itself).
-//   - an error matching ErrUnavailable when a server could not be reached.
-//
-// When several servers fail the check the error is an errors.Join of their
-// errors, ordered by address: errors.Is tests them all, errors.As finds the
-// first *EvictionError. A Ring shard that the Ring holds down is skipped, as
-// it is for commands. Replicas are not checked: give them the same setting,
-// since a promoted replica evicts by its own policy.
-//
-// The caller chooses what to do. Refuse to start:
-//
-//	if err := store.CheckEviction(ctx); err != nil {
-//		log.Fatalf("idem: %v", err)
-//	}
-//
-// or refuse only a known evicting policy and warn otherwise:
-//
-//	switch err := store.CheckEviction(ctx); {
-//	case errors.Is(err, idem.ErrEvictionPolicy):
-//		log.Fatalf("idem: %v", err) // Redis may drop records: operations could run twice
-//	case err != nil:
-//		log.Printf("idem: warning: %v", err) // CONFIG refused, or Redis unreachable
-//	}
+// CheckEviction checks the eviction policy of the store's servers; see
+// Keeper.CheckEviction.
 func (s *RedisStore) CheckEviction(ctx context.Context) error {
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
@@ -257,4 +212,59 @@ func clientAddr(c any) string {
 		}
 	}
 	return ""
+}
+
+// CheckEviction reads maxmemory-policy and maxmemory (CONFIG GET maxmemory*)
+// from every Redis server the Keeper writes to: the server a *redis.Client or
+// *redis.Conn reaches, every master of a *redis.ClusterClient, every live
+// shard of a *redis.Ring. Through a client that reaches one server it also
+// reads cluster-enabled, to tell a Cluster node whose other masters it cannot
+// see. Call it once when the process starts. It returns:
+//
+//   - nil when every server has maxmemory-policy noeviction. A full Redis then
+//     refuses writes instead of dropping records: a claim fails with
+//     ErrUnavailable and its operation does not run, and completed keys are
+//     still replayed. An operation whose result is refused after it ran (Do
+//     returns its value with ErrUnavailable) leaves its key pending, as a
+//     crashed process would: retries get ErrInProgress until the lease runs
+//     out, then take the key over with Claim.Recovered set.
+//   - an *EvictionError matching ErrEvictionPolicy when a server has any other
+//     policy. It is reported whatever maxmemory is, 0 (no limit) included,
+//     because maxmemory can be set at run time (CONFIG SET, a managed
+//     service's defaults); MaxMemory says what it is now, for the caller to
+//     judge.
+//   - an *EvictionError matching ErrEvictionUnchecked when the policy could not
+//     be read: CONFIG refused, renamed or unknown (managed services, ACLs,
+//     miniredis), a client that cannot send CONFIG GET, or a Cluster node
+//     reached through a client that is not a *redis.ClusterClient (such as an
+//     AutoPipeliner on one: make the Keeper on the
+//     ClusterClient itself).
+//   - an error matching ErrUnavailable when a server could not be reached.
+//
+// When several servers fail the check the error is an errors.Join of their
+// errors, ordered by address: errors.Is tests them all, errors.As finds the
+// first *EvictionError. A Ring shard that the Ring holds down is skipped, as
+// it is for commands. Replicas are not checked: give them the same setting,
+// since a promoted replica evicts by its own policy.
+//
+// The caller chooses what to do. Refuse to start:
+//
+//	if err := keeper.CheckEviction(ctx); err != nil {
+//		log.Fatalf("idem: %v", err)
+//	}
+//
+// or refuse only a known evicting policy and warn otherwise:
+//
+//	switch err := keeper.CheckEviction(ctx); {
+//	case errors.Is(err, idem.ErrEvictionPolicy):
+//		log.Fatalf("idem: %v", err) // Redis may drop records: operations could run twice
+//	case err != nil:
+//		log.Printf("idem: warning: %v", err) // CONFIG refused, or Redis unreachable
+//	}
+func (k *Keeper) CheckEviction(ctx context.Context) error {
+	rs, err := k.redisStore("CheckEviction")
+	if err != nil {
+		return err
+	}
+	return rs.CheckEviction(ctx)
 }

@@ -15,19 +15,19 @@ import (
 var (
 	//go:embed lua/inspect.lua
 	inspectBody   string
-	inspectScript = newLuaScript(inspectBody)
+	inspectScript = newLuaScript("inspect", inspectBody)
 )
 
 var (
 	//go:embed lua/forget.lua
 	forgetBody   string
-	forgetScript = newLuaScript(forgetBody)
+	forgetScript = newLuaScript("forget", forgetBody)
 )
 
 var (
 	//go:embed lua/abandon.lua
 	abandonBody   string
-	abandonScript = newLuaScript(abandonBody)
+	abandonScript = newLuaScript("abandon", abandonBody)
 )
 
 // Inspect implements Store with one read-only script, one round trip.

@@ -23,7 +23,7 @@ import (
 var (
 	//go:embed lua/prefix.lua
 	prefixBody   string
-	prefixScript = newLuaScript(prefixBody)
+	prefixScript = newLuaScript("prefix", prefixBody)
 )
 
 // prefixRecordKey is where the record of prefix is kept.

@@ -30,40 +30,12 @@ type ScanOptions struct {
 	// PrefixMatch, when set, is a Redis glob pattern that stands in for the
 	// store's prefix, such as "idem-demo:*:" for the records of every
 	// prefix it matches; each Record's Key shows its own prefix, and only a
-	// store with that prefix can Inspect or Forget it by ID. It may not
+	// Keeper with that prefix can inspect or forget it by ID. It may not
 	// contain '{' or '}'. Default: the store's prefix, matched exactly.
 	PrefixMatch string
 }
 
-// Scan lists the records of the store, read as Inspect reads them, with
-// Redis's SCAN: on the server a *redis.Client or *redis.Conn reaches, on
-// every master of a *redis.ClusterClient, on every shard of a *redis.Ring,
-// one server after the other. It never holds more than one batch of records
-// in memory, and each call to Redis is bounded: one SCAN with COUNT Batch,
-// then one pipeline of at most Batch read-only scripts. It is meant for
-// operators and tools: SCAN walks the whole keyspace of each server, so a
-// large Redis takes many round trips to list.
-//
-// Records are ids and Redis keys: the raw client keys are not stored.
-// After the records of a server come its compact claims and markers (see
-// WithCompactClaims and WithMarkerRetention): the index keeps each by 56
-// bits of its id's digest, not the whole id, so they are listed by the call
-// that made them, one Record with Compact set for each state its claims are
-// in, ID empty, Key the call record's key and Claims their number.
-// As with SCAN, a record that is created or removed while the listing runs
-// may or may not be listed, and one may be listed twice if Redis resizes its
-// keyspace meanwhile; a record being moved between Cluster nodes may be
-// missed or reported with a MOVED or ASK error.
-//
-// Each step yields a Record and nil, or an error:
-//
-//   - for one record that cannot be read (ErrCorrupt, or the error Redis
-//     answered for its key), the Record holds its ID and Key, whatever
-//     State asks for, and the listing goes on if the loop does;
-//   - for the listing itself (ErrInvalidConfig for bad options, ErrUnavailable,
-//     the caller's own cancellation, errors.ErrUnsupported for a client that
-//     cannot list, such as an AutoPipeliner: make the store on the client
-//     itself), the Record is zero and the listing ends.
+// Scan lists the store's records; see Keeper.Scan.
 func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
 	return func(yield func(Record, error) bool) {
 		sc, err := s.newScanner(opts)

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/idemkit/idem/internal/scriptname"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -111,11 +112,13 @@ type luaScript struct {
 // LoadScripts loads, and TestEveryScriptIsLoaded holds to the files of lua/.
 var luaScripts []*luaScript
 
-// newLuaScript is the script of the file body of lua/, sent as luaSource
-// makes it, and added to luaScripts.
-func newLuaScript(body string) *luaScript {
+// newLuaScript is the script of body, the file name.lua of lua/, sent as
+// luaSource makes it, added to luaScripts and named to the tests that watch
+// a script's calls (internal/scriptname).
+func newLuaScript(name, body string) *luaScript {
 	sc := makeLuaScript(body)
 	luaScripts = append(luaScripts, sc)
+	scriptname.Register(sc.Hash(), name)
 	return sc
 }
 

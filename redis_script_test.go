@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/scriptname"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -136,13 +137,19 @@ func TestEveryScriptIsLoaded(t *testing.T) {
 	}
 	made := 0
 	for _, f := range files {
-		if name := filepath.Base(f); name == "format.lua" || name == "lib.lua" {
+		name := filepath.Base(f)
+		if name == "format.lua" || name == "lib.lua" {
 			continue
 		}
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
 		assert.Equal(t, 1, bodies[string(src)], "%s: scripts made of it", f)
 		made++
+		for _, sc := range luaScripts {
+			if sc.body == string(src) {
+				assert.Equal(t, strings.TrimSuffix(name, ".lua"), scriptname.Of([]any{"evalsha", sc.Hash()}), "the name tests know %s by", f)
+			}
+		}
 	}
 	assert.Len(t, luaScripts, made, "a script that is no file of lua/")
 

@@ -26,10 +26,10 @@ var (
 	//go:embed lua/extend.lua
 	extendBody string
 
-	claimScript    = newLuaScript(claimBody)
-	completeScript = newLuaScript(completeBody)
-	releaseScript  = newLuaScript(releaseBody)
-	extendScript   = newLuaScript(extendBody)
+	claimScript    = newLuaScript("claim", claimBody)
+	completeScript = newLuaScript("complete", completeBody)
+	releaseScript  = newLuaScript("release", releaseBody)
+	extendScript   = newLuaScript("extend", extendBody)
 )
 
 // The go-redis clients RedisStore works with.
@@ -449,23 +449,8 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 	return m.v
 }
 
-// LoadScripts loads every script into the script cache of the server the
-// client reaches; a ClusterClient loads them on every node it knows. Calling
-// it when the process starts is optional but spares the first calls a
-// fallback, which matters with an AutoPipeliner, where a whole batch of calls
-// would meet NOSCRIPT at once.
-//
-// The store recovers by itself when Redis loses its scripts later (a restart,
-// a failover to a node that never saw them, SCRIPT FLUSH): a call whose
-// EVALSHA is answered NOSCRIPT runs its script once by EVAL, which also loads
-// it again, so the call costs one more round trip and the next ones none. An
-// EVAL that fails is the call's error; nothing is tried a third time.
-//
-// It also reads the prefix's record (see RedisStore), which a store
-// otherwise reads on its first call, and for a store whose Keepers share
-// one WithScopeShards (one made by NewRedis) writes it where there is none:
-// a Keeper of another placement than the prefix's is refused then, with an
-// error that wraps ErrInvalidConfig.
+// LoadScripts loads the scripts and reads the prefix's record; see
+// Keeper.LoadScripts.
 func (s *RedisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range luaScripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
@@ -511,4 +496,25 @@ func isBase64URL(s string) bool {
 		}
 	}
 	return true
+}
+
+// LoadScripts loads the Keeper's scripts into the script cache of the
+// server its client reaches (of every node a ClusterClient knows). Calling
+// it when the process starts is optional but spares the first calls a
+// fallback, which matters with an AutoPipeliner, where a whole batch of
+// calls would meet NOSCRIPT at once. Without it, a call whose EVALSHA is
+// answered NOSCRIPT (a restart, a failover to a node that never saw the
+// scripts, SCRIPT FLUSH) runs its script once by EVAL, which loads it
+// again: one round trip more, once.
+//
+// It also reads the prefix's record, which is otherwise read on the first
+// call, and writes it where there is none: a Keeper of another layout or
+// placement (WithScopeShards) than the prefix's is refused then, with an
+// error that wraps ErrInvalidConfig.
+func (k *Keeper) LoadScripts(ctx context.Context) error {
+	rs, err := k.redisStore("LoadScripts")
+	if err != nil {
+		return err
+	}
+	return rs.LoadScripts(ctx)
 }

@@ -22,8 +22,8 @@ var (
 	v3ClaimBody string
 	//go:embed lua/v3_settle.lua
 	v3SettleBody   string
-	v3ClaimScript  = newLuaScript(v3ClaimBody)
-	v3SettleScript = newLuaScript(v3SettleBody)
+	v3ClaimScript  = newLuaScript("v3_claim", v3ClaimBody)
+	v3SettleScript = newLuaScript("v3_settle", v3SettleBody)
 )
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one

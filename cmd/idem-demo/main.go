@@ -200,11 +200,8 @@ func openRedis(ctx context.Context, url string) (*redis.Client, string, func(), 
 func newKeeper(c *redis.Client, obs idem.Observer) (*idem.Keeper, error) {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
-	store, err := idem.NewRedisStore(c, idem.WithPrefix("idem-demo:"+hex.EncodeToString(id[:])+":"))
-	if err != nil {
-		return nil, err
-	}
-	return idem.New(store, idem.WithRetention(10*time.Minute), idem.WithObserver(obs))
+	return idem.NewRedis(c, idem.WithPrefix("idem-demo:"+hex.EncodeToString(id[:])+":"),
+		idem.WithRetention(10*time.Minute), idem.WithObserver(obs))
 }
 
 func randomSeed() uint64 {

@@ -152,16 +152,9 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if !o.markers {
 			opts = append(opts, idem.WithoutMarkers())
 		}
-		store, err := idem.NewRedisStore(scripter, opts...)
-		if err != nil {
-			return nil, err
-		}
-		opts = []idem.Option{idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce)}
+		opts = append(opts, idem.WithRetention(o.retention), idem.WithCoalescing(o.coalesce))
 		if o.set["scope-shards"] {
 			opts = append(opts, idem.WithScopeShards(o.scopeShards))
-		}
-		if !o.markers {
-			opts = append(opts, idem.WithoutMarkers())
 		}
 		if o.markerRetention > 0 {
 			opts = append(opts, idem.WithMarkerRetention(o.markerRetention))
@@ -169,13 +162,13 @@ func newKeeper(ctx context.Context, o *options, c client) (*idem.Keeper, func(),
 		if o.cache > 0 {
 			opts = append(opts, idem.WithReplayCache(o.cache, int64(o.cache)*int64(o.body+512), o.retention))
 		}
-		k, err := idem.New(store, opts...)
+		k, err := idem.NewRedis(scripter, opts...)
 		if err != nil {
 			return nil, err
 		}
 		// The scripts, and the prefix's record for k: written before the
 		// run, so that it counts none of it.
-		return k, store.LoadScripts(ctx)
+		return k, k.LoadScripts(ctx)
 	}()
 	if err != nil {
 		closeAP()

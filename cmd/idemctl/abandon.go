@@ -49,7 +49,7 @@ func abandonCmd(ctx context.Context, g *globals, args []string, con console) err
 			return err
 		}
 	}
-	after, err := c.store.Abandon(ctx, r.ID, r.Token)
+	after, err := c.keeper.AbandonRecord(ctx, r.ID, r.Token)
 	if err != nil {
 		return err
 	}

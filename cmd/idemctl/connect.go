@@ -12,16 +12,14 @@ import (
 // defaultRedis is the Redis used without -redis or -cluster.
 const defaultRedis = "redis://127.0.0.1:6379/0"
 
-// conn is an open Redis and the store on it.
+// conn is an open Redis and a Keeper on it.
 type conn struct {
 	client redis.UniversalClient
-	store  *idem.RedisStore
 	keeper *idem.Keeper
 }
 
-// connect opens the Redis the flags name, with a store under prefix, laid
-// out for the marker scale of -marker-scale or, without it, the one the
-// prefix's index records (the default scale when there is no index).
+// connect opens the Redis the flags name, with a Keeper under prefix, of
+// the placement -scope-shards gives, if given.
 func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 	var client redis.UniversalClient
 	switch {
@@ -40,21 +38,16 @@ func connect(ctx context.Context, g *globals, prefix string) (*conn, error) {
 		}
 		client = redis.NewClient(opt)
 	}
-	store, err := idem.NewRedisStore(client, idem.WithPrefix(prefix))
+	opts := []idem.Option{idem.WithPrefix(prefix)}
+	if g.shardsSet {
+		opts = append(opts, idem.WithScopeShards(g.shards))
+	}
+	keeper, err := idem.NewRedis(client, opts...)
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	var opts []idem.Option
-	if g.shardsSet {
-		opts = append(opts, idem.WithScopeShards(g.shards))
-	}
-	keeper, err := idem.New(store, opts...)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	return &conn{client: client, store: store, keeper: keeper}, nil
+	return &conn{client: client, keeper: keeper}, nil
 }
 
 func (c *conn) Close() error { return c.client.Close() }

@@ -47,7 +47,7 @@ func forgetCmd(ctx context.Context, g *globals, args []string, con console) erro
 			return err
 		}
 	}
-	gone, err := c.store.Forget(ctx, r.ID, r.Token, force)
+	gone, err := c.keeper.ForgetRecord(ctx, r.ID, r.Token, force)
 	var refused *idem.ForgetRefusedError
 	switch {
 	case errors.As(err, &refused):

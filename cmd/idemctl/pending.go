@@ -42,7 +42,7 @@ func pendingCmd(ctx context.Context, g *globals, args []string, con console) err
 	if opts.PrefixMatch != "" {
 		l.width = keyWidth(len(opts.PrefixMatch) + 8)
 	}
-	for r, err := range c.store.Scan(ctx, opts) {
+	for r, err := range c.keeper.Scan(ctx, opts) {
 		if err != nil && r.Key == "" {
 			if errors.Is(err, idem.ErrInvalidConfig) {
 				return fmt.Errorf("%w: %w", errUsage, err)

@@ -57,7 +57,7 @@ func (t *target) inspect(ctx context.Context, c *conn) (idem.Record, error) {
 	)
 	if t.record != "" {
 		_, id, _ := splitRecordKey(t.record)
-		r, err = c.store.Inspect(ctx, id)
+		r, err = c.keeper.InspectRecord(ctx, id)
 	} else {
 		r, err = c.keeper.Inspect(ctx, t.scope, t.key)
 	}

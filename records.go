@@ -1,0 +1,117 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"iter"
+)
+
+// The records by id: what an operator or a tool does with the records Scan
+// lists, which it knows by their id (Record.ID) alone, the raw keys not
+// being stored. Each does what Inspect, ForgetToken or Abandon does for a
+// key, on the record id; the Keeper's placement (WithScopeShards) plays no
+// part, the id saying where the record is.
+
+// InspectRecord reads the record id (Record.ID, as Scan or Inspect reported
+// it) as Inspect reads the record of a key, with Inspect's errors; an id
+// no Keeper makes is refused with ErrInvalidKey, the store not touched.
+func (k *Keeper) InspectRecord(ctx context.Context, id string) (Record, error) {
+	started := k.startStep()
+	r, err := checkID(id)
+	if err == nil {
+		r, err = k.inspectID(ctx, id)
+	}
+	k.reportRecord(ctx, StepInspect, "", started, r, err)
+	return r, err
+}
+
+// ForgetRecord removes the record id if it is the record of token, as
+// ForgetToken removes the record of a key, with ForgetToken's answers and
+// errors; an id no Keeper makes is refused with ErrInvalidKey, the store
+// not touched.
+func (k *Keeper) ForgetRecord(ctx context.Context, id string, token int64, force bool) (Record, error) {
+	started := k.startStep()
+	r, err := checkID(id)
+	if err == nil {
+		err = checkToken("forget", token)
+	}
+	if err == nil {
+		r, err = k.forgetID(ctx, id, token, force)
+	}
+	k.reportRecord(ctx, StepForget, "", started, r, err)
+	return r, err
+}
+
+// AbandonRecord ends the lease of the pending claim of token on the record
+// id, as Abandon does for a key, with Abandon's answers and errors; an id
+// no Keeper makes is refused with ErrInvalidKey, the store not touched.
+func (k *Keeper) AbandonRecord(ctx context.Context, id string, token int64) (Record, error) {
+	started := k.startStep()
+	r, err := checkID(id)
+	if err == nil {
+		err = checkToken("abandon", token)
+	}
+	if err == nil {
+		r, err = k.abandonID(ctx, id, token)
+	}
+	k.reportRecord(ctx, StepAbandon, "", started, r, err)
+	return r, err
+}
+
+// checkID refuses an id that no Keeper makes: the Record to return then
+// holds the id.
+func checkID(id string) (Record, error) {
+	r := Record{ID: id}
+	if len(id) != idLen {
+		return r, fmt.Errorf("%w: record id %q: %d characters, not %d", ErrInvalidKey, id, len(id), idLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return r, fmt.Errorf("%w: record id %q: not base64url", ErrInvalidKey, id)
+		}
+	}
+	return r, nil
+}
+
+// Scan lists the Keeper's records, read as Inspect reads them, with Redis's
+// SCAN: on the server a *redis.Client or *redis.Conn reaches, on every
+// master of a *redis.ClusterClient, on every shard of a *redis.Ring, one
+// server after the other. It holds at most one batch of records in memory,
+// and each call to Redis is bounded: one SCAN with COUNT opts.Batch, then
+// one pipeline of at most that many read-only scripts. SCAN walks the whole
+// keyspace of each server: it is meant for operators and tools.
+//
+// Records are ids and Redis keys: the raw client keys are not stored. After
+// the records of a server come its compact claims and markers, listed by
+// the call that made them (the index keeps 56 bits of each id's digest, not
+// the id): one Record with Compact set for each state its claims are in, ID
+// empty, Key the call record's key and Claims their number. As with SCAN, a
+// record made or removed while the listing runs may or may not be listed,
+// one may be listed twice if Redis resizes its keyspace meanwhile, and one
+// being moved between Cluster nodes may be missed or reported with a MOVED
+// or ASK error.
+//
+// Each step yields a Record and nil, or an error:
+//
+//   - for one record that cannot be read (ErrCorrupt, or the error Redis
+//     answered for its key), the Record holds its ID and Key, whatever
+//     opts.State asks for, and the listing goes on if the loop does;
+//   - for the listing itself (ErrInvalidConfig for bad options,
+//     ErrUnavailable, the caller's own cancellation, errors.ErrUnsupported
+//     for a client that cannot list, such as an AutoPipeliner: make the
+//     Keeper on the client itself), the Record is zero and the listing ends.
+func (k *Keeper) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
+	rs, err := k.redisStore("scan")
+	if err != nil {
+		return func(yield func(Record, error) bool) { yield(Record{}, err) }
+	}
+	return rs.Scan(ctx, opts)
+}
+
+// redisStore is the Keeper's store, which its Redis-only methods need.
+func (k *Keeper) redisStore(op string) (*RedisStore, error) {
+	if rs, ok := k.store.(*RedisStore); ok {
+		return rs, nil
+	}
+	return nil, fmt.Errorf("%w: %s: the Keeper's store is not a Redis store", ErrInvalidConfig, op)
+}
