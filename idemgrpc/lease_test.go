@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -20,38 +21,45 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// stallStore is a Store whose renewals hang, whatever their context says
-// (as go-redis does without ContextTimeoutEnabled, waiting out its own
-// timeouts), until release is closed; its claims are answered lag late.
-type stallStore struct {
-	idem.Store
+// stall holds up a Keeper's calls to Redis: its lease renewals (extend.lua)
+// hang, whatever their context says (as go-redis does without
+// ContextTimeoutEnabled, waiting out its own timeouts), until release is
+// closed, and then fail unsent as a read timeout would; they are counted in
+// hung. Its claims (claim.lua) are answered lag late.
+type stall struct {
 	release chan struct{}
 	hung    atomic.Int32
 	lag     time.Duration
 }
 
-func (s *stallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	s.hung.Add(1)
-	<-s.release
-	return errors.New("read tcp 127.0.0.1: i/o timeout")
+// on is the stall's redistest.ScriptHook.On.
+func (s *stall) on(ctx context.Context, name string, send func() error) error {
+	switch name {
+	case "extend":
+		s.hung.Add(1)
+		<-s.release
+		return errors.New("read tcp 127.0.0.1: i/o timeout")
+	case "claim":
+		err := send()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return err // sent again at once by EVAL, which is answered late
+		}
+		time.Sleep(s.lag)
+		return err
+	}
+	return send()
 }
 
-func (s *stallStore) Claim(ctx context.Context, id string, req idem.ClaimRequest) (idem.ClaimReply, error) {
-	r, err := s.Store.Claim(ctx, id, req)
-	time.Sleep(s.lag)
-	return r, err
-}
-
-// stallKeeper returns a Keeper with lease on a miniredis, through a
-// stallStore, and the store.
-func stallKeeper(t *testing.T, lease, lag time.Duration) (*idem.Keeper, *stallStore) {
+// stallKeeper returns a Keeper with lease on a miniredis whose calls go
+// through a stall, and the stall; its release is closed when the test ends.
+func stallKeeper(t *testing.T, lease, lag time.Duration) (*idem.Keeper, *stall) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	rs, err := idem.NewRedisStore(redistest.NewClient(t, m.Addr()))
-	require.NoError(t, err)
-	s := &stallStore{Store: rs, release: make(chan struct{}), lag: lag}
+	c := redistest.NewClient(t, m.Addr())
+	s := &stall{release: make(chan struct{}), lag: lag}
 	t.Cleanup(func() { close(s.release) })
-	k, err := idem.New(s, idem.WithLease(lease), idem.WithRetention(time.Minute))
+	c.AddHook(redistest.ScriptHook{On: s.on})
+	k, err := idem.NewRedis(c, idem.WithLease(lease), idem.WithRetention(time.Minute))
 	require.NoError(t, err)
 	return k, s
 }

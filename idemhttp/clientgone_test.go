@@ -156,33 +156,42 @@ func cgProblemType(body []byte) string {
 	return p.Type
 }
 
-// cgKeeper is a Keeper on b with the given lease, whose store counts
-// renewals (and passes every call to wrap, when set, around the store).
-func cgKeeper(t *testing.T, b *redistest.Backend, lease time.Duration, wrap func(idem.Store) idem.Store, opts ...idem.Option) (*idem.Keeper, *cgCountStore) {
+// cgOn is what a test does with each call of one of idem's scripts on its
+// way to Redis, by the script's name (see redistest.ScriptHook): send it,
+// or fail it unsent.
+type cgOn func(ctx context.Context, name string, send func() error) error
+
+// cgSend sends every call as it came.
+func cgSend(_ context.Context, _ string, send func() error) error { return send() }
+
+// cgKeeper is a Keeper on b with the given lease, and the count of its
+// renewals that succeeded; every call of one of its scripts goes through
+// on, when set, on its way to Redis (b's client).
+func cgKeeper(t *testing.T, b *redistest.Backend, lease time.Duration, on cgOn, opts ...idem.Option) (*idem.Keeper, *cgCounts) {
 	t.Helper()
-	rs, err := idem.NewRedisStore(b.Client)
-	require.NoError(t, err)
-	var s idem.Store = rs
-	if wrap != nil {
-		s = wrap(s)
+	counts := &cgCounts{}
+	b.Client.AddHook(cmdHook{on: counts.count})
+	if on != nil {
+		b.Client.AddHook(redistest.ScriptHook{On: on})
 	}
-	cs := &cgCountStore{Store: s}
 	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
-		return idem.New(cs, append([]idem.Option{idem.WithLease(lease), idem.WithRetention(time.Minute), observe}, opts...)...)
+		return idem.NewRedis(b.Client, append([]idem.Option{idem.WithLease(lease), idem.WithRetention(time.Minute), observe}, opts...)...)
 	})
-	return k, cs
+	return k, counts
 }
 
-// cgCountStore counts the renewals (Extend) that succeeded.
-type cgCountStore struct {
-	idem.Store
+// cgCounts counts the renewals (extend.lua) that succeeded: those Redis
+// answered 1, "renewed".
+type cgCounts struct {
 	extends atomic.Int64
 }
 
-func (s *cgCountStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	err := s.Store.Extend(ctx, id, token, lease, keep)
-	if err == nil {
-		s.extends.Add(1)
+// count is a cmdHook's on: it sends every call and counts the renewals that
+// succeeded.
+func (c *cgCounts) count(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+	err := send()
+	if name == "extend" && err == nil && cmd.Val() == int64(1) {
+		c.extends.Add(1)
 	}
 	return err
 }
@@ -447,38 +456,42 @@ func TestHandlerOutlivesClient(t *testing.T) {
 	})
 }
 
-// cgGoneStore ends the context of a request marked with cgLeaveKey at its
-// first claim: as the store is asked (before), answering a reset connection
-// instead (fail), or once the store answered (after).
-type cgGoneStore struct {
-	idem.Store
+// cgGone ends the context of a request marked with cgLeaveKey at its first
+// claim (claim.lua), then goes on with next: as the claim is sent (before),
+// answering a reset connection instead, unsent (fail), or once Redis
+// answered it (after). A claim answered NOSCRIPT, which the store sends
+// again by EVAL at once, is not yet answered.
+func cgGone(next cgOn) cgOn {
+	return func(ctx context.Context, name string, send func() error) error {
+		l, _ := ctx.Value(cgLeaveKey{}).(*cgLeave)
+		if l == nil || name != "claim" || !l.fired.CompareAndSwap(false, true) {
+			return next(ctx, name, send)
+		}
+		switch l.how {
+		case "fail":
+			l.cancel()
+			return errors.New("read tcp 127.0.0.1: connection reset by peer")
+		case "before":
+			l.cancel()
+		case "after":
+			err := next(ctx, name, send)
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				l.fired.Store(false) // the EVAL that follows is the first claim
+			} else {
+				l.cancel()
+			}
+			return err
+		}
+		return next(ctx, name, send)
+	}
 }
 
 type cgLeaveKey struct{}
 
 type cgLeave struct {
-	how    string // "fail" or "after"
+	how    string // "fail", "before" or "after"
 	cancel context.CancelFunc
-	once   sync.Once
-}
-
-func (s cgGoneStore) Claim(ctx context.Context, id string, req idem.ClaimRequest) (idem.ClaimReply, error) {
-	l, _ := ctx.Value(cgLeaveKey{}).(*cgLeave)
-	if l == nil {
-		return s.Store.Claim(ctx, id, req)
-	}
-	fired := false
-	l.once.Do(func() { fired = true })
-	switch {
-	case fired && l.how == "fail":
-		l.cancel()
-		return idem.ClaimReply{}, errors.New("read tcp 127.0.0.1: connection reset by peer")
-	case fired && l.how == "before":
-		l.cancel()
-	case fired && l.how == "after":
-		defer l.cancel()
-	}
-	return s.Store.Claim(ctx, id, req)
+	fired  atomic.Bool
 }
 
 // cgLeaving returns a context that ends as l says, at the request's first
@@ -495,7 +508,7 @@ func cgLeaving(how string) context.Context {
 func TestClientGoneWhileStoreFails(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var failing atomic.Bool
-		k, _ := cgKeeper(t, b, time.Minute, func(s idem.Store) idem.Store { return cgGoneStore{cgFailStore{s, &failing}} })
+		k, _ := cgKeeper(t, b, time.Minute, cgGone(cgFail(&failing, cgSend)))
 		srv := newCGServer(t, k, func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusCreated)
 		}, WithFailOpen(true))
@@ -524,18 +537,15 @@ func TestClientGoneWhileStoreFails(t *testing.T) {
 	})
 }
 
-// cgFailStore fails every claim, as an unreachable Redis, while failing is
-// set.
-type cgFailStore struct {
-	idem.Store
-	failing *atomic.Bool
-}
-
-func (s cgFailStore) Claim(ctx context.Context, id string, req idem.ClaimRequest) (idem.ClaimReply, error) {
-	if s.failing.Load() {
-		return idem.ClaimReply{}, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+// cgFail fails every claim (claim.lua), unsent, as an unreachable Redis
+// would, while failing is set, and goes on with next otherwise.
+func cgFail(failing *atomic.Bool, next cgOn) cgOn {
+	return func(ctx context.Context, name string, send func() error) error {
+		if name == "claim" && failing.Load() {
+			return errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+		}
+		return next(ctx, name, send)
 	}
-	return s.Store.Claim(ctx, id, req)
 }
 
 func cgRequest(key string) *http.Request {
@@ -550,7 +560,7 @@ func cgRequest(key string) *http.Request {
 // is stored and replayed, and the handler ran once.
 func TestClientGoneWhileWaiting(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		k, _ := cgKeeper(t, b, time.Minute, func(s idem.Store) idem.Store { return cgGoneStore{s} })
+		k, _ := cgKeeper(t, b, time.Minute, cgGone(cgSend))
 		started, resume := make(chan struct{}), make(chan struct{})
 		var once sync.Once
 		srv := newCGServer(t, k, func(w http.ResponseWriter, r *http.Request) {
@@ -589,16 +599,16 @@ func TestClientGoneWhileWaiting(t *testing.T) {
 	})
 }
 
-// cgSplitStore sends renewals to renew and every other call to the store it
-// embeds: the handlers' process renews on time while the requests' own calls
-// meet the faults.
-type cgSplitStore struct {
-	idem.Store
-	renew idem.Store
-}
-
-func (s cgSplitStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	return s.renew.Extend(ctx, id, token, lease, keep)
+// cgSplitRenewals is a go-redis hook that sends the renewals (extend.lua)
+// through renew and every other call where it was going: the handlers'
+// process renews on time while the requests' own calls meet the faults.
+func cgSplitRenewals(renew *redis.Client) cmdHook {
+	return cmdHook{on: func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+		if name != "extend" {
+			return send()
+		}
+		return renew.Process(ctx, cmd)
+	}}
 }
 
 // TestClientGoneStorm: clients send requests on a few keys through the
@@ -631,15 +641,11 @@ func TestClientGoneStorm(t *testing.T) {
 			PoolSize: 128, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 8 * time.Millisecond,
 		})
 		t.Cleanup(func() { faulty.Close() })
-		fs, err := idem.NewRedisStore(faulty)
-		require.NoError(t, err)
-		clean, err := idem.NewRedisStore(b.Client)
-		require.NoError(t, err)
+		faulty.AddHook(cgSplitRenewals(b.Client))
 		const lease = 1500 * time.Millisecond
 		k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
-			return idem.New(cgSplitStore{Store: fs, renew: clean}, idem.WithLease(lease), idem.WithRetention(time.Minute), observe)
+			return idem.NewRedis(faulty, idem.WithLease(lease), idem.WithRetention(time.Minute), observe)
 		})
-		require.NoError(t, err)
 
 		var (
 			mu         sync.Mutex

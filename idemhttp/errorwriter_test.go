@@ -85,8 +85,9 @@ func answerRows() []answerRow {
 			require.NoError(t, b.Client.Set(ctx, keys[0], "garbage", 0).Err())
 		}, req: func() *http.Request { return postKey("k1", "a") },
 			status: 500, typ: ProblemCorrupt, result: idem.ResultCorrupt, errIs: idem.ErrCorrupt},
-		{name: "result expired", keeper: func(t *testing.T, _ *redistest.Backend) *idem.Keeper {
-			return tapped(t, func(observe idem.Option) (*idem.Keeper, error) { return idem.New(markerStore{expired: true}, observe) })
+		{name: "result expired", keeper: func(t *testing.T, b *redistest.Backend) *idem.Keeper {
+			markKey(t, b, postKey("k1", "a"), true)
+			return tapped(t, func(observe idem.Option) (*idem.Keeper, error) { return idem.NewRedis(b.Client, observe) })
 		}, req: func() *http.Request { return postKey("k1", "a") },
 			status: 410, typ: ProblemResultExpired, result: idem.ResultExpired, errIs: idem.ErrResultExpired},
 		{name: "client gone", req: func() *http.Request {

@@ -15,19 +15,30 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// stallRenewals is a Store whose renewals hang, whatever their context says
-// (as go-redis does without ContextTimeoutEnabled, waiting out its own
-// timeouts), until release is closed.
+// stallRenewals makes the lease renewals (extend.lua) of a Keeper on b hang,
+// whatever their context says (as go-redis does without
+// ContextTimeoutEnabled, waiting out its own timeouts), until release is
+// closed, and then fail as a read timeout would, unsent. It counts them in
+// hung.
 type stallRenewals struct {
-	idem.Store
 	release chan struct{}
 	hung    atomic.Int32
 }
 
-func (s *stallRenewals) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	s.hung.Add(1)
-	<-s.release
-	return errors.New("read tcp 127.0.0.1: i/o timeout")
+// newStallRenewals hooks a stallRenewals to b's client; its release is
+// closed when the test ends.
+func newStallRenewals(t *testing.T, b *redistest.Backend) *stallRenewals {
+	s := &stallRenewals{release: make(chan struct{})}
+	t.Cleanup(func() { close(s.release) })
+	b.Client.AddHook(redistest.ScriptHook{On: func(ctx context.Context, name string, send func() error) error {
+		if name != "extend" {
+			return send()
+		}
+		s.hung.Add(1)
+		<-s.release
+		return errors.New("read tcp 127.0.0.1: i/o timeout")
+	}})
+	return s
 }
 
 // TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal: the handler's
@@ -36,11 +47,8 @@ func (s *stallRenewals) Extend(ctx context.Context, id string, token int64, leas
 // renewal, and stores nothing.
 func TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	b := redistest.Miniredis(t)
-	rs, err := idem.NewRedisStore(b.Client)
-	require.NoError(t, err)
-	s := &stallRenewals{Store: rs, release: make(chan struct{})}
-	t.Cleanup(func() { close(s.release) })
-	k, err := idem.New(s, idem.WithLease(300*time.Millisecond), idem.WithRetention(time.Minute))
+	s := newStallRenewals(t, b)
+	k, err := idem.NewRedis(b.Client, idem.WithLease(300*time.Millisecond), idem.WithRetention(time.Minute))
 	require.NoError(t, err)
 	guard, err := New(k)
 	require.NoError(t, err)
@@ -61,7 +69,7 @@ func TestHandlerCancelledWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	case <-done:
 		assert.ErrorIs(t, cause, idem.ErrLeaseLost)
 		assert.Positive(t, s.hung.Load(), "the renewal was under way, and still is")
-		r, err := rs.Inspect(context.Background(), k.RecordID("", "k"))
+		r, err := k.Inspect(context.Background(), "", "k")
 		require.NoError(t, err)
 		assert.Equal(t, idem.StatePending, r.State, "nothing stored, nothing released")
 	case <-time.After(20 * time.Second): // the renewal hangs until the test ends

@@ -8,16 +8,21 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/scriptname"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -869,32 +874,29 @@ func testClientGoneStores(t *testing.T, newEnv func(testing.TB) *redistest.Backe
 	assert.EqualValues(t, 1, a.runs.Load())
 }
 
-// mwStallStore drops lease renewals while stalled, as a process paused past
-// its lease would.
-type stallStore struct {
-	idem.Store
-	stalled atomic.Bool
-}
-
-func (s *stallStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	if s.stalled.Load() {
+// dropRenewals makes every lease renewal (extend.lua) of a Keeper on env
+// succeed without reaching Redis, as a process paused past its lease would
+// leave its lease unrenewed: the call is answered 1, extend.lua's "renewed",
+// and never sent.
+func dropRenewals(env *redistest.Backend) {
+	env.Client.AddHook(cmdHook{on: func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+		if name != "extend" {
+			return send()
+		}
+		cmd.SetVal(int64(1))
 		return nil
-	}
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	}})
 }
 
 func testLeaseLost(t *testing.T, newEnv func(testing.TB) *redistest.Backend) {
 	env := newEnv(t)
-	rs, err := idem.NewRedisStore(env.Client)
-	require.NoError(t, err)
-	store := &stallStore{Store: rs}
-	store.stalled.Store(true)
+	dropRenewals(env)
 	const lease = 300 * time.Millisecond
 	// A busy machine that pauses the first request between its claim and
 	// its handler must not make the claim look lost before the handler runs.
 	clock, advance := redisPacedClock(env)
 	k := tapped(t, func(observe idem.Option) (*idem.Keeper, error) {
-		return idem.New(store, idem.WithLease(lease), clock, observe)
+		return idem.NewRedis(env.Client, idem.WithLease(lease), clock, observe)
 	})
 
 	type seen struct {
@@ -973,7 +975,7 @@ func testStoreLostAfterHandler(t *testing.T, newEnv func(testing.TB) *redistest.
 }
 
 func TestMiddlewareRefusesMisuse(t *testing.T) {
-	k, err := idem.New(&idem.RedisStore{})
+	k, err := idem.NewRedis(redistest.Miniredis(t).Client)
 	require.NoError(t, err)
 	_, err = New(nil)
 	assert.ErrorIs(t, err, idem.ErrInvalidConfig)
@@ -1038,34 +1040,119 @@ func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(int)             {}
 
-// memStore is an in-memory Store for benchmarks of the middleware's own
-// cost: every Claim is granted until a value is kept, then every Claim
-// replays it. The steps the middleware never takes (batches, checkpoints,
-// the operator's) are left to the nil Store it embeds: taking one panics.
-type memStore struct {
-	idem.Store
-	keep  bool
-	value []byte
+// cmdHook is a go-redis hook that hands each call of one of idem's scripts
+// sent alone (EVALSHA, or EVAL after NOSCRIPT) to on, with the script's
+// name (the base name of its file in lua/, see internal/scriptname) and the
+// command: on may send it (send), send it through another client, change
+// its arguments first, or answer it itself (cmd.SetVal) without sending
+// it. An error on returns is the command's. Every other command, and every
+// pipeline, goes as it came. redistest.ScriptHook does the same without
+// the command, for the tests that need only delay or fail a call.
+type cmdHook struct {
+	on func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error
 }
 
-func (s *memStore) Claim(context.Context, string, idem.ClaimRequest) (idem.ClaimReply, error) {
-	if s.value != nil {
-		return idem.ClaimReply{Status: idem.StatusCompleted, Token: 1, Attempt: 1, Value: s.value}, nil
+// DialHook implements redis.Hook.
+func (h cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (h cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := scriptname.Of(cmd.Args())
+		c, ok := cmd.(*redis.Cmd)
+		if name == "" || !ok {
+			return next(ctx, cmd)
+		}
+		err := h.on(ctx, name, c, func() error { return next(ctx, cmd) })
+		if err != nil && cmd.Err() == nil {
+			cmd.SetErr(err)
+		}
+		return err
 	}
-	return idem.ClaimReply{Status: idem.StatusClaimed, Token: 1, Attempt: 1}, nil
 }
 
-func (s *memStore) Complete(_ context.Context, _ string, _ int64, value []byte, _ time.Duration) (bool, error) {
-	if s.keep {
-		s.value = value
+// ProcessPipelineHook implements redis.Hook.
+func (h cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// memoReplies is a go-redis hook for benchmarks of the middleware's own
+// cost: until freeze is called it sends every command and keeps the last
+// reply Redis gave each of idem's scripts (by name, see cmdHook); after,
+// it answers every call of a script it kept a reply of with that reply,
+// without sending it, and counts the commands that still reached Redis
+// (none should: memoKeeper fails the benchmark otherwise).
+type memoReplies struct {
+	mu     sync.Mutex
+	last   map[string]any // before freeze
+	frozen atomic.Pointer[map[string]any]
+	sent   atomic.Int64 // commands sent after freeze
+}
+
+// freeze makes m answer from the replies it kept.
+func (m *memoReplies) freeze() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	kept := maps.Clone(m.last)
+	m.frozen.Store(&kept)
+}
+
+// DialHook implements redis.Hook.
+func (m *memoReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (m *memoReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := scriptname.Of(cmd.Args())
+		c, _ := cmd.(*redis.Cmd)
+		if kept := m.frozen.Load(); kept != nil {
+			if v, ok := (*kept)[name]; ok && c != nil {
+				c.SetVal(v)
+				return nil
+			}
+			m.sent.Add(1)
+			return next(ctx, cmd)
+		}
+		err := next(ctx, cmd)
+		if name != "" && c != nil && err == nil {
+			m.mu.Lock()
+			m.last[name] = c.Val()
+			m.mu.Unlock()
+		}
+		return err
 	}
-	return s.keep, nil
 }
 
-func (s *memStore) Release(context.Context, string, int64, time.Duration) error { return nil }
+// ProcessPipelineHook implements redis.Hook: pipelines are sent, and
+// counted once frozen.
+func (m *memoReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if m.frozen.Load() != nil {
+			m.sent.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
 
-func (s *memStore) Extend(context.Context, string, int64, time.Duration, time.Duration) error {
-	return nil
+// memoKeeper returns a Keeper on a miniredis, through a client with no hook
+// but a memoReplies, and its freeze: once a benchmark has served its request
+// as its loop will (claimed and completed, or replayed), freeze makes every
+// later call answered from memory as Redis answered the last one, so that
+// the loop measures the middleware, the Keeper and its RedisStore (the
+// script calls' arguments, reading their replies) with no network. The
+// benchmark fails if a command reaches Redis after freeze.
+func memoKeeper(b *testing.B) (*idem.Keeper, func()) {
+	c := redistest.NewClient(b, miniredis.RunT(b).Addr())
+	m := &memoReplies{last: map[string]any{}}
+	c.AddHook(m)
+	b.Cleanup(func() {
+		if n := m.sent.Load(); n > 0 {
+			b.Errorf("%d commands reached Redis while the replies were answered from memory", n)
+		}
+	})
+	k, err := idem.NewRedis(c)
+	require.NoError(b, err)
+	return k, m.freeze
 }
 
 // benchBody is a request body that a benchmark rewinds between requests
@@ -1074,15 +1161,15 @@ type benchBody struct{ bytes.Reader }
 
 func (*benchBody) Close() error { return nil }
 
-// bench runs one request through a middleware on store, b.N times, and
-// counts only what the middleware (and the Keeper and store under it)
-// spends: the request, its header and its body reader are made once and
-// rewound per iteration (the body reset, r.Body set back to it, since the
-// middleware replaces it), and the writer's header map is cleared, not
-// made anew.
-func bench(b *testing.B, store idem.Store, wantReplay bool) {
-	k, err := idem.New(store)
-	require.NoError(b, err)
+// bench runs one request through a middleware on k, b.N times, and counts
+// only what the middleware (and the Keeper and store under it) spends: the
+// request, its header and its body reader are made once and rewound per
+// iteration (the body reset, r.Body set back to it, since the middleware
+// replaces it), and the writer's header map is cleared, not made anew.
+// Before the timing starts the request is served as the loop expects it to
+// be answered (once, or twice for a replay: the first stores the
+// response), and then warmed is called, when set.
+func bench(b *testing.B, k *idem.Keeper, wantReplay bool, warmed func()) {
 	mw, err := New(k)
 	require.NoError(b, err)
 	payload := bytes.Repeat([]byte("x"), 512)
@@ -1102,6 +1189,12 @@ func bench(b *testing.B, store idem.Store, wantReplay bool) {
 		h.ServeHTTP(w, r)
 	}
 	serve()
+	if wantReplay {
+		serve()
+	}
+	if warmed != nil {
+		warmed()
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		serve()
@@ -1114,12 +1207,21 @@ func bench(b *testing.B, store idem.Store, wantReplay bool) {
 
 // BenchmarkMiddlewareFirstRequest measures the middleware's own cost on a
 // first request (fingerprint, claim, capture, keep-alive, encoding the
-// response), on an in-memory store.
-func BenchmarkMiddlewareFirstRequest(b *testing.B) { bench(b, &memStore{}, false) }
+// response), with the Keeper and RedisStore under it, on a Redis answered
+// from memory (memoKeeper): every claim is answered "claimed" and every
+// completion "stored".
+func BenchmarkMiddlewareFirstRequest(b *testing.B) {
+	k, freeze := memoKeeper(b)
+	bench(b, k, false, freeze)
+}
 
 // BenchmarkMiddlewareReplayOverhead measures the middleware's own cost on a
-// replay, on an in-memory store.
-func BenchmarkMiddlewareReplayOverhead(b *testing.B) { bench(b, &memStore{keep: true}, true) }
+// replay, with the Keeper and RedisStore under it, on a Redis answered from
+// memory (memoKeeper): every claim is answered with the stored response.
+func BenchmarkMiddlewareReplayOverhead(b *testing.B) {
+	k, freeze := memoKeeper(b)
+	bench(b, k, true, freeze)
+}
 
 // BenchmarkStoredResponseDecode measures reading a stored response as a
 // replay does: decoding it and setting its headers in the (cleared) header
@@ -1148,9 +1250,11 @@ func BenchmarkStoredResponseDecode(b *testing.B) {
 }
 
 // recordKey is the Redis key of the record of (scope, key) on env, with the
-// default prefix.
+// default prefix: Record.Key, as a Keeper on env inspects it.
 func recordKey(t testing.TB, env *redistest.Backend, scope, key string) string {
-	s, err := idem.NewRedisStore(env.Client)
+	k, err := idem.NewRedis(env.Client)
 	require.NoError(t, err)
-	return s.RecordKey(scope, key)
+	r, err := k.Inspect(context.Background(), scope, key)
+	require.NoError(t, err)
+	return r.Key
 }
