@@ -169,7 +169,7 @@ func TestAbandonRefusals(t *testing.T) {
 		var n redistest.Counter
 		b.Client.AddHook(&n)
 		k := newKeeper(t, b)
-		rk := k.store.(*RedisStore).RecordKey("s", "k")
+		rk := k.store.(*redisStore).RecordKey("s", "k")
 		require.NoError(t, b.Client.Set(ctx, rk, "someone else's value", 0).Err())
 		r, err := k.Abandon(ctx, "s", "k", 1)
 		require.ErrorIs(t, err, ErrCorrupt)
@@ -187,7 +187,7 @@ func TestAbandonRefusals(t *testing.T) {
 				_, err = k.Abandon(ctx, "s", "k", tok)
 				assert.ErrorIs(t, err, ErrInvalidConfig, "token %d", tok)
 			}
-			_, err = k.store.(*RedisStore).Abandon(ctx, "idem:{x}", 1)
+			_, err = k.store.(*redisStore).Abandon(ctx, "idem:{x}", 1)
 			assert.ErrorIs(t, err, ErrInvalidKey)
 			_, err = k.Abandon(canceled, "s", "k", 1)
 			assert.ErrorIs(t, err, context.Canceled)

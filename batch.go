@@ -34,8 +34,8 @@ type BatchResult struct {
 // BeginBatch claims the keys of a batch under scope at once, and answers
 // each key as Begin would, in the order of keys: a claim (with its token,
 // attempt count, Recovered flag and the checkpoints it took over), the stored
-// result, or why not. With a RedisStore it costs one round trip per Redis
-// node, however many keys (see RedisStore.ClaimBatch); a key whose node
+// result, or why not. It costs one round trip per Redis node, however
+// many keys; a key whose node
 // could not be reached gets ErrUnavailable while the others are answered.
 //
 // Every promise of Begin holds per key: a claimed key is held by this call
@@ -118,7 +118,7 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 			res.Err = storeError(ctx, "claim", r.Err)
 		} else {
 			var cl *Claim
-			if r.Reply.Status == StatusClaimed {
+			if r.Reply.Status == statusClaimed {
 				if claims == nil {
 					claims = make([]Claim, len(replies)-j)
 				}
@@ -157,10 +157,10 @@ func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fp
 // claimBatch is the store's ClaimBatch of req, once the Keeper's placement
 // is known to be its store's (see placementReady); each key is refused with
 // the error otherwise, nothing claimed.
-func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (k *Keeper) claimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	if len(req.IDs) > 0 {
 		if err := k.placementReady(ctx, true); err != nil {
-			replies := make([]BatchClaimReply, len(req.IDs))
+			replies := make([]batchClaimReply, len(req.IDs))
 			for j := range replies {
 				replies[j].Err = err
 			}
@@ -173,8 +173,8 @@ func (k *Keeper) claimBatch(ctx context.Context, req BatchClaimRequest) []BatchC
 // batchRequest is the store's request for keys: the record of each valid key,
 // once. places[j] is the place in keys of the record req.IDs[j]. It answers
 // invalid and repeated keys in results.
-func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []BatchResult) (req BatchClaimRequest, places []int) {
-	req = BatchClaimRequest{
+func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []BatchResult) (req batchClaimRequest, places []int) {
+	req = batchClaimRequest{
 		IDs:             make([]string, 0, len(keys)),
 		Attempt:         newAttemptID(),
 		Lease:           k.policy.lease,
@@ -271,8 +271,8 @@ type Completion struct {
 // would, and answers each in the order given: nil, ErrLeaseLost (the claim
 // is no longer the holder; nothing written), ErrCorrupt, ErrUnavailable, or
 // ErrInvalidConfig for an item with a nil Claim, a Claim of another Keeper
-// or a retention over MaxDuration (that item is not sent). With a RedisStore
-// it costs one round trip per Redis node (see RedisStore.ClaimBatch). A claim
+// or a retention over MaxDuration (that item is not sent). It costs one round
+// trip per Redis node. A claim
 // completed twice keeps its first result.
 func (k *Keeper) CompleteBatch(ctx context.Context, items []Completion) []error {
 	s := make([]settlement, len(items))
@@ -299,10 +299,10 @@ func (k *Keeper) completeBatch(ctx context.Context, items []settlement) []error 
 
 // settleBatch stores each settlement of items, as Claim.complete would, and
 // releases each of gives, as Claim.Release would, in one store call
-// (SettleBatch): one round trip per node with a RedisStore.
+// (SettleBatch): one round trip per node.
 func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*Claim) (doneErrs, giveErrs []error) {
 	doneErrs = make([]error, len(items))
-	send := make([]BatchCompletion, 0, len(items))
+	send := make([]batchCompletion, 0, len(items))
 	sent := make([]int, 0, len(items))
 	for i, it := range items {
 		if doneErrs[i] = k.ownClaim(it.claim); doneErrs[i] != nil {
@@ -318,7 +318,7 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 		}
 		f, env := it.claim.fence(), sealBatch(it.kind, it.body)
 		env, keep = k.asMarker(f, it.claim, env, keep)
-		send = append(send, BatchCompletion{Fence: f, Value: env, Keep: keep})
+		send = append(send, batchCompletion{claimFence: f, Value: env, Keep: keep})
 		sent = append(sent, i)
 	}
 	giveErrs = make([]error, len(gives))
@@ -350,7 +350,7 @@ func (k *Keeper) settleBatch(ctx context.Context, items []settlement, gives []*C
 // kept in a record of its own (a takeover, a claim after a release). Both
 // carry markerEnvelope, which says when the retention ends, so that they
 // answer as a marker does.
-func (k *Keeper) asMarker(f Fence, c *Claim, env []byte, keep time.Duration) ([]byte, time.Duration) {
+func (k *Keeper) asMarker(f claimFence, c *Claim, env []byte, keep time.Duration) ([]byte, time.Duration) {
 	if !isEmptyResult(env) || f.Ref == 0 && !c.marks {
 		return env, keep
 	}
@@ -371,8 +371,8 @@ func sealBatch(kind byte, body []byte) []byte {
 
 // ReleaseBatch gives up each claim, as Claim.Release would, and answers each
 // in the order given: nil, ErrLeaseLost, ErrCorrupt, ErrUnavailable, or
-// ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). With
-// a RedisStore it costs one round trip per Redis node.
+// ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). It
+// costs one round trip per Redis node.
 func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
 	_, errs := k.settleBatch(ctx, nil, claims)
 	return errs
@@ -381,8 +381,8 @@ func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
 // ExtendBatch renews the lease of each claim for the Keeper's lease from
 // now, as Claim.Extend would, and answers each in the order given: nil,
 // ErrLeaseLost, ErrCorrupt, ErrUnavailable, or ErrInvalidConfig for a nil
-// Claim or one of another Keeper (not sent). With a RedisStore it costs one
-// round trip per Redis node.
+// Claim or one of another Keeper (not sent). It costs one round trip per Redis
+// node.
 func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 	errs := make([]error, len(claims))
 	fences, sent := k.fences(claims, errs)
@@ -391,7 +391,7 @@ func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 	// The claims of a Keeper have its lease, unless a call gave its own
 	// (Consume's WithLease): one store call per lease.
 	for lease, js := range byLease(fences, sent, claims) {
-		fs := make([]Fence, len(js))
+		fs := make([]claimFence, len(js))
 		for n, j := range js {
 			fs[n] = fences[j]
 		}
@@ -416,7 +416,7 @@ func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
 }
 
 // byLease groups the places in fences by the lease of their claim, claims[sent[j]].
-func byLease(fences []Fence, sent []int, claims []*Claim) map[time.Duration][]int {
+func byLease(fences []claimFence, sent []int, claims []*Claim) map[time.Duration][]int {
 	m := map[time.Duration][]int{}
 	for j := range fences {
 		l := claims[sent[j]].lease
@@ -427,8 +427,8 @@ func byLease(fences []Fence, sent []int, claims []*Claim) map[time.Duration][]in
 
 // fences returns the fence of each claim that belongs to k, and its place in
 // claims; the others are answered in errs.
-func (k *Keeper) fences(claims []*Claim, errs []error) (fences []Fence, sent []int) {
-	fences = make([]Fence, 0, len(claims))
+func (k *Keeper) fences(claims []*Claim, errs []error) (fences []claimFence, sent []int) {
+	fences = make([]claimFence, 0, len(claims))
 	sent = make([]int, 0, len(claims))
 	for i, c := range claims {
 		if errs[i] = k.ownClaim(c); errs[i] == nil {
@@ -451,10 +451,10 @@ func (k *Keeper) ownClaim(c *Claim) error {
 }
 
 // fence names the claim for the store.
-func (c *Claim) fence() Fence {
+func (c *Claim) fence() claimFence {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Fence{ID: c.id, Token: c.token, Ref: c.ref}
+	return claimFence{ID: c.id, Token: c.token, Ref: c.ref}
 }
 
 // extendedAt moves the claim's lease end, by this process's clock, to the

@@ -74,7 +74,7 @@ func benchMessages(b *testing.B, srv *redistest.Server, size int, op func(ctx co
 	client.AddHook(&cnt)
 	k, err := NewRedis(client)
 	require.NoError(b, err)
-	require.NoError(b, k.store.(*RedisStore).LoadScripts(ctx))
+	require.NoError(b, k.store.(*redisStore).LoadScripts(ctx))
 
 	// The stream: b.N*size messages, a share of them handled before.
 	msgs := b.N * size
@@ -181,7 +181,7 @@ func BenchmarkMessagesAlternating(b *testing.B) {
 	b.Cleanup(func() { client.Close() })
 	k, err := NewRedis(client)
 	require.NoError(b, err)
-	require.NoError(b, k.store.(*RedisStore).LoadScripts(ctx))
+	require.NoError(b, k.store.(*redisStore).LoadScripts(ctx))
 	ident := func(s string) string { return s }
 	ok := func(context.Context, string) error { return nil }
 	var batch, first sliceTotals

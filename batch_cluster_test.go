@@ -28,7 +28,7 @@ func TestBatchCluster(t *testing.T) {
 	// The subtests' Keepers place keys by their own digests
 	// (WithScopeShards(0)), under a prefix of their own: the twin runs'
 	// Keepers take the Cluster's default placement under DefaultPrefix.
-	s, err := NewRedisStore(cc, WithPrefix("batch:"))
+	s, err := openRedisStore(cc, WithPrefix("batch:"))
 	require.NoError(t, err)
 	require.NoError(t, s.LoadScripts(ctx))
 
@@ -50,7 +50,7 @@ func TestBatchCluster(t *testing.T) {
 		assertSawEveryAnswer(t, seen)
 	})
 	t.Run("one round trip per node and step", func(t *testing.T) {
-		k, err := New(s, WithScopeShards(0), WithLease(time.Hour))
+		k, err := keeperOn(s, WithScopeShards(0), WithLease(time.Hour))
 		require.NoError(t, err)
 		batch, done := redeliveryBatch(500, 0.2, 3)
 		_, err = Consume(ctx, k, "s", done, func(s string) string { return s }, func(context.Context, string) error { return nil })
@@ -77,7 +77,7 @@ func TestBatchCluster(t *testing.T) {
 		assert.Equal(t, 3, masters, "every master holds part of the batch")
 	})
 	t.Run("compact claims and markers, one round trip per node and step", func(t *testing.T) {
-		k, err := New(s, WithScopeShards(0), WithLease(time.Hour))
+		k, err := keeperOn(s, WithScopeShards(0), WithLease(time.Hour))
 		require.NoError(t, err)
 		id := func(s string) string { return s }
 		ok := func(context.Context, string) error { return nil }
@@ -123,7 +123,7 @@ func TestBatchCluster(t *testing.T) {
 		assert.Equal(t, len(done), replayed, "the redeliveries are answered from their markers")
 		assert.Len(t, ran, len(batch)-len(done))
 		// A Keeper without markers reads them too.
-		plain, err := New(s, WithScopeShards(0), WithoutMarkers())
+		plain, err := keeperOn(s, WithScopeShards(0), WithoutMarkers())
 		require.NoError(t, err)
 		res, err = Consume(ctx, plain, "m", batch, id, func(_ context.Context, m string) error { ran[m]++; return nil })
 		require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestBatchCluster(t *testing.T) {
 		assert.Equal(t, MessageHandled, res[0].Status, "forgotten: handled again")
 	})
 	t.Run("a slot's few messages are kept in records, answered as markers", func(t *testing.T) {
-		k, err := New(s, WithScopeShards(0), WithLease(time.Minute), WithRetention(time.Minute), WithMarkerRetention(time.Hour))
+		k, err := keeperOn(s, WithScopeShards(0), WithLease(time.Minute), WithRetention(time.Minute), WithMarkerRetention(time.Hour))
 		require.NoError(t, err)
 		id := func(s string) string { return s }
 		batch, done := redeliveryBatch(100, 0.2, 5)
@@ -207,7 +207,7 @@ func TestBatchCluster(t *testing.T) {
 		}
 	})
 	t.Run("a master down fails its keys only", func(t *testing.T) {
-		k, err := New(s, WithScopeShards(0), WithLease(time.Hour))
+		k, err := keeperOn(s, WithScopeShards(0), WithLease(time.Hour))
 		require.NoError(t, err)
 		down := cl.Masters[1]
 		downSlots := func(slot uint16) bool {

@@ -40,7 +40,7 @@ func TestBatchRoundTrips(t *testing.T) {
 		b.Client.AddHook(&cnt)
 		k := newKeeper(t, b, WithLease(time.Hour))
 		ctx := context.Background()
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		batch, done := redeliveryBatch(500, 0.2, 1)
 		_, err := Consume(ctx, k, "s", done, func(s string) string { return s }, func(context.Context, string) error { return nil })
 		require.NoError(t, err)
@@ -125,7 +125,7 @@ func TestBatchRecordMemory(t *testing.T) {
 		msg    string
 		budget int // bytes of a plain string value the record may cost as much as
 	}{{"msg-plain", 24}, {"msg-fp", 40}} {
-		key := k.store.(*RedisStore).RecordKey("tenant-42", c.msg)
+		key := k.store.(*redisStore).RecordKey("tenant-42", c.msg)
 		require.True(t, strings.HasPrefix(key, "idem:"), key)
 		ttl, err := b.Client.PTTL(ctx, key).Result()
 		require.NoError(t, err)

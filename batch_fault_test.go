@@ -49,7 +49,7 @@ func TestBatchStepsAnswerTheSameWhenSentTwice(t *testing.T) {
 			ctx := context.Background()
 			// The scripts are in Redis's cache, as they are once a store has
 			// run a while: a batch step's calls go in one pipeline of EVALSHA.
-			require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+			require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 			twice.on.Store(true)
 			keys := []string{"empty", "value", "release", "one-value", "one-extend", "one-release", "one-checkpoint", "extend"}
 			res, err := k.BeginBatch(ctx, "s", keys, WithCompactClaims())
@@ -130,19 +130,19 @@ func TestBatchStepsOnAFullOrReadOnlyRedisAreUnavailable(t *testing.T) {
 				srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 				admin := srv.Client(t)
 				ctx := context.Background()
-				master, err := NewRedisStore(admin, opts...)
+				master, err := openRedisStore(admin, opts...)
 				require.NoError(t, err)
-				var replica *RedisStore
+				var replica *redisStore
 				if mode == "READONLY" {
 					r := redistest.StartReplica(t, srv.Addr)
-					replica, err = NewRedisStore(r.Client(t), opts...)
+					replica, err = openRedisStore(r.Client(t), opts...)
 					require.NoError(t, err)
 				}
 				sw := &switchStore{master: master, replica: master}
 				if replica != nil {
 					sw.replica = replica
 				}
-				k, err := New(sw, append(opts, WithLease(time.Minute))...)
+				k, err := keeperOn(sw, append(opts, WithLease(time.Minute))...)
 				require.NoError(t, err)
 				keys := []string{"c1", "c2", "c3", "c4", "c5", "r1", "r2", "r3"}
 				claims := map[string]*Claim{}

@@ -48,7 +48,7 @@ func TestBatchWithReplicas(t *testing.T) {
 			for _, err := range k.CompleteBatch(ctx, items) {
 				require.NoError(t, err)
 			}
-			v, err := rc.Get(ctx, k.store.(*RedisStore).RecordKey("s", keys[len(keys)-1])).Result()
+			v, err := rc.Get(ctx, k.store.(*redisStore).RecordKey("s", keys[len(keys)-1])).Result()
 			require.NoError(t, err, "the replica has the completion")
 			assert.Contains(t, v, "i1C")
 		})
@@ -87,12 +87,12 @@ func TestBatchWithReplicas(t *testing.T) {
 	assert.True(t, out.Replayed, "the completion is on the master")
 }
 
-// replicatedKeeper is a Keeper on a RedisStore of c with ropts.
+// replicatedKeeper is a Keeper on a redisStore of c with ropts.
 func replicatedKeeper(t *testing.T, c redis.Scripter, ropts ...Option) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(c, ropts...)
+	s, err := openRedisStore(c, ropts...)
 	require.NoError(t, err)
-	k, err := New(s)
+	k, err := keeperOn(s)
 	require.NoError(t, err)
 	return k
 }

@@ -172,9 +172,9 @@ var expireLua = redis.NewScript(expireSrc)
 // Every kind of answer the run gave is set in seen.
 func twinRun(t *testing.T, client redis.Scripter, seed uint64, steps int, seen map[string]bool) {
 	ctx := context.Background()
-	store, err := NewRedisStore(client)
+	store, err := openRedisStore(client)
 	require.NoError(t, err)
-	k, err := New(store, WithLease(time.Minute))
+	k, err := keeperOn(store, WithLease(time.Minute))
 	require.NoError(t, err)
 	newPath := func(scope string, batch bool) *twinPath {
 		return &twinPath{scope: scope, batch: batch, k: k, held: map[string]*Claim{}, stale: map[string]*Claim{}, token: map[string]int64{}}
@@ -308,7 +308,7 @@ func TestBatchDuplicatesAreAnsweredInProcess(t *testing.T) {
 		b.Client.AddHook(&cnt)
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		keys := []string{"m1", "m2", "m1", "", "m2", "m1", "m3"}
 		var res []BatchResult
 		assert.EqualValues(t, 1, cnt.Count(func() {
@@ -331,8 +331,8 @@ func TestBatchDuplicatesAreAnsweredInProcess(t *testing.T) {
 			}
 		}
 		// The store refuses a repeated id itself.
-		s := k.store.(*RedisStore)
-		replies := s.ClaimBatch(ctx, BatchClaimRequest{IDs: []string{"x", "x"}, Attempt: "a", Lease: time.Minute, Keep: time.Hour})
+		s := k.store.(*redisStore)
+		replies := s.ClaimBatch(ctx, batchClaimRequest{IDs: []string{"x", "x"}, Attempt: "a", Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, replies[0].Err)
 		assert.ErrorIs(t, replies[1].Err, ErrInvalidConfig)
 	})
@@ -345,7 +345,7 @@ func TestBatchPartialFailures(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		busy, err := k.Begin(ctx, "s", "busy")
 		require.NoError(t, err)
 		done, err := k.Begin(ctx, "s", "done")
@@ -399,7 +399,7 @@ func TestBatchLeaseLostMidBatch(t *testing.T) {
 		}
 		// b and d: the batch's process paused past its lease, and another
 		// attempt took them over.
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		taken := map[int]*Claim{}
 		for _, i := range []int{1, 3} {
 			require.NoError(t, expireLua.Run(ctx, b.Client, []string{s.RecordKey("s", keys[i])}).Err())
@@ -439,31 +439,31 @@ func classes(errs []error) []string {
 // when its reply was lost; the second run answers the same.
 func TestBatchRetriedCallsAreIdempotent(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		ctx := context.Background()
-		req := BatchClaimRequest{IDs: []string{"r1", "r2", "r3"}, Fingerprints: []string{"", "Zm9v", ""}, Attempt: "attempt-1", Lease: time.Minute, Keep: time.Hour}
+		req := batchClaimRequest{IDs: []string{"r1", "r2", "r3"}, Fingerprints: []string{"", "Zm9v", ""}, Attempt: "attempt-1", Lease: time.Minute, Keep: time.Hour}
 		first := s.ClaimBatch(ctx, req)
 		again := s.ClaimBatch(ctx, req)
 		assert.Equal(t, first, again)
 		for _, r := range first {
 			require.NoError(t, r.Err)
-			assert.Equal(t, StatusClaimed, r.Reply.Status)
+			assert.Equal(t, statusClaimed, r.Reply.Status)
 		}
-		fences := []Fence{{ID: "r1", Token: first[0].Reply.Token}, {ID: "r2", Token: first[1].Reply.Token}, {ID: "r3", Token: first[2].Reply.Token}}
+		fences := []claimFence{{ID: "r1", Token: first[0].Reply.Token}, {ID: "r2", Token: first[1].Reply.Token}, {ID: "r3", Token: first[2].Reply.Token}}
 		for range 2 {
 			assert.Equal(t, []error{nil, nil, nil}, s.ExtendBatch(ctx, fences, time.Minute, time.Hour))
 		}
-		done := []BatchCompletion{{Fence: fences[0], Value: seal(kindBytes, []byte("v")), Keep: time.Hour}}
+		done := []batchCompletion{{claimFence: fences[0], Value: seal(kindBytes, []byte("v")), Keep: time.Hour}}
 		for range 2 {
 			assert.Equal(t, []error{nil}, s.CompleteBatch(ctx, done))
 		}
 		for range 2 {
 			assert.Equal(t, []error{nil, nil}, s.ReleaseBatch(ctx, fences[1:], time.Minute))
 		}
-		after := s.ClaimBatch(ctx, BatchClaimRequest{IDs: []string{"r1", "r2"}, Attempt: "attempt-2", Lease: time.Minute, Keep: time.Hour})
-		assert.Equal(t, StatusCompleted, after[0].Reply.Status)
-		assert.Equal(t, StatusClaimed, after[1].Reply.Status)
+		after := s.ClaimBatch(ctx, batchClaimRequest{IDs: []string{"r1", "r2"}, Attempt: "attempt-2", Lease: time.Minute, Keep: time.Hour})
+		assert.Equal(t, statusCompleted, after[0].Reply.Status)
+		assert.Equal(t, statusClaimed, after[1].Reply.Status)
 		assert.Equal(t, 2, after[1].Reply.Attempt)
 	})
 }
@@ -541,7 +541,7 @@ func FuzzBatchMatchesSingleKey(f *testing.F) {
 	m.SetTime(time.Unix(1_800_000_000, 0))
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	f.Cleanup(func() { c.Close() })
-	s, err := NewRedisStore(c, WithPrefix("fuzz:"))
+	s, err := openRedisStore(c, WithPrefix("fuzz:"))
 	require.NoError(f, err)
 	ctx := context.Background()
 	var n atomic.Int64
@@ -567,26 +567,26 @@ func FuzzBatchMatchesSingleKey(f *testing.F) {
 			}
 			require.True(t, single == nil || errors.Is(single, ErrCorrupt) || errors.Is(single, ErrLeaseLost), "%s on %q: untyped %v", step, value, single)
 		}
-		fence := []Fence{{ID: ids[1], Token: token}}
+		fence := []claimFence{{ID: ids[1], Token: token}}
 		reset()
 		same("complete", errOf(s.Complete(ctx, ids[0], token, []byte("x"), time.Minute)),
-			s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0])
+			s.CompleteBatch(ctx, []batchCompletion{{claimFence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0])
 		reset()
 		same("release", s.Release(ctx, ids[0], token, time.Minute), s.ReleaseBatch(ctx, fence, time.Minute)[0])
 		reset()
 		same("extend", s.Extend(ctx, ids[0], token, time.Minute, time.Minute), s.ExtendBatch(ctx, fence, time.Minute, time.Minute)[0])
 		reset()
-		r1, err1 := s.Claim(ctx, ids[0], ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
-		rb := s.ClaimBatch(ctx, BatchClaimRequest{IDs: ids[1:2], Fingerprints: []string{"fp"}, Attempt: "att2", Lease: time.Minute, Keep: time.Minute})[0]
+		r1, err1 := s.Claim(ctx, ids[0], claimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
+		rb := s.ClaimBatch(ctx, batchClaimRequest{IDs: ids[1:2], Fingerprints: []string{"fp"}, Attempt: "att2", Lease: time.Minute, Keep: time.Minute})[0]
 		require.Equal(t, r1, rb.Reply, "claim on %q", value)
 		same("claim", err1, rb.Err)
 
-		err = s.Checkpoint(ctx, Fence{ID: ids[2], Token: token}, "step", []byte("v"), 0)
+		err = s.Checkpoint(ctx, claimFence{ID: ids[2], Token: token}, "step", []byte("v"), 0)
 		got, _ := c.Get(ctx, s.key(ids[2])).Bytes()
 		switch {
 		case err == nil:
-			r, err := s.Claim(ctx, ids[2], ClaimRequest{Attempt: "other", Lease: time.Minute, Keep: time.Minute})
-			if err == nil && r.Status == StatusClaimed {
+			r, err := s.Claim(ctx, ids[2], claimRequest{Attempt: "other", Lease: time.Minute, Keep: time.Minute})
+			if err == nil && r.Status == statusClaimed {
 				assert.Equal(t, Checkpoint{"step", []byte("v")}, r.Checkpoints[len(r.Checkpoints)-1], "checkpoint on %q", value)
 			}
 		case errors.Is(err, ErrCorrupt):

@@ -20,7 +20,7 @@ import (
 // The benchmarks run every path on an embedded miniredis, and on a real
 // redis-server they start themselves when one is on PATH (sub-benchmarks
 // "miniredis" and "redis"; parallel ones also "redis-autopipeline", through
-// go-redis's AutoPipeliner in the unordered setting NewRedisStore suggests).
+// go-redis's AutoPipeliner in the unordered setting openRedisStore suggests).
 // Each reports allocations and "roundtrips/op": commands sent alone plus
 // pipelines, counted by a go-redis hook, so a batch of the AutoPipeliner
 // counts once for all the calls it carries.
@@ -92,10 +92,10 @@ func benchEach(b *testing.B, autopipeline bool, setup func(b *testing.B, k *Keep
 			if be.client == nil {
 				b.Skip("redis-server not on PATH")
 			}
-			s, err := NewRedisStore(be.client)
+			s, err := openRedisStore(be.client)
 			require.NoError(b, err)
 			require.NoError(b, s.LoadScripts(context.Background()))
-			k, err := New(s, opts...)
+			k, err := keeperOn(s, opts...)
 			require.NoError(b, err)
 			op := setup(b, k)
 			b.ReportAllocs()
@@ -345,28 +345,28 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// memStore is a Store in a map, only as faithful as the benchmarks of idem's
+// memStore is a store in a map, only as faithful as the benchmarks of idem's
 // own cost need: claims of absent records and replays of completed ones.
 // The steps those benchmarks never take (batches, checkpoints, the
-// operator's) are left to the nil Store it embeds: taking one panics.
+// operator's) are left to the nil store it embeds: taking one panics.
 type memStore struct {
-	Store
+	recordStore
 	mu sync.Mutex
 	m  map[string][]byte // nil value: claimed
 }
 
-func (s *memStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (s *memStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.m[id]
 	switch {
 	case !ok:
 		s.m[id] = nil
-		return ClaimReply{Status: StatusClaimed, Token: 1, Attempt: 1}, nil
+		return claimReply{Status: statusClaimed, Token: 1, Attempt: 1}, nil
 	case v == nil:
-		return ClaimReply{Status: StatusInProgress, LeaseLeft: req.Lease}, nil
+		return claimReply{Status: statusInProgress, LeaseLeft: req.Lease}, nil
 	}
-	return ClaimReply{Status: StatusCompleted, Token: 1, Attempt: 1, Value: bytes.Clone(v)}, nil
+	return claimReply{Status: statusCompleted, Token: 1, Attempt: 1, Value: bytes.Clone(v)}, nil
 }
 
 func (s *memStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
@@ -387,7 +387,7 @@ func (s *memStore) Extend(ctx context.Context, id string, token int64, lease, ke
 	return nil
 }
 
-// BenchmarkInProcess measures what idem itself costs per call, with a Store
+// BenchmarkInProcess measures what idem itself costs per call, with a store
 // in memory instead of Redis: the floor under every figure above. Paths:
 // Do's first execution and replay of a []byte result ("first", "replay"),
 // of a struct ("first-struct", "replay-struct") and of a string
@@ -408,7 +408,7 @@ func BenchmarkInProcess(b *testing.B) {
 		{"cached", []Option{WithReplayCache(1<<16, 64<<20, time.Hour)}},
 	}
 	for _, m := range modes {
-		k, err := New(&memStore{m: map[string][]byte{}}, m.opts...)
+		k, err := keeperOn(&memStore{m: map[string][]byte{}}, m.opts...)
 		require.NoError(b, err)
 		for _, p := range inProcessPaths {
 			b.Run(p.name+"/"+m.name, func(b *testing.B) {

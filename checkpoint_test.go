@@ -49,7 +49,7 @@ func TestCheckpointsSurviveACrashBetweenPhases(t *testing.T) {
 		ctx := context.Background()
 		var cnt redistest.Counter
 		b.Client.AddHook(&cnt)
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		p := &phases{effects: map[string]int{}}
 		for _, crash := range []string{"charge", "ship"} {
 			p.crashAfter = crash
@@ -92,7 +92,7 @@ func TestCheckpointsAreFenced(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(time.Minute))
 		ctx := context.Background()
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		old, err := k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
 		require.NoError(t, old.Claim.Checkpoint(ctx, "one", []byte("old")))
@@ -119,7 +119,7 @@ func TestCheckpointsKeptByReleaseAndExtend(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(time.Minute))
 		ctx := context.Background()
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		fpA, fpB := WithFingerprint([]byte("a")), WithFingerprint([]byte("b"))
 		out, err := k.Begin(ctx, "s", "k", fpA)
 		require.NoError(t, err)
@@ -176,8 +176,8 @@ func TestCheckpointLimits(t *testing.T) {
 		require.NoError(t, c.Checkpoint(ctx, "b", []byte("again")), "an existing name may be recorded again")
 
 		// The store refuses too many by itself.
-		s := k.store.(*RedisStore)
-		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: c.id, Token: c.Token()}, "one too many", nil, 0), ErrInvalidCheckpoint)
+		s := k.store.(*redisStore)
+		assert.ErrorIs(t, s.Checkpoint(ctx, claimFence{ID: c.id, Token: c.Token()}, "one too many", nil, 0), ErrInvalidCheckpoint)
 		assert.Len(t, c.Checkpoints(), MaxCheckpoints)
 
 		canceled, cancel := context.WithCancel(ctx)
@@ -192,22 +192,22 @@ func TestCheckpointLimits(t *testing.T) {
 // that go-redis sent again leaves the record as one call would.
 func TestCheckpointRetriedCallIsIdempotent(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		ctx := context.Background()
-		r, err := s.Claim(ctx, "rec", ClaimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
+		r, err := s.Claim(ctx, "rec", claimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, err)
-		require.NoError(t, s.Checkpoint(ctx, Fence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
+		require.NoError(t, s.Checkpoint(ctx, claimFence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
 		once, err := b.Client.Get(ctx, s.key("rec")).Result()
 		require.NoError(t, err)
-		require.NoError(t, s.Checkpoint(ctx, Fence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
+		require.NoError(t, s.Checkpoint(ctx, claimFence{ID: "rec", Token: r.Token}, "step", []byte("v"), 0))
 		twice, err := b.Client.Get(ctx, s.key("rec")).Result()
 		require.NoError(t, err)
 		assert.Equal(t, once, twice)
 		assert.True(t, strings.HasSuffix(once, ":4:step1:v"), "record %q", once)
 
 		// A retried claim of the same attempt answers the same checkpoints.
-		again, err := s.Claim(ctx, "rec", ClaimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
+		again, err := s.Claim(ctx, "rec", claimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, err)
 		assert.Equal(t, []Checkpoint{{"step", []byte("v")}}, again.Checkpoints)
 	})
@@ -219,7 +219,7 @@ func TestCorruptCheckpoints(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		rk := s.RecordKey("s", "k")
 		bad := "i1P1700000000000000:1:0:1700000000000000:AAAAAAAAAAA::9:short"
 		require.NoError(t, b.Client.Set(ctx, rk, bad, time.Hour).Err())
@@ -228,7 +228,7 @@ func TestCorruptCheckpoints(t *testing.T) {
 
 		require.NoError(t, b.Client.Set(ctx, rk, "i1P1700000000000000:1:0:4102444800000000:AAAAAAAAAAA::", time.Hour).Err())
 		require.NoError(t, b.Client.Append(ctx, rk, "x:").Err())
-		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: recordID("s", "k"), Token: 1700000000000000}, "n", nil, 0), ErrCorrupt)
+		assert.ErrorIs(t, s.Checkpoint(ctx, claimFence{ID: recordID("s", "k"), Token: 1700000000000000}, "n", nil, 0), ErrCorrupt)
 		v, err := b.Client.Get(ctx, rk).Result()
 		require.NoError(t, err)
 		assert.True(t, strings.HasSuffix(v, "::x:"), "nothing overwritten: %q", v)

@@ -44,7 +44,7 @@ type Claim struct {
 	// than Redis's view.
 	leaseEnd time.Time
 	// ref is the store's reference to a claim it keeps compactly
-	// (ClaimReply.Ref); zero once the claim has a record of its own.
+	// (claimReply.Ref); zero once the claim has a record of its own.
 	ref int
 	// lease is the claim's lease: the Keeper's, or that of the call that
 	// made it (Consume's WithLease). Read-only.
@@ -220,14 +220,14 @@ func (c *Claim) leaseRenewed(started time.Time) {
 
 // storeComplete stores env, kept for keep, as the claim's result: in its
 // record, or, for a compact claim, in the record of the call that made it.
-// It reports whether the store says this call stored env (Store.Complete);
+// It reports whether the store says this call stored env (recordStore.Complete);
 // a compact claim's completion reports false, so that nothing the store may
 // not hold is cached.
 func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duration) (stored bool, err error) {
 	f := c.fence()
 	env, keep = c.k.asMarker(f, c, env, keep)
 	if f.Ref > 0 {
-		done, _ := c.k.store.SettleBatch(ctx, []BatchCompletion{{Fence: f, Value: env, Keep: keep}}, nil, 0)
+		done, _ := c.k.store.SettleBatch(ctx, []batchCompletion{{claimFence: f, Value: env, Keep: keep}}, nil, 0)
 		return false, done[0]
 	}
 	return c.k.store.Complete(ctx, c.id, c.token, env, keep)
@@ -236,7 +236,7 @@ func (c *Claim) storeComplete(ctx context.Context, env []byte, keep time.Duratio
 // storeRelease gives the claim up in the store.
 func (c *Claim) storeRelease(ctx context.Context) error {
 	if f := c.fence(); f.Ref > 0 {
-		_, given := c.k.store.SettleBatch(ctx, nil, []Fence{f}, c.k.policy.tombstoneTTL())
+		_, given := c.k.store.SettleBatch(ctx, nil, []claimFence{f}, c.k.policy.tombstoneTTL())
 		return given[0]
 	}
 	return c.k.store.Release(ctx, c.id, c.token, c.k.policy.tombstoneTTL())
@@ -245,7 +245,7 @@ func (c *Claim) storeRelease(ctx context.Context) error {
 // storeExtend renews the claim's lease in the store.
 func (c *Claim) storeExtend(ctx context.Context) error {
 	if f := c.fence(); f.Ref > 0 {
-		return c.k.store.ExtendBatch(ctx, []Fence{f}, c.lease, c.lease+c.k.policy.retention)[0]
+		return c.k.store.ExtendBatch(ctx, []claimFence{f}, c.lease, c.lease+c.k.policy.retention)[0]
 	}
 	return c.k.store.Extend(ctx, c.id, c.token, c.lease, c.lease+c.k.policy.retention)
 }

@@ -52,7 +52,7 @@ func WithCoalescing(enabled bool) Option {
 // WithCoalescing, the coalescing layer in front of it. deadline is when a
 // caller with a wait stops waiting; zero without one.
 type claimer interface {
-	claim(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error)
+	claim(ctx context.Context, id string, req claimRequest, deadline time.Time) (Outcome, error)
 }
 
 // flights is the coalescing layer: it holds, per record id, the claim a
@@ -153,7 +153,7 @@ func (fl *flight) leaseLeft(now time.Time) time.Duration {
 // claim implements claimer: the caller leads a new flight, follows the
 // flight of a leader with its fingerprint, or, when a leader with another
 // fingerprint is in flight, asks the store itself.
-func (f *flights) claim(ctx context.Context, id string, req ClaimRequest, deadline time.Time) (Outcome, error) {
+func (f *flights) claim(ctx context.Context, id string, req claimRequest, deadline time.Time) (Outcome, error) {
 	sh := f.shard(id)
 	for {
 		fl, leader := sh.join(id, req.Fingerprint, f.now)
@@ -207,7 +207,7 @@ func (sh *flightShard) sweep(now time.Time) {
 
 // lead makes the leader's claim and publishes its answer to the followers. A
 // claim it gets tells the layer when its hold ends (Claim.hold).
-func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flight, req ClaimRequest) (out Outcome, err error) {
+func (f *flights) lead(ctx context.Context, sh *flightShard, id string, fl *flight, req claimRequest) (out Outcome, err error) {
 	landed := false
 	defer func() {
 		if !landed { // the store panicked: let the followers try for themselves

@@ -22,7 +22,7 @@ func coalescingKeeper(t *testing.T, b *redistest.Backend, opts ...Option) (*Keep
 	cnt := &redistest.Counter{}
 	b.Client.AddHook(cnt)
 	k := newKeeper(t, b, append([]Option{WithCoalescing(true)}, opts...)...)
-	require.NoError(t, k.store.(*RedisStore).LoadScripts(context.Background()))
+	require.NoError(t, k.store.(*redisStore).LoadScripts(context.Background()))
 	return k, cnt
 }
 
@@ -235,31 +235,31 @@ func TestCoalescingOtherFingerprintGoesToTheStore(t *testing.T) {
 // gateStore holds every Claim until gate is closed (or the call's context
 // ends), then answers err if set, else passes the call on.
 type gateStore struct {
-	Store
+	recordStore
 	claims atomic.Int32
 	gate   chan struct{}
 	err    error
 }
 
-func (g *gateStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (g *gateStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	g.claims.Add(1)
 	select {
 	case <-g.gate:
 	case <-ctx.Done():
-		return ClaimReply{}, ctx.Err()
+		return claimReply{}, ctx.Err()
 	}
 	if g.err != nil {
-		return ClaimReply{}, g.err
+		return claimReply{}, g.err
 	}
-	return g.Store.Claim(ctx, id, req)
+	return g.recordStore.Claim(ctx, id, req)
 }
 
 func gatedKeeper(t *testing.T, err error) (*Keeper, *gateStore) {
 	t.Helper()
-	s, serr := NewRedisStore(redistest.Miniredis(t).Client)
+	s, serr := openRedisStore(redistest.Miniredis(t).Client)
 	require.NoError(t, serr)
-	g := &gateStore{Store: s, gate: make(chan struct{}), err: err}
-	k, kerr := New(g, WithCoalescing(true))
+	g := &gateStore{recordStore: s, gate: make(chan struct{}), err: err}
+	k, kerr := keeperOn(g, WithCoalescing(true))
 	require.NoError(t, kerr)
 	return k, g
 }

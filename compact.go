@@ -10,7 +10,7 @@ import (
 // each, and what a message handled that way leaves, a marker. This file
 // holds the Keeper's options for them (the result a marker's record keeps
 // is codec.go's markerEnvelope, beside the other envelopes); the
-// RedisStore keeps them as redis_compact.go, redis_v3.go and format.go
+// redisStore keeps them as redis_compact.go, redis_v3.go and format.go
 // ("The v3 layout") say.
 
 // DefaultMarkerRetention is how long a marker answers for a handled
@@ -34,11 +34,11 @@ func WithMarkerRetention(d time.Duration) Option {
 
 // WithoutMarkers turns compact claims off: Consume keeps each message's
 // claim and outcome in a record of its own, as Begin does, kept for the
-// retention, and a RedisStore made with it never claims compactly. It still
+// retention, and a Keeper made with it never claims compactly. It still
 // reads the markers and compact claims others left on its prefix, and
 // answers them as a Keeper with markers does, so that Keepers with and
 // without markers can share a prefix.
-// Default: markers on. Applies to a Keeper and a RedisStore.
+// Default: markers on. Applies to a Keeper (NewRedis).
 func WithoutMarkers() Option {
 	return Option{name: "WithoutMarkers", to: toKeeper | toStore, set: func(s *settings) { s.noMarkers = true }}
 }

@@ -67,8 +67,8 @@ func TestCompactCompletionKeepsItsRetention(t *testing.T) {
 }
 
 // TestMarkerNeverAnswersForANonCanonicalTwin: ids are told apart by every
-// character, the padding bits of the last one included. A RedisStore takes any id (Store.Claim,
-// Store.ClaimBatch; Inspect and Forget take any 22 base64url
+// character, the padding bits of the last one included. A redisStore takes any id (recordStore.Claim,
+// recordStore.ClaimBatch; Inspect and Forget take any 22 base64url
 // characters), and indexDigest decodes a 22-character base64url id without
 // checking that it is the canonical encoding: the last character carries 2
 // bits of padding that the decoder drops. Two distinct ids that differ only
@@ -79,22 +79,22 @@ func TestCompactCompletionKeepsItsRetention(t *testing.T) {
 func TestMarkerNeverAnswersForANonCanonicalTwin(t *testing.T) {
 	b := redistest.Real(t)
 	ctx := context.Background()
-	s, err := NewRedisStore(b.Client)
+	s, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	a, other := "AAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAB" // two ids, two record keys
 	require.NotEqual(t, s.key(a), s.key(other))
 
-	req := BatchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
+	req := batchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
 		Retention: time.Hour, MarkerRetention: time.Hour, Compact: true}
 	got := s.ClaimBatch(ctx, req)
 	require.NoError(t, got[0].Err)
-	require.Equal(t, StatusClaimed, got[0].Reply.Status)
-	errs := s.CompleteBatch(ctx, []BatchCompletion{{Fence: Fence{ID: a, Token: got[0].Reply.Token, Ref: got[0].Reply.Ref}, Value: emptyBytes, Keep: time.Hour}})
+	require.Equal(t, statusClaimed, got[0].Reply.Status)
+	errs := s.CompleteBatch(ctx, []batchCompletion{{claimFence: claimFence{ID: a, Token: got[0].Reply.Token, Ref: got[0].Reply.Ref}, Value: emptyBytes, Keep: time.Hour}})
 	require.NoError(t, errs[0])
 
-	r, err := s.Claim(ctx, other, ClaimRequest{Attempt: "BBBBBBBBBBB", Lease: time.Minute, Keep: time.Hour, Retention: time.Hour, MarkerRetention: time.Hour})
+	r, err := s.Claim(ctx, other, claimRequest{Attempt: "BBBBBBBBBBB", Lease: time.Minute, Keep: time.Hour, Retention: time.Hour, MarkerRetention: time.Hour})
 	require.NoError(t, err)
-	assert.Equal(t, StatusClaimed, r.Status, "%s was never claimed, but is answered as %s's marker (status %d)", other, a, r.Status)
+	assert.Equal(t, statusClaimed, r.Status, "%s was never claimed, but is answered as %s's marker (status %d)", other, a, r.Status)
 
 	rec, err := s.Inspect(ctx, other)
 	require.NoError(t, err)
@@ -260,9 +260,9 @@ func TestMarkerLostReplies(t *testing.T) {
 		r := &resentScripts{Scripter: b.Client, resend: map[string]bool{
 			v3ClaimScript.Hash(): true, v3SettleScript.Hash(): true,
 		}}
-		s, err := NewRedisStore(r)
+		s, err := openRedisStore(r)
 		require.NoError(t, err)
-		k, err := New(s, WithLease(time.Minute))
+		k, err := keeperOn(s, WithLease(time.Minute))
 		require.NoError(t, err)
 		require.NoError(t, s.LoadScripts(ctx))
 		runs := map[string]int{}
@@ -322,7 +322,7 @@ func TestMarkersAreReadWithoutMarkers(t *testing.T) {
 		res, err = Consume(ctx, k, "s", msgs("m3"), msgID, func(context.Context, msg) error { return nil })
 		require.NoError(t, err)
 		assert.Equal(t, MessageReplayed, res[0].Status)
-		v, err := b.Client.Exists(ctx, k.store.(*RedisStore).RecordKey("s", "m3")).Result()
+		v, err := b.Client.Exists(ctx, k.store.(*redisStore).RecordKey("s", "m3")).Result()
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, v, "WithoutMarkers keeps a record")
 	})
@@ -370,7 +370,7 @@ func TestMarkersAreSwept(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := context.Background()
 	k := newKeeper(t, b, WithLease(time.Second), WithRetention(time.Minute), WithMarkerRetention(time.Minute))
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 	handle := func(context.Context, string) error { return nil }
 	id := func(s string) string { return s }
 	old := make([]string, 70)
@@ -417,7 +417,7 @@ func TestEmptiedBlocksAreDeleted(t *testing.T) {
 	id := func(s string) string { return s }
 	_, err := Consume(ctx, k, "s", []string{"old"}, id, handle)
 	require.NoError(t, err)
-	_, index, _ := k.store.(*RedisStore).compactIndexArgs(recordID("s", "old"))
+	_, index, _ := k.store.(*redisStore).compactIndexArgs(recordID("s", "old"))
 
 	// The marker's entry goes stale while other messages keep the index
 	// key alive.
@@ -519,9 +519,9 @@ func TestMarkerMemory(t *testing.T) {
 func TestCompactClaimSentTwice(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
-		req := BatchClaimRequest{
+		req := batchClaimRequest{
 			IDs: []string{recordID("s", "a"), recordID("s", "b"), recordID("s", "c")}, Attempt: "attempt-1",
 			Lease: time.Minute, Keep: time.Hour, Retention: time.Hour, MarkerRetention: 2 * time.Hour, Compact: true,
 		}
@@ -530,7 +530,7 @@ func TestCompactClaimSentTwice(t *testing.T) {
 		for i := range first {
 			require.NoError(t, first[i].Err)
 			require.NoError(t, again[i].Err)
-			assert.Equal(t, StatusClaimed, again[i].Reply.Status)
+			assert.Equal(t, statusClaimed, again[i].Reply.Status)
 			assert.Equal(t, first[i].Reply.Token, again[i].Reply.Token, "record %d", i)
 			assert.Equal(t, first[i].Reply.Ref, again[i].Reply.Ref, "record %d", i)
 			assert.Positive(t, first[i].Reply.Ref)
@@ -538,7 +538,7 @@ func TestCompactClaimSentTwice(t *testing.T) {
 		req.Attempt = "attempt-2" // another call: the claims are held
 		for i, r := range s.ClaimBatch(ctx, req) {
 			require.NoError(t, r.Err)
-			assert.Equal(t, StatusInProgress, r.Reply.Status, "record %d", i)
+			assert.Equal(t, statusInProgress, r.Reply.Status, "record %d", i)
 		}
 	})
 }
@@ -551,7 +551,7 @@ func TestCompactClaimSentTwice(t *testing.T) {
 func TestMarkerEntryIsKnownByAllItsBytes(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		id := func(b5 byte) string {
 			var raw [16]byte
@@ -565,21 +565,21 @@ func TestMarkerEntryIsKnownByAllItsBytes(t *testing.T) {
 		require.NotEqual(t, ka.h, kc.h)
 		require.Equal(t, v3Block(ka.h, v3StartLevel, 0), v3Block(kc.h, v3StartLevel, 0), "one block")
 
-		req := BatchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
+		req := batchClaimRequest{IDs: []string{a}, Attempt: "AAAAAAAAAAA", Lease: time.Minute, Keep: time.Hour,
 			Retention: time.Hour, MarkerRetention: time.Hour, Compact: true}
 		got := s.ClaimBatch(ctx, req)
 		require.NoError(t, got[0].Err)
-		require.Equal(t, StatusClaimed, got[0].Reply.Status)
-		errs := s.CompleteBatch(ctx, []BatchCompletion{{Fence: Fence{ID: a, Token: got[0].Reply.Token, Ref: got[0].Reply.Ref}, Value: emptyBytes, Keep: time.Hour}})
+		require.Equal(t, statusClaimed, got[0].Reply.Status)
+		errs := s.CompleteBatch(ctx, []batchCompletion{{claimFence: claimFence{ID: a, Token: got[0].Reply.Token, Ref: got[0].Reply.Ref}, Value: emptyBytes, Keep: time.Hour}})
 		require.NoError(t, errs[0])
 
 		req.IDs, req.Attempt = []string{a, c}, "BBBBBBBBBBB"
 		got = s.ClaimBatch(ctx, req)
 		require.NoError(t, got[0].Err)
 		require.NoError(t, got[1].Err)
-		assert.Equal(t, StatusCompleted, got[0].Reply.Status, "a is done")
+		assert.Equal(t, statusCompleted, got[0].Reply.Status, "a is done")
 		assert.True(t, got[0].Reply.Marker)
-		assert.Equal(t, StatusClaimed, got[1].Reply.Status, "c is not a")
+		assert.Equal(t, statusClaimed, got[1].Reply.Status, "c is not a")
 	})
 }
 

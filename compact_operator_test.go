@@ -167,7 +167,7 @@ func TestOperatorsCheckTheLayout(t *testing.T) {
 	ctx := context.Background()
 	k := newKeeper(t, b)
 	claims := compactClaims(t, k, "x")
-	_, ikey, _ := k.store.(*RedisStore).compactIndexArgs(recordID("s", "x")) // the index of the store's layout
+	_, ikey, _ := k.store.(*redisStore).compactIndexArgs(recordID("s", "x")) // the index of the store's layout
 	state, err := b.Client.HGet(ctx, ikey, "").Result()
 	require.NoError(t, err)
 	require.NoError(t, b.Client.HSet(ctx, ikey, "", "v1 scale=1000").Err())
@@ -191,7 +191,7 @@ func TestScanListsCompactClaimsByCall(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Minute))
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		_, err := Consume(ctx, k, "s", msgs("m1", "m2", "m3"), msgID, func(context.Context, msg) error { return nil })
 		require.NoError(t, err)
 		claims := compactClaims(t, k, "p1", "p2", "r1")

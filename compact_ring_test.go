@@ -13,7 +13,7 @@ import (
 )
 
 // TestRingShardsWithTheSameTokenSettleApart: compact claims are grouped by the
-// server that holds them, not by their token alone. On a *redis.Ring (a client NewRedisStore
+// server that holds them, not by their token alone. On a *redis.Ring (a client openRedisStore
 // documents as supported), each shard makes compact call tokens from its own
 // clock, unique only among that shard's call records. Two calls on two shards
 // that get the same token are taken for one call by compactGroups (which
@@ -46,7 +46,7 @@ func TestRingShardsWithTheSameTokenSettleApart(t *testing.T) {
 
 	k, err := NewRedis(ring, WithLease(time.Second), WithRetention(time.Minute))
 	require.NoError(t, err)
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 
 	// One key on each shard.
 	shardOf := func(key string) int {

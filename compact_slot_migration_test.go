@@ -34,7 +34,7 @@ func TestClusterSlotMigrationRunsMarkersAgain(t *testing.T) {
 	ctx := context.Background()
 	k, err := NewRedis(cc)
 	require.NoError(t, err)
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 
 	// Four messages whose records share a slot, so that a Cluster keeps
 	// their claims compactly (clusterCompactMin).
@@ -113,7 +113,7 @@ func TestClusterSlotMigrationLosesCompletions(t *testing.T) {
 	ctx := context.Background()
 	k, err := NewRedis(cc)
 	require.NoError(t, err)
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 	first := "c0"
 	slot := keySlot(s.key(k.RecordID("s", first)))
 	msgs := []string{first}
@@ -181,7 +181,7 @@ func TestClusterSlotMigrationYoungEntryWithoutCallRecord(t *testing.T) {
 	for i, r := range res {
 		require.Equal(t, MessageHandled, r.Status, msgs[i])
 	}
-	_, _, base := k.store.(*RedisStore).compactIndexArgs(k.RecordID("s", msgs[0]))
+	_, _, base := k.store.(*redisStore).compactIndexArgs(k.RecordID("s", msgs[0]))
 	calls, err := b.Client.Keys(ctx, base+"*").Result()
 	require.NoError(t, err)
 	require.Len(t, calls, 1, "one call record: the markers are compact")

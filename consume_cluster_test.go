@@ -49,7 +49,7 @@ func clusterReshard(t *testing.T, opts ...Option) {
 	ctx := context.Background()
 	k, err := NewRedis(cc, append([]Option{WithLease(3 * time.Second)}, opts...)...)
 	require.NoError(t, err)
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 
 	const slotCount, perSlot, consumers, batch, rounds = 6, 60, 3, 60, 2
 	msgs, slots := reshardMessages(k, slotCount, perSlot)
@@ -95,7 +95,7 @@ func clusterReshard(t *testing.T, opts ...Option) {
 // slots of the first records found, and the messages whose records fall
 // in them.
 func reshardMessages(k *Keeper, slotCount, perSlot int) (msgs []string, slots []uint16) {
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 	per := map[uint16]int{}
 	for i := 0; len(msgs) < slotCount*perSlot && i < 1e7; i++ {
 		m := fmt.Sprint("r", i)
@@ -189,7 +189,7 @@ func clusterConsumeFailover(t *testing.T, opts ...Option) {
 	ctx := context.Background()
 	k, err := NewRedis(cc, append([]Option{WithLease(3 * time.Second), WithReplicas(1, 2*time.Second)}, opts...)...)
 	require.NoError(t, err)
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 
 	// Messages in four slots: two of the master that fails over, two of
 	// the others. It is the first master that holds two of the slots of
@@ -296,10 +296,10 @@ func TestConsumeWithReplicasSettlesThroughASlotMigration(t *testing.T) {
 	refused := make(chan struct{})
 	var once sync.Once
 	var refusals atomic.Int32
-	s, err := NewRedisStore(cc, WithReplicas(1, time.Second))
+	s, err := openRedisStore(cc, WithReplicas(1, time.Second))
 	require.NoError(t, err)
 	require.NoError(t, s.LoadScripts(ctx))
-	k, err := New(s, WithLease(6*time.Second), WithRetention(time.Hour), WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
+	k, err := keeperOn(s, WithLease(6*time.Second), WithRetention(time.Hour), WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
 		if ev.Step == StepComplete && ev.Result == ResultUnavailable && refusals.Add(1) >= 3*2 {
 			once.Do(func() { close(refused) })
 		}

@@ -48,9 +48,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// cfStore is what a Keeper uses of a RedisStore: its Store. The wrappers
+// cfStore is what a Keeper uses of a redisStore: its store. The wrappers
 // below embed one and change some of its steps.
-type cfStore = Store
+type cfStore = recordStore
 
 // overrunBound bounds how long a handler whose key another holder took over
 // may go on with its context live: its lease had run out by its process's
@@ -321,7 +321,7 @@ func newFenceBook() *fenceBook {
 	return &fenceBook{highest: map[string]int64{}, sent: map[overlapPair][]byte{}, answers: map[overlapPair][]string{}}
 }
 
-func (b *fenceBook) claimed(id string, r ClaimReply, err error) {
+func (b *fenceBook) claimed(id string, r claimReply, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err != nil {
@@ -331,7 +331,7 @@ func (b *fenceBook) claimed(id string, r ClaimReply, err error) {
 	if r.Marker {
 		b.markers++
 	}
-	if r.Status == StatusClaimed {
+	if r.Status == statusClaimed {
 		b.highest[id] = max(b.highest[id], r.Token)
 	}
 }
@@ -391,13 +391,13 @@ type fencedBatches struct {
 	book *fenceBook
 }
 
-func (s *fencedBatches) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (s *fencedBatches) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	r, err := s.cfStore.Claim(ctx, id, req)
 	s.book.claimed(id, r, err)
 	return r, err
 }
 
-func (s *fencedBatches) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (s *fencedBatches) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	out := s.cfStore.ClaimBatch(ctx, req)
 	for j, r := range out {
 		s.book.claimed(req.IDs[j], r.Reply, r.Err)
@@ -412,7 +412,7 @@ func (s *fencedBatches) Complete(ctx context.Context, id string, token int64, va
 	return stored, err
 }
 
-func (s *fencedBatches) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (s *fencedBatches) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	before := make([]int64, len(items))
 	for j, it := range items {
 		before[j] = s.book.top(it.ID)
@@ -451,13 +451,13 @@ func (s *lateBatches) delay() {
 	}
 }
 
-func (s *lateBatches) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (s *lateBatches) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	r, err := s.cfStore.Claim(ctx, id, req)
 	s.delay()
 	return r, err
 }
 
-func (s *lateBatches) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (s *lateBatches) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	r := s.cfStore.ClaimBatch(ctx, req)
 	s.delay()
 	return r
@@ -478,7 +478,7 @@ func (s *switchStore) cur() cfStore {
 	return s.master
 }
 
-func (s *switchStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (s *switchStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	return s.cur().Claim(ctx, id, req)
 }
 
@@ -494,19 +494,19 @@ func (s *switchStore) Extend(ctx context.Context, id string, token int64, lease,
 	return s.cur().Extend(ctx, id, token, lease, keep)
 }
 
-func (s *switchStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (s *switchStore) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	return s.cur().ClaimBatch(ctx, req)
 }
 
-func (s *switchStore) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (s *switchStore) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	return s.cur().SettleBatch(ctx, items, release, keep)
 }
 
-func (s *switchStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (s *switchStore) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	return s.cur().ExtendBatch(ctx, claims, lease, keep)
 }
 
-func (s *switchStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+func (s *switchStore) Checkpoint(ctx context.Context, claim claimFence, name string, value []byte, keep time.Duration) error {
 	return s.cur().Checkpoint(ctx, claim, name, value, keep)
 }
 
@@ -633,10 +633,10 @@ type cfEnv struct {
 	led  *msgLedger
 	// top is the store stack the workers' Keepers use; clean, the stack on
 	// admin (no faults) that the drain uses: both record in book. bare is
-	// the RedisStore under top, on the faulty path, or nil when the
+	// the redisStore under top, on the faulty path, or nil when the
 	// scenario's faults are in the wrappers.
 	top, clean cfStore
-	bare       *RedisStore
+	bare       *redisStore
 	keys       []string
 }
 
@@ -790,12 +790,12 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 		client.AddHook(e.hooks)
 		e.faulty = client
 	}
-	inner, err := NewRedisStore(e.faulty, storeOpts...)
+	inner, err := openRedisStore(e.faulty, storeOpts...)
 	require.NoError(t, err)
 	var base cfStore = inner
 	if sc.replica {
 		e.replica = redistest.StartReplica(t, addr)
-		rs, err := NewRedisStore(e.replica.Client(t), storeOpts...)
+		rs, err := openRedisStore(e.replica.Client(t), storeOpts...)
 		require.NoError(t, err)
 		e.swtch = &switchStore{master: inner, replica: rs}
 		base = e.swtch
@@ -809,7 +809,7 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 	if sc.wrap != nil {
 		e.top = sc.wrap(e, e.top)
 	}
-	cleanInner, err := NewRedisStore(e.admin, storeOpts...)
+	cleanInner, err := openRedisStore(e.admin, storeOpts...)
 	require.NoError(t, err)
 	e.clean = &fencedBatches{cfStore: cleanInner, book: e.book}
 	if sc.setup != nil {
@@ -819,8 +819,8 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 		e.keys = append(e.keys, "m"+strconv.Itoa(i))
 	}
 
-	newK := func(s Store) *Keeper {
-		k, err := New(s, keeperOpts...)
+	newK := func(s recordStore) *Keeper {
+		k, err := keeperOn(s, keeperOpts...)
 		require.NoError(t, err)
 		return k
 	}
@@ -836,7 +836,7 @@ func runFaultScenarioOn(t *testing.T, sc cfScenario, backend string, cl *rediste
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The first consumer's Keeper is on the RedisStore itself, so
+			// The first consumer's Keeper is on the redisStore itself, so
 			// that Consume takes the paths it takes only there (its
 			// completions and releases in one pipeline); the others' are
 			// on the wrappers, which see every claim and completion.
@@ -1154,8 +1154,8 @@ func (e *cfEnv) verifyStored() {
 	ctx := context.Background()
 	for _, key := range e.keys {
 		id := recordID(cfScope, key)
-		r, err := e.clean.Claim(ctx, id, ClaimRequest{Attempt: newAttemptID(), Lease: e.lease, Keep: e.lease + time.Minute, Retention: time.Minute, MarkerRetention: time.Minute})
-		if err != nil || r.Status != StatusCompleted {
+		r, err := e.clean.Claim(ctx, id, claimRequest{Attempt: newAttemptID(), Lease: e.lease, Keep: e.lease + time.Minute, Retention: time.Minute, MarkerRetention: time.Minute})
+		if err != nil || r.Status != statusCompleted {
 			e.led.violation("%s after the run: status %d, %v; want its stored answer", key, r.Status, err)
 			continue
 		}
@@ -1338,11 +1338,11 @@ func TestConsumeFaultsCluster(t *testing.T) {
 // claim would do.
 type lyingClaims struct{ cfStore }
 
-func (s lyingClaims) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (s lyingClaims) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	out := s.cfStore.ClaimBatch(ctx, req)
 	for j := range out {
-		if out[j].Err == nil && out[j].Reply.Status == StatusInProgress {
-			out[j].Reply = ClaimReply{Status: StatusClaimed, Token: time.Now().UnixMicro(), Attempt: 1}
+		if out[j].Err == nil && out[j].Reply.Status == statusInProgress {
+			out[j].Reply = claimReply{Status: statusClaimed, Token: time.Now().UnixMicro(), Attempt: 1}
 		}
 	}
 	return out

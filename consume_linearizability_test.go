@@ -53,11 +53,11 @@ func (r *batchLinRecorder) add(ctx context.Context, id string, in linInput, call
 	r.mu.Unlock()
 }
 
-func claimOutput(rep ClaimReply) linOutput {
+func claimOutput(rep claimReply) linOutput {
 	return linOutput{status: rep.Status, token: rep.Token, attempt: rep.Attempt, recovered: rep.Recovered, value: string(rep.Value)}
 }
 
-func (r *batchLinRecorder) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (r *batchLinRecorder) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	call := r.since()
 	rep, err := r.cfStore.Claim(ctx, id, req)
 	r.add(ctx, id, linInput{kind: linClaim, fp: req.Fingerprint, attempt: req.Attempt}, call, claimOutput(rep), err)
@@ -85,7 +85,7 @@ func (r *batchLinRecorder) Extend(ctx context.Context, id string, token int64, l
 	return err
 }
 
-func (r *batchLinRecorder) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (r *batchLinRecorder) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	call := r.since()
 	out := r.cfStore.ClaimBatch(ctx, req)
 	for j, id := range req.IDs {
@@ -98,7 +98,7 @@ func (r *batchLinRecorder) ClaimBatch(ctx context.Context, req BatchClaimRequest
 	return out
 }
 
-func (r *batchLinRecorder) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (r *batchLinRecorder) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	call := r.since()
 	done, given = r.cfStore.SettleBatch(ctx, items, release, keep)
 	for j, it := range items {
@@ -110,7 +110,7 @@ func (r *batchLinRecorder) SettleBatch(ctx context.Context, items []BatchComplet
 	return done, given
 }
 
-func (r *batchLinRecorder) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (r *batchLinRecorder) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	call := r.since()
 	errs := r.cfStore.ExtendBatch(ctx, claims, lease, keep)
 	for j, f := range claims {
@@ -155,14 +155,14 @@ func TestLinearizabilityBatches(t *testing.T) {
 			MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond, PoolSize: 32,
 		})
 		t.Cleanup(func() { c.Close() })
-		rs, err := NewRedisStore(c, append(slices.Clone(opts), WithPrefix("linb:"))...)
+		rs, err := openRedisStore(c, append(slices.Clone(opts), WithPrefix("linb:"))...)
 		require.NoError(t, err)
 		var tally linTally
 		var mu sync.Mutex
 		answers := map[string]int{}
 		for h := 0; h < histories; h++ {
 			rec := newBatchLinRecorder(rs)
-			k, err := New(rec, append(slices.Clone(opts), WithLease(time.Minute), WithRetention(time.Minute))...)
+			k, err := keeperOn(rec, append(slices.Clone(opts), WithLease(time.Minute), WithRetention(time.Minute))...)
 			require.NoError(t, err)
 			scope := "h" + strconv.Itoa(h)
 			keys := []string{"a", "b", "c"}

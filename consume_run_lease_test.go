@@ -86,16 +86,16 @@ func waitBlocked(t *testing.T, done <-chan struct{}, fn string) {
 	}
 }
 
-// lateOnClock is a RedisStore whose batch claim answers come back only after
+// lateOnClock is a redisStore whose batch claim answers come back only after
 // late has run: late moves the clock (miniredis's and the Keeper's), and may
 // let another consumer take the key over.
 type lateOnClock struct {
-	*RedisStore
+	*redisStore
 	late func()
 }
 
-func (s *lateOnClock) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
-	r := s.RedisStore.ClaimBatch(ctx, req)
+func (s *lateOnClock) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
+	r := s.redisStore.ClaimBatch(ctx, req)
 	s.late()
 	return r
 }
@@ -132,11 +132,11 @@ func TestConsumeLateAnswersOnAMovedClock(t *testing.T) {
 				require.NoError(t, err)
 				clock := &testClock{now: redisNow} // the Keeper's clock, where Redis's is
 				advance := func(d time.Duration) { clock.Advance(d); b.Advance(d) }
-				rs, err := NewRedisStore(b.Client, opts...)
+				rs, err := openRedisStore(b.Client, opts...)
 				require.NoError(t, err)
 				other := newKeeper(t, b, append(opts, WithLease(time.Minute))...)
 				var taken *Claim
-				ls := &lateOnClock{RedisStore: rs, late: func() {
+				ls := &lateOnClock{redisStore: rs, late: func() {
 					advance(tc.late)
 					if tc.takeOver {
 						expireLease(t, rs, "s", "m1")
@@ -147,7 +147,7 @@ func TestConsumeLateAnswersOnAMovedClock(t *testing.T) {
 					}
 				}}
 				log := &lateRenewals{lateOnClock: ls, renewed: map[int64]int{}}
-				k, err := New(log, append(opts, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))...)
+				k, err := keeperOn(log, append(opts, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))...)
 				require.NoError(t, err)
 				var ran atomic.Bool
 				var renewedBefore int
@@ -187,7 +187,7 @@ type lateRenewals struct {
 	renewed map[int64]int
 }
 
-func (s *lateRenewals) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (s *lateRenewals) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	errs := s.lateOnClock.ExtendBatch(ctx, claims, lease, keep)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -230,7 +230,7 @@ func TestConsumeCancelsWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	b := redistest.Real(t)
 	h := newHangingStore(t, b)
 	const lease = 600 * time.Millisecond
-	k, err := New(h, WithLease(lease), WithRetention(time.Minute))
+	k, err := keeperOn(h, WithLease(lease), WithRetention(time.Minute))
 	require.NoError(t, err)
 	h.setHang(true)
 

@@ -158,12 +158,12 @@ func TestConsumeWaitsForTheHolder(t *testing.T) {
 	}
 }
 
-// replyLostOnSettle is a Store whose first SettleBatch with outcomes to
+// replyLostOnSettle is a store whose first SettleBatch with outcomes to
 // store stores them and then loses its reply (answered ErrUnavailable, as
 // when the connection drops after Redis ran the script); renewed is closed
 // once an ExtendBatch sent after that has returned.
 type replyLostOnSettle struct {
-	Store
+	recordStore
 	mu       sync.Mutex
 	lost     bool
 	once     sync.Once
@@ -171,8 +171,8 @@ type replyLostOnSettle struct {
 	extended [][]error // the answers of the ExtendBatches after the lost reply
 }
 
-func (s *replyLostOnSettle) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
-	done, given = s.Store.SettleBatch(ctx, items, release, keep)
+func (s *replyLostOnSettle) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
+	done, given = s.recordStore.SettleBatch(ctx, items, release, keep)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.lost && len(items) > 0 {
@@ -186,11 +186,11 @@ func (s *replyLostOnSettle) SettleBatch(ctx context.Context, items []BatchComple
 	return done, given
 }
 
-func (s *replyLostOnSettle) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (s *replyLostOnSettle) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	s.mu.Lock()
 	after := s.lost
 	s.mu.Unlock()
-	errs := s.Store.ExtendBatch(ctx, claims, lease, keep)
+	errs := s.recordStore.ExtendBatch(ctx, claims, lease, keep)
 	if after {
 		s.mu.Lock()
 		s.extended = append(s.extended, slices.Clone(errs))
@@ -209,10 +209,10 @@ func TestConsumeSettlingInDoubtIsSentAgain(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for name, opts := range map[string][]Option{"markers": nil, "records": {WithoutMarkers()}} {
 			t.Run(name, func(t *testing.T) {
-				rs, err := NewRedisStore(b.Client, append([]Option{WithPrefix("doubt " + name + ":")}, opts...)...)
+				rs, err := openRedisStore(b.Client, append([]Option{WithPrefix("doubt " + name + ":")}, opts...)...)
 				require.NoError(t, err)
-				s := &replyLostOnSettle{Store: rs, renewed: make(chan struct{})}
-				k, err := New(s, append([]Option{WithLease(3 * time.Second), WithRetention(time.Hour)}, opts...)...)
+				s := &replyLostOnSettle{recordStore: rs, renewed: make(chan struct{})}
+				k, err := keeperOn(s, append([]Option{WithLease(3 * time.Second), WithRetention(time.Hour)}, opts...)...)
 				require.NoError(t, err)
 				runs := map[string]int{}
 				var mu sync.Mutex
@@ -350,12 +350,12 @@ func TestConsumeGivesUpSettlingWhenTheLeaseRunsOut(t *testing.T) {
 	assert.Greater(t, tries.Load(), int32(1), "the settling was tried again")
 }
 
-// settleFailsUntilRenewed is a Store whose SettleBatch is answered
+// settleFailsUntilRenewed is a store whose SettleBatch is answered
 // ErrUnavailable (nothing written), from its first call on, until an
 // ExtendBatch sent after that first call has renewed every claim it was
 // sent: a store that takes renewals and refuses settlings for a while.
 type settleFailsUntilRenewed struct {
-	Store
+	recordStore
 	mu       sync.Mutex
 	failing  bool // a SettleBatch was refused
 	renewed  bool // an ExtendBatch sent since then renewed its claims
@@ -363,7 +363,7 @@ type settleFailsUntilRenewed struct {
 	extended int
 }
 
-func (s *settleFailsUntilRenewed) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (s *settleFailsUntilRenewed) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	s.mu.Lock()
 	if !s.renewed {
 		s.failing = true
@@ -379,14 +379,14 @@ func (s *settleFailsUntilRenewed) SettleBatch(ctx context.Context, items []Batch
 		return done, given
 	}
 	s.mu.Unlock()
-	return s.Store.SettleBatch(ctx, items, release, keep)
+	return s.recordStore.SettleBatch(ctx, items, release, keep)
 }
 
-func (s *settleFailsUntilRenewed) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (s *settleFailsUntilRenewed) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	s.mu.Lock()
 	after := s.failing
 	s.mu.Unlock()
-	errs := s.Store.ExtendBatch(ctx, claims, lease, keep)
+	errs := s.recordStore.ExtendBatch(ctx, claims, lease, keep)
 	if after && len(errs) > 0 && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		s.mu.Lock()
 		s.renewed = true
@@ -405,12 +405,12 @@ func TestConsumeRenewsWhileTheLastSettlingWaits(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for name, opts := range map[string][]Option{"markers": nil, "records": {WithoutMarkers()}} {
 			t.Run(name, func(t *testing.T) {
-				rs, err := NewRedisStore(b.Client, append([]Option{WithPrefix("renew last " + name + ":")}, opts...)...)
+				rs, err := openRedisStore(b.Client, append([]Option{WithPrefix("renew last " + name + ":")}, opts...)...)
 				require.NoError(t, err)
-				s := &settleFailsUntilRenewed{Store: rs}
+				s := &settleFailsUntilRenewed{recordStore: rs}
 				// The first renewal comes a third of the lease after the
 				// claim; the patience lasts until the lease runs out.
-				k, err := New(s, append([]Option{WithLease(3 * time.Second), WithRetention(time.Hour)}, opts...)...)
+				k, err := keeperOn(s, append([]Option{WithLease(3 * time.Second), WithRetention(time.Hour)}, opts...)...)
 				require.NoError(t, err)
 				runs := map[string]int{}
 				res, err := Consume(context.Background(), k, "s", msgs("a", "b", "c"), msgID, func(ctx context.Context, m msg) error {
@@ -445,19 +445,19 @@ func TestConsumeRenewsWhileTheLastSettlingWaits(t *testing.T) {
 	})
 }
 
-// renewalSettleInDoubt is a Store whose first SettleBatch, which the test
+// renewalSettleInDoubt is a store whose first SettleBatch, which the test
 // arranges to be a renewal's, waits until another SettleBatch comes, or
 // for half a second, and is then answered ErrUnavailable, nothing written;
 // started is closed when it begins.
 type renewalSettleInDoubt struct {
-	Store
+	recordStore
 	mu      sync.Mutex
 	calls   int
 	started chan struct{}
 	second  chan struct{}
 }
 
-func (s *renewalSettleInDoubt) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (s *renewalSettleInDoubt) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	s.mu.Lock()
 	s.calls++
 	n := s.calls
@@ -480,7 +480,7 @@ func (s *renewalSettleInDoubt) SettleBatch(ctx context.Context, items []BatchCom
 	case 2:
 		close(s.second)
 	}
-	return s.Store.SettleBatch(ctx, items, release, keep)
+	return s.recordStore.SettleBatch(ctx, items, release, keep)
 }
 
 // TestConsumeLastSettlingWaitsForARenewalsSettling: a renewal settles the
@@ -490,10 +490,10 @@ func (s *renewalSettleInDoubt) SettleBatch(ctx context.Context, items []BatchCom
 // settling has ended. A message answered MessageHandled is stored.
 func TestConsumeLastSettlingWaitsForARenewalsSettling(t *testing.T) {
 	b := redistest.Real(t)
-	rs, err := NewRedisStore(b.Client, WithPrefix("renewal settling:"))
+	rs, err := openRedisStore(b.Client, WithPrefix("renewal settling:"))
 	require.NoError(t, err)
-	s := &renewalSettleInDoubt{Store: rs, started: make(chan struct{}), second: make(chan struct{})}
-	k, err := New(s, WithLease(3*time.Second), WithRetention(time.Hour))
+	s := &renewalSettleInDoubt{recordStore: rs, started: make(chan struct{}), second: make(chan struct{})}
+	k, err := keeperOn(s, WithLease(3*time.Second), WithRetention(time.Hour))
 	require.NoError(t, err)
 	ctx := context.Background()
 	// The settle window never closes while the handlers run: the first
@@ -557,9 +557,9 @@ func TestConsumeSettlesThroughAShortOutageWithReplicas(t *testing.T) {
 	master := redistest.Start(t)
 	redistest.StartReplica(t, master.Addr)
 	p := newFaultProxy(t, master.Addr, 1)
-	s, err := NewRedisStore(redistest.NewClient(t, p.Addr()), WithReplicas(1, time.Second))
+	s, err := openRedisStore(redistest.NewClient(t, p.Addr()), WithReplicas(1, time.Second))
 	require.NoError(t, err)
-	k, err := New(s, WithLease(6*time.Second), WithRetention(time.Hour))
+	k, err := keeperOn(s, WithLease(6*time.Second), WithRetention(time.Hour))
 	require.NoError(t, err)
 	ctx := context.Background()
 

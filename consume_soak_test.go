@@ -358,12 +358,12 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 		batchSize = 200
 		scope     = "soak"
 	)
-	rs, err := NewRedisStore(c, WithPrefix("csoak:"))
+	rs, err := openRedisStore(c, WithPrefix("csoak:"))
 	require.NoError(t, err)
 	book := newSoakFences()
-	store := &soakFenced{RedisStore: rs, f: book}
+	store := &soakFenced{redisStore: rs, f: book}
 	newK := func() *Keeper {
-		k, err := New(store, WithLease(soakLease), WithRetention(soakRetention), WithMarkerRetention(soakMarkers))
+		k, err := keeperOn(store, WithLease(soakLease), WithRetention(soakRetention), WithMarkerRetention(soakMarkers))
 		require.NoError(t, err)
 		return k
 	}
@@ -601,7 +601,7 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 	left := len(stream.takePending(1<<30, true))
 
 	// Every message handled within the marker retention is still known.
-	cs, err := NewRedisStore(clean, WithPrefix("csoak:"))
+	cs, err := openRedisStore(clean, WithPrefix("csoak:"))
 	require.NoError(t, err)
 	var checked, forgotten, forgottenRetried int
 	stream.mu.Lock()
@@ -616,8 +616,8 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 			continue
 		}
 		checked++
-		rep, err := cs.Claim(context.Background(), recordID(scope, soakKey(h.id)), ClaimRequest{Attempt: newAttemptID(), Lease: soakLease, Keep: soakLease, Retention: soakRetention, MarkerRetention: soakMarkers})
-		if err == nil && rep.Status == StatusClaimed {
+		rep, err := cs.Claim(context.Background(), recordID(scope, soakKey(h.id)), claimRequest{Attempt: newAttemptID(), Lease: soakLease, Keep: soakLease, Retention: soakRetention, MarkerRetention: soakMarkers})
+		if err == nil && rep.Status == statusClaimed {
 			forgotten++
 			var retried bool
 			led.with(h.id, func(m *soakMsg) { retried = m.retried })
@@ -674,15 +674,15 @@ type soakFences struct {
 
 func newSoakFences() *soakFences { return &soakFences{highest: map[string]int64{}} }
 
-// soakFenced is a RedisStore that records its batch claims and completions
+// soakFenced is a redisStore that records its batch claims and completions
 // in f.
 type soakFenced struct {
-	*RedisStore
+	*redisStore
 	f *soakFences
 }
 
-func (s *soakFenced) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
-	out := s.RedisStore.ClaimBatch(ctx, req)
+func (s *soakFenced) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
+	out := s.redisStore.ClaimBatch(ctx, req)
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	for j, r := range out {
@@ -693,21 +693,21 @@ func (s *soakFenced) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 		if r.Reply.Marker {
 			s.f.markers++
 		}
-		if r.Reply.Status == StatusClaimed {
+		if r.Reply.Status == statusClaimed {
 			s.f.highest[req.IDs[j]] = max(s.f.highest[req.IDs[j]], r.Reply.Token)
 		}
 	}
 	return out
 }
 
-func (s *soakFenced) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
+func (s *soakFenced) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
 	s.f.mu.Lock()
 	before := make([]int64, len(items))
 	for j, it := range items {
 		before[j] = s.f.highest[it.ID]
 	}
 	s.f.mu.Unlock()
-	done, given = s.RedisStore.SettleBatch(ctx, items, release, keep)
+	done, given = s.redisStore.SettleBatch(ctx, items, release, keep)
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	for j, it := range items {

@@ -156,21 +156,21 @@ func TestConsumeWithConcurrency(t *testing.T) {
 	assert.EqualValues(t, 3, most.Load())
 }
 
-// batchCounter counts a Store's batch steps.
+// batchCounter counts a store's batch steps.
 type batchCounter struct {
-	*RedisStore
+	*redisStore
 	mu      sync.Mutex
 	extends [][]error
 	claims  atomic.Int32
 }
 
-func (s *batchCounter) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (s *batchCounter) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	s.claims.Add(1)
-	return s.RedisStore.ClaimBatch(ctx, req)
+	return s.redisStore.ClaimBatch(ctx, req)
 }
 
-func (s *batchCounter) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
-	errs := s.RedisStore.ExtendBatch(ctx, claims, lease, keep)
+func (s *batchCounter) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
+	errs := s.redisStore.ExtendBatch(ctx, claims, lease, keep)
 	s.mu.Lock()
 	s.extends = append(s.extends, errs)
 	s.mu.Unlock()
@@ -190,10 +190,10 @@ func TestConsumeRenewsTheBatchLeases(t *testing.T) {
 	// miniredis: Redis's clock stands still, so no lease runs out whatever
 	// the machine's speed; the renewals run on the process's timers.
 	b := redistest.Miniredis(t)
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
-	store := &batchCounter{RedisStore: rs}
-	k, err := New(store, WithLease(90*time.Millisecond))
+	store := &batchCounter{redisStore: rs}
+	k, err := keeperOn(store, WithLease(90*time.Millisecond))
 	require.NoError(t, err)
 	res, err := Consume(context.Background(), k, "s", msgs("a", "b", "c", "done"), msgID, func(ctx context.Context, m msg) error {
 		if m.ID == "a" {
@@ -447,7 +447,7 @@ func TestConsumeExactlyOnceUnderCrashesAndRedeliveries(t *testing.T) {
 				stream = append(stream, msg{ID: fmt.Sprint("evt-", i)})
 			}
 		}
-		store, err := NewRedisStore(b.Client)
+		store, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		for round := 0; len(acked) < messages; round++ {
 			require.Less(t, round, 30, "every message acknowledged within 30 deliveries")

@@ -36,7 +36,7 @@ const (
 	MaxDuration = 100 * 365 * 24 * time.Hour
 )
 
-// DefaultPrefix starts every Redis key of a RedisStore unless WithPrefix says
+// DefaultPrefix starts every Redis key of a Keeper unless WithPrefix says
 // otherwise.
 const DefaultPrefix = "idem:"
 

@@ -23,7 +23,7 @@ import (
 
 // The fault tests, the linearizability histories, the client-gone tests and
 // the soak share what follows: the client settings behind a fault proxy, the
-// ledger of runs per key, the ledger of fencing tokens, and Store wrappers
+// ledger of runs per key, the ledger of fencing tokens, and store wrappers
 // that end a caller's context at a chosen point of a call or send the
 // renewals around the faults.
 
@@ -422,16 +422,16 @@ func (f *fences) highest(id string) int64 {
 	return f.max[id]
 }
 
-// fenceStore is a Store that records the claims and completions it passes
+// fenceStore is a store that records the claims and completions it passes
 // on in f.
 type fenceStore struct {
-	Store
+	recordStore
 	f *fences
 }
 
-func (s *fenceStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
-	r, err := s.Store.Claim(ctx, id, req)
-	if err == nil && r.Status == StatusClaimed {
+func (s *fenceStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
+	r, err := s.recordStore.Claim(ctx, id, req)
+	if err == nil && r.Status == statusClaimed {
 		s.f.mu.Lock()
 		s.f.max[id] = max(s.f.max[id], r.Token)
 		s.f.mu.Unlock()
@@ -441,7 +441,7 @@ func (s *fenceStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 
 func (s *fenceStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	before := s.f.highest(id)
-	stored, err = s.Store.Complete(ctx, id, token, value, keep)
+	stored, err = s.recordStore.Complete(ctx, id, token, value, keep)
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	switch {
@@ -459,12 +459,12 @@ func (s *fenceStore) Complete(ctx context.Context, id string, token int64, value
 }
 
 // splitStore sends renewals (Extend) to renew and every other call to the
-// Store it embeds: a process whose renewals get through while the calls of
+// store it embeds: a process whose renewals get through while the calls of
 // its callers meet the faults. A holder whose renewals get through must never
 // see its key run by another.
 type splitStore struct {
-	Store
-	renew Store
+	recordStore
+	renew recordStore
 }
 
 func (s splitStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
@@ -486,7 +486,7 @@ const (
 	goneStoreFails
 )
 
-// goneOn names the calls of a Store, for callerGone.
+// goneOn names the calls of a store, for callerGone.
 type goneOn uint8
 
 const (
@@ -521,8 +521,8 @@ func withCallerGone(parent context.Context, at goneAt, on goneOn) (context.Conte
 // errGoneReset is the error of a store call cut by goneStoreFails.
 var errGoneReset = errors.New("read tcp 127.0.0.1: connection reset by peer")
 
-// goneStore is a Store that ends callers' contexts as their callerGone says.
-type goneStore struct{ Store }
+// goneStore is a store that ends callers' contexts as their callerGone says.
+type goneStore struct{ recordStore }
 
 // gone returns the callerGone of ctx that fires on a call of op, marking it
 // fired, or nil.
@@ -553,10 +553,10 @@ func aroundGone(ctx context.Context, op goneOn, call func() error) error {
 	}
 }
 
-func (s goneStore) Claim(ctx context.Context, id string, req ClaimRequest) (r ClaimReply, err error) {
+func (s goneStore) Claim(ctx context.Context, id string, req claimRequest) (r claimReply, err error) {
 	err = aroundGone(ctx, goneOnClaim, func() error {
 		var err error
-		r, err = s.Store.Claim(ctx, id, req)
+		r, err = s.recordStore.Claim(ctx, id, req)
 		return err
 	})
 	return r, err
@@ -565,18 +565,18 @@ func (s goneStore) Claim(ctx context.Context, id string, req ClaimRequest) (r Cl
 func (s goneStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	err = aroundGone(ctx, goneOnComplete, func() error {
 		var err error
-		stored, err = s.Store.Complete(ctx, id, token, value, keep)
+		stored, err = s.recordStore.Complete(ctx, id, token, value, keep)
 		return err
 	})
 	return stored, err
 }
 
 func (s goneStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
-	return aroundGone(ctx, goneOnRelease, func() error { return s.Store.Release(ctx, id, token, keep) })
+	return aroundGone(ctx, goneOnRelease, func() error { return s.recordStore.Release(ctx, id, token, keep) })
 }
 
 func (s goneStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
-	return aroundGone(ctx, goneOnExtend, func() error { return s.Store.Extend(ctx, id, token, lease, keep) })
+	return aroundGone(ctx, goneOnExtend, func() error { return s.recordStore.Extend(ctx, id, token, lease, keep) })
 }
 
 // TestFaults runs Do from several workers on a few keys through a fault
@@ -765,15 +765,15 @@ func TestFaultsCallerGone(t *testing.T) {
 
 func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix string, faults faultproxy.Faults, cuts time.Duration, coalesce bool) {
 	p := newFaultProxy(t, srv.Addr, seed)
-	faulty, err := NewRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
+	faulty, err := openRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
 	require.NoError(t, err)
-	clean, err := NewRedisStore(srv.Client(t), WithPrefix(prefix))
+	clean, err := openRedisStore(srv.Client(t), WithPrefix(prefix))
 	require.NoError(t, err)
 	f := newFences()
-	store := goneStore{&fenceStore{Store: splitStore{Store: faulty, renew: clean}, f: f}}
-	k, err := New(store, WithLease(faultLease), WithRetention(time.Minute), WithCoalescing(coalesce))
+	store := goneStore{&fenceStore{recordStore: splitStore{recordStore: faulty, renew: clean}, f: f}}
+	k, err := keeperOn(store, WithLease(faultLease), WithRetention(time.Minute), WithCoalescing(coalesce))
 	require.NoError(t, err)
-	probe, err := New(store, WithLease(faultLease), WithRetention(time.Minute)) // asks Redis, never the coalescing layer
+	probe, err := keeperOn(store, WithLease(faultLease), WithRetention(time.Minute)) // asks Redis, never the coalescing layer
 	require.NoError(t, err)
 	l := newRunLedger()
 	const scope = "gone"
@@ -893,7 +893,7 @@ func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix s
 	// Once the lease has run out, every key answers a caller without faults,
 	// and its stored result is that of the highest token handed out for it.
 	time.Sleep(faultLease + 50*time.Millisecond)
-	direct, err := New(&fenceStore{Store: clean, f: f}, WithLease(faultLease), WithRetention(time.Minute))
+	direct, err := keeperOn(&fenceStore{recordStore: clean, f: f}, WithLease(faultLease), WithRetention(time.Minute))
 	require.NoError(t, err)
 	ctx := context.Background()
 	all := make([]string, 0, keys+longOps)
@@ -956,12 +956,12 @@ func faultsCallerGone(t *testing.T, srv *redistest.Server, seed uint64, prefix s
 func TestLateClaimIsRenewedBeforeItRuns(t *testing.T) {
 	redistest.Long(t)
 	b := redistest.Real(t)
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	const lease = 3 * time.Second // the renewal, a second after fn starts, comes far later than the second caller
-	late, err := New(&lateStore{Store: rs, lag: lease + 100*time.Millisecond}, WithLease(lease))
+	late, err := keeperOn(&lateStore{recordStore: rs, lag: lease + 100*time.Millisecond}, WithLease(lease))
 	require.NoError(t, err)
-	other, err := New(rs, WithLease(lease))
+	other, err := keeperOn(rs, WithLease(lease))
 	require.NoError(t, err)
 	ctx := context.Background()
 	var live, overlaps atomic.Int32
@@ -1001,12 +1001,12 @@ func TestLateClaimIsRenewedBeforeItRuns(t *testing.T) {
 func TestSlowFailedRenewalKeepsTheLease(t *testing.T) {
 	redistest.Long(t)
 	b := redistest.Real(t)
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	const lease = 3 * time.Second
-	holder, err := New(&slowFailStore{Store: rs, hang: lease / 2}, WithLease(lease))
+	holder, err := keeperOn(&slowFailStore{recordStore: rs, hang: lease / 2}, WithLease(lease))
 	require.NoError(t, err)
-	other, err := New(rs, WithLease(lease))
+	other, err := keeperOn(rs, WithLease(lease))
 	require.NoError(t, err)
 	ctx := context.Background()
 	var live, overlaps atomic.Int32
@@ -1042,7 +1042,7 @@ func TestSlowFailedRenewalKeepsTheLease(t *testing.T) {
 // slowFailStore fails the second renewal after hang, as a renewal whose
 // every try waited out the read timeout; the other calls pass.
 type slowFailStore struct {
-	Store
+	recordStore
 	n    atomic.Int32
 	hang time.Duration
 }
@@ -1052,18 +1052,18 @@ func (s *slowFailStore) Extend(ctx context.Context, id string, token int64, leas
 		time.Sleep(s.hang)
 		return errors.New("read tcp 127.0.0.1: i/o timeout")
 	}
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	return s.recordStore.Extend(ctx, id, token, lease, keep)
 }
 
 // lateStore answers claims lag after Redis ran them.
 type lateStore struct {
-	Store
+	recordStore
 	lag time.Duration
 }
 
-func (s *lateStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
-	r, err := s.Store.Claim(ctx, id, req)
-	if err == nil && r.Status == StatusClaimed {
+func (s *lateStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
+	r, err := s.recordStore.Claim(ctx, id, req)
+	if err == nil && r.Status == statusClaimed {
 		time.Sleep(s.lag)
 	}
 	return r, err
@@ -1221,32 +1221,32 @@ func TestRestartWithAOF(t *testing.T) {
 	assert.Equal(t, 2, again.Claim.Attempt())
 }
 
-// lateClaims is a RedisStore whose claim answers come back only after late
+// lateClaims is a redisStore whose claim answers come back only after late
 // has run: a reply held up (a slow network, a resend after a lost reply, a
 // paused process) while the lease goes on running in Redis.
 type lateClaims struct {
-	*RedisStore
+	*redisStore
 	late func()
 }
 
-func (s *lateClaims) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
-	r, err := s.RedisStore.Claim(ctx, id, req)
+func (s *lateClaims) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
+	r, err := s.redisStore.Claim(ctx, id, req)
 	s.late()
 	return r, err
 }
 
-func (s *lateClaims) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
-	r := s.RedisStore.ClaimBatch(ctx, req)
+func (s *lateClaims) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
+	r := s.redisStore.ClaimBatch(ctx, req)
 	s.late()
 	return r
 }
 
 func lateKeeper(t *testing.T, b *redistest.Backend, key string) (*Keeper, **Claim) {
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	var other *Claim
-	s := &lateClaims{RedisStore: rs, late: func() { other = takeOver(t, b, "s", key) }}
-	k, err := New(s, WithLease(300*time.Millisecond), WithRetention(time.Minute))
+	s := &lateClaims{redisStore: rs, late: func() { other = takeOver(t, b, "s", key) }}
+	k, err := keeperOn(s, WithLease(300*time.Millisecond), WithRetention(time.Minute))
 	require.NoError(t, err)
 	return k, &other
 }

@@ -59,9 +59,9 @@ func TestStoreFailuresAreUnavailable(t *testing.T) {
 		t.Run(cause.Error(), func(t *testing.T) {
 			b := redistest.Miniredis(t)
 			f := &flakyScripter{Scripter: b.Client, err: cause}
-			s, err := NewRedisStore(f)
+			s, err := openRedisStore(f)
 			require.NoError(t, err)
-			k, err := New(s)
+			k, err := keeperOn(s)
 			require.NoError(t, err)
 			ctx := context.Background()
 			var runs int
@@ -100,9 +100,9 @@ func TestStoreFailuresAreUnavailable(t *testing.T) {
 func TestDoReturnsValueWhenResultCannotBeStored(t *testing.T) {
 	b := redistest.Miniredis(t)
 	f := &flakyScripter{Scripter: b.Client, err: redisError("LOADING Redis is loading the dataset in memory")}
-	s, err := NewRedisStore(f)
+	s, err := openRedisStore(f)
 	require.NoError(t, err)
-	k, err := New(s)
+	k, err := keeperOn(s)
 	require.NoError(t, err)
 	ctx := context.Background()
 	v, err := Do(ctx, k, "s", "k", func(ctx context.Context) (string, error) {

@@ -212,7 +212,7 @@ func TestDurationLimits(t *testing.T) {
 		"error retention": WithErrorRetention(math.MaxInt64),
 		"lease past max":  WithLease(MaxDuration + time.Millisecond),
 	} {
-		_, err := New(&RedisStore{}, WithRetention(MaxDuration), opt)
+		_, err := keeperOn(&redisStore{}, WithRetention(MaxDuration), opt)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
 	assert.Equal(t, int64(math.MaxInt64/int64(time.Millisecond)), millis(math.MaxInt64))

@@ -167,24 +167,24 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 		detachedMax = 1024 // outliving and paused operations under way at once
 		scope       = "soak"
 	)
-	rs, err := NewRedisStore(c, WithPrefix("soak:"))
+	rs, err := openRedisStore(c, WithPrefix("soak:"))
 	require.NoError(t, err)
-	cs, err := NewRedisStore(clean, WithPrefix("soak:"))
+	cs, err := openRedisStore(clean, WithPrefix("soak:"))
 	require.NoError(t, err)
 	f := newFences()
-	var calls Store = rs
+	var calls recordStore = rs
 	if renew != nil {
-		rn, err := NewRedisStore(renew, WithPrefix("soak:"))
+		rn, err := openRedisStore(renew, WithPrefix("soak:"))
 		require.NoError(t, err)
-		calls = splitStore{Store: rs, renew: rn}
+		calls = splitStore{recordStore: rs, renew: rn}
 	}
-	gaps := &renewWatch{Store: calls, last: map[int64]time.Time{}}
-	store := goneStore{&fenceStore{Store: gaps, f: f}}
-	plain, err := New(store, WithLease(plainLease), WithRetention(time.Hour))
+	gaps := &renewWatch{recordStore: calls, last: map[int64]time.Time{}}
+	store := goneStore{&fenceStore{recordStore: gaps, f: f}}
+	plain, err := keeperOn(store, WithLease(plainLease), WithRetention(time.Hour))
 	require.NoError(t, err)
-	short, err := New(store, WithLease(shortLease), WithRetention(time.Hour))
+	short, err := keeperOn(store, WithLease(shortLease), WithRetention(time.Hour))
 	require.NoError(t, err)
-	paused, err := New(store, WithLease(pausedLease), WithRetention(time.Hour))
+	paused, err := keeperOn(store, WithLease(pausedLease), WithRetention(time.Hour))
 	require.NoError(t, err)
 	l := newRunLedger()
 	l.lossAllowed = renew == nil && c != clean // renewals meet the faults
@@ -481,7 +481,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 	lastKey := issued/perKey + window
 	direct := map[int]*Keeper{}
 	for kind, lease := range map[int]time.Duration{0: plainLease, 1: shortLease, 2: pausedLease} {
-		k, err := New(&fenceStore{Store: cs, f: f}, WithLease(lease), WithRetention(time.Hour))
+		k, err := keeperOn(&fenceStore{recordStore: cs, f: f}, WithLease(lease), WithRetention(time.Hour))
 		require.NoError(t, err)
 		direct[kind] = k
 	}
@@ -609,7 +609,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 // renewal, and between renewals: a renewal later than two thirds of the lease
 // means the process did not renew on time (a stall), whatever the store did.
 type renewWatch struct {
-	Store
+	recordStore
 	mu       sync.Mutex
 	last     map[int64]time.Time // by token: the claim's answer or last renewal
 	renewals int
@@ -617,9 +617,9 @@ type renewWatch struct {
 	maxGap   time.Duration
 }
 
-func (s *renewWatch) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
-	r, err := s.Store.Claim(ctx, id, req)
-	if err == nil && r.Status == StatusClaimed {
+func (s *renewWatch) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
+	r, err := s.recordStore.Claim(ctx, id, req)
+	if err == nil && r.Status == statusClaimed {
 		s.mu.Lock()
 		s.last[r.Token] = time.Now()
 		s.mu.Unlock()
@@ -640,7 +640,7 @@ func (s *renewWatch) Extend(ctx context.Context, id string, token int64, lease, 
 	}
 	s.last[token] = now
 	s.mu.Unlock()
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	return s.recordStore.Extend(ctx, id, token, lease, keep)
 }
 
 func (s *renewWatch) forget(token int64) {
@@ -651,12 +651,12 @@ func (s *renewWatch) forget(token int64) {
 
 func (s *renewWatch) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	s.forget(token)
-	return s.Store.Complete(ctx, id, token, value, keep)
+	return s.recordStore.Complete(ctx, id, token, value, keep)
 }
 
 func (s *renewWatch) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
 	s.forget(token)
-	return s.Store.Release(ctx, id, token, keep)
+	return s.recordStore.Release(ctx, id, token, keep)
 }
 
 // soakLateClaims notes, for runs told their lease was lost, how long their

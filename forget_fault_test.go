@@ -322,18 +322,18 @@ func TestFaultsOperator(t *testing.T) {
 
 func faultsOperator(t *testing.T, srv *redistest.Server, seed uint64, prefix string, faults faultproxy.Faults) {
 	p := newFaultProxy(t, srv.Addr, seed)
-	faulty, err := NewRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
+	faulty, err := openRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
 	require.NoError(t, err)
-	operatorStore, err := NewRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
+	operatorStore, err := openRedisStore(newFaultClient(t, p.Addr()), WithPrefix(prefix))
 	require.NoError(t, err)
-	clean, err := NewRedisStore(srv.Client(t), WithPrefix(prefix))
+	clean, err := openRedisStore(srv.Client(t), WithPrefix(prefix))
 	require.NoError(t, err)
 	f := newFences()
 	// Renewals go around the faults: the healthy holders renew on time, so
 	// a lost lease is the operator's doing.
-	k, err := New(&fenceStore{Store: splitStore{Store: faulty, renew: clean}, f: f}, WithLease(faultLease), WithRetention(time.Minute))
+	k, err := keeperOn(&fenceStore{recordStore: splitStore{recordStore: faulty, renew: clean}, f: f}, WithLease(faultLease), WithRetention(time.Minute))
 	require.NoError(t, err)
-	operator, err := New(operatorStore, WithLease(faultLease), WithRetention(time.Minute))
+	operator, err := keeperOn(operatorStore, WithLease(faultLease), WithRetention(time.Minute))
 	require.NoError(t, err)
 	l := newOpLedger()
 	const scope = "op"
@@ -472,7 +472,7 @@ func faultsOperator(t *testing.T, srv *redistest.Server, seed uint64, prefix str
 	// Once the leases have run out, every key answers a caller without
 	// faults; its claim, if it runs, is checked as any other.
 	time.Sleep(faultLease + 50*time.Millisecond)
-	direct, err := New(&fenceStore{Store: clean, f: f}, WithLease(faultLease), WithRetention(time.Minute))
+	direct, err := keeperOn(&fenceStore{recordStore: clean, f: f}, WithLease(faultLease), WithRetention(time.Minute))
 	require.NoError(t, err)
 	for n := 0; n < keys; n++ {
 		key := "k" + strconv.Itoa(n)

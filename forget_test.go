@@ -159,7 +159,7 @@ func TestForgetNeverRemovesWhatIsNotARecord(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		rk := k.store.(*RedisStore).RecordKey("s", "k")
+		rk := k.store.(*redisStore).RecordKey("s", "k")
 		require.NoError(t, b.Client.Set(ctx, rk, "someone else's value", 0).Err())
 		for _, force := range []bool{false, true} {
 			r, err := k.Forget(ctx, "s", "k", force)
@@ -190,9 +190,9 @@ func TestForgetIsSafeToResend(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Hour))
-		s, err := NewRedisStore(resendScripter{b.Client})
+		s, err := openRedisStore(resendScripter{b.Client})
 		require.NoError(t, err)
-		resending, err := New(s, WithLease(time.Hour))
+		resending, err := keeperOn(s, WithLease(time.Hour))
 		require.NoError(t, err)
 
 		_, err = Do(ctx, k, "s", "done", func(context.Context) (int, error) { return 1, nil })
@@ -218,7 +218,7 @@ func TestForgetRoundTrips(t *testing.T) {
 		b.Client.AddHook(&n)
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		for _, key := range []string{"a", "b"} {
 			_, err := Do(ctx, k, "s", key, func(context.Context) (int, error) { return 1, nil })
 			require.NoError(t, err)
@@ -253,12 +253,12 @@ func TestForgetRefusesBeforeTheStore(t *testing.T) {
 	assert.Zero(t, n.Count(func() {
 		_, err := k.Forget(ctx, "s", string(make([]byte, MaxKeyLen+1)), true)
 		assert.ErrorIs(t, err, ErrInvalidKey)
-		_, err = k.store.(*RedisStore).Forget(ctx, "idem:{x}", 1, true)
+		_, err = k.store.(*redisStore).Forget(ctx, "idem:{x}", 1, true)
 		assert.ErrorIs(t, err, ErrInvalidKey, "a Redis key is not a record id")
 		for _, tok := range []int64{0, -1, 1 << 53} {
 			_, err = k.ForgetToken(ctx, "s", "k", tok, true)
 			assert.ErrorIs(t, err, ErrInvalidConfig, "token %d", tok)
-			_, err = k.store.(*RedisStore).Forget(ctx, recordID("s", "k"), tok, true)
+			_, err = k.store.(*redisStore).Forget(ctx, recordID("s", "k"), tok, true)
 			assert.ErrorIs(t, err, ErrInvalidConfig, "token %d", tok)
 		}
 		_, err = k.Forget(canceled, "s", "k", true)
@@ -302,9 +302,9 @@ func (r resendBetween) Eval(ctx context.Context, script string, keys []string, a
 // call, calling between() in between.
 func resendingKeeper(t *testing.T, b *redistest.Backend, sc *luaScript, between func()) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(resendBetween{Scripter: b.Client, script: sc.Script, src: sc.src, between: between})
+	s, err := openRedisStore(resendBetween{Scripter: b.Client, script: sc.Script, src: sc.src, between: between})
 	require.NoError(t, err)
-	k, err := New(s, WithLease(time.Hour))
+	k, err := keeperOn(s, WithLease(time.Hour))
 	require.NoError(t, err)
 	return k
 }
@@ -367,7 +367,7 @@ func TestForgetOfAnAbandonedClaimKeepsItsCheckpoints(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b, WithLease(time.Minute))
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		out, err := k.Begin(ctx, "s", "order-1")
 		require.NoError(t, err)
 		require.NoError(t, out.Claim.Checkpoint(ctx, "charged", []byte("ch_1")))
@@ -458,7 +458,7 @@ func TestForgetTokenLeavesAnotherRecordAlone(t *testing.T) {
 
 		r, err := k.ForgetToken(ctx, "s", "k", shown.Claim.Token(), true)
 		require.NoError(t, err, "nothing to forget is not an error")
-		assert.Equal(t, Record{ID: recordID("s", "k"), Key: k.store.(*RedisStore).RecordKey("s", "k")}, r)
+		assert.Equal(t, Record{ID: recordID("s", "k"), Key: k.store.(*redisStore).RecordKey("s", "k")}, r)
 		assert.Equal(t, newer.Claim.Token(), inspectOK(t, k, "s", "k").Token, "the newer claim is untouched")
 
 		require.NoError(t, newer.Claim.Complete(ctx, []byte("done"), 0))
@@ -515,7 +515,7 @@ func TestInspectShowsCheckpoints(t *testing.T) {
 		want := []CheckpointInfo{{name, MaxCheckpointValue}, {"b", 1}}
 		assert.Equal(t, want, inspectOK(t, k, "s", "k").Checkpoints)
 		n := 0
-		for r, err := range k.store.(*RedisStore).Scan(ctx, ScanOptions{}) {
+		for r, err := range k.store.(*redisStore).Scan(ctx, ScanOptions{}) {
 			require.NoError(t, err)
 			assert.Equal(t, want, r.Checkpoints, "Scan reads them as Inspect does")
 			n++
@@ -541,7 +541,7 @@ func TestForgetAndAbandonNeverChangeUnreadableCheckpoints(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b)
-		rk := k.store.(*RedisStore).RecordKey("s", "odd")
+		rk := k.store.(*redisStore).RecordKey("s", "odd")
 		const value = "i1P1700000000000000:2:1:4102444800000000:AAAAAAAAAAA::\x00later"
 		require.NoError(t, b.Client.Set(ctx, rk, value, time.Hour).Err())
 		_, err := k.ForgetToken(ctx, "s", "odd", 1700000000000000, true)

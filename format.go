@@ -8,7 +8,7 @@ import (
 	"unsafe"
 )
 
-// format.go holds what RedisStore keeps in Redis and how its scripts
+// format.go holds what redisStore keeps in Redis and how its scripts
 // answer: the formats of the record, the call record and the index entry,
 // the Go readers of the record, and the named reply codes. lua/format.lua
 // holds the same for the scripts (the Lua readers and writers of each
@@ -132,8 +132,8 @@ const (
 // Value is the payload, sharing the memory of rec: rec must be a reply
 // go-redis read, which nothing else holds (go-redis makes the string of a
 // bulk reply from a buffer of its own).
-func parseCompleted(rec string) (ClaimReply, error) {
-	r := ClaimReply{Status: StatusCompleted}
+func parseCompleted(rec string) (claimReply, error) {
+	r := claimReply{Status: statusCompleted}
 	rest, ok := strings.CutPrefix(rec, "i1C")
 	if !ok {
 		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
@@ -299,17 +299,17 @@ func readShortHeader(s string) (header, string, error) {
 
 // withCheckpoints sets r's checkpoints from the rest of a claim reply: none,
 // or the record's checkpoints as checkpoint.lua writes them.
-func withCheckpoints(r ClaimReply, rest []any) (ClaimReply, error) {
+func withCheckpoints(r claimReply, rest []any) (claimReply, error) {
 	if len(rest) == 0 {
 		return r, nil
 	}
 	tail, ok := rest[0].(string)
 	if !ok {
-		return ClaimReply{}, unexpected(rest)
+		return claimReply{}, unexpected(rest)
 	}
 	cps, err := parseCheckpoints(tail)
 	if err != nil {
-		return ClaimReply{}, err
+		return claimReply{}, err
 	}
 	r.Checkpoints = cps
 	return r, nil

@@ -102,16 +102,16 @@ var markerFormat = []struct {
 	{"marker of a claim's third attempt", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", aw: 2, states: "XC", attempts: "\x00\x01\x00\x03"}, 2, time.Minute, time.Hour, func(t *testing.T, k *Keeper, key string, token int64) {
 		// Begin and Do claim by claim.lua, which answers the attempt a
 		// marker's place holds, as a batch's claim does.
-		rep, err := k.store.Claim(context.Background(), k.RecordID("s", key), ClaimRequest{Attempt: newAttemptID(), Lease: time.Minute, Keep: time.Hour})
+		rep, err := k.store.Claim(context.Background(), k.RecordID("s", key), claimRequest{Attempt: newAttemptID(), Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, err)
-		assert.Equal(t, StatusCompleted, rep.Status)
+		assert.Equal(t, statusCompleted, rep.Status)
 		assert.True(t, rep.Marker)
 		assert.Equal(t, token, rep.Token)
 		assert.Equal(t, 3, rep.Attempt)
-		out := k.store.ClaimBatch(context.Background(), BatchClaimRequest{IDs: []string{k.RecordID("s", key)}, Attempt: newAttemptID(),
+		out := k.store.ClaimBatch(context.Background(), batchClaimRequest{IDs: []string{k.RecordID("s", key)}, Attempt: newAttemptID(),
 			Lease: time.Minute, Keep: time.Hour, Retention: time.Hour, MarkerRetention: time.Hour, Compact: true})
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusCompleted, out[0].Reply.Status)
+		assert.Equal(t, statusCompleted, out[0].Reply.Status)
 		assert.Equal(t, 3, out[0].Reply.Attempt)
 	}},
 	{"compact claim run out at its third attempt", v3Call{until: 1700000000000000, callID: "AAAAAAAAAAE", aw: 2, states: "XP", attempts: "\x00\x01\x80\x03"}, 2, 0, 0, beginsAgain(4, true)},
@@ -136,7 +136,7 @@ func beginsAgain(attempt int, recovered bool) func(t *testing.T, k *Keeper, key 
 func TestMarkerFormatV3StillReads(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		keepers := map[string][]Option{"markers": nil, "without markers": {WithoutMarkers()}}
 		const l, sp = 2, 1 // 5 blocks

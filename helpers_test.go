@@ -49,13 +49,13 @@ return 1`)
 
 // expireLease makes the lease of the claim of (scope, key) in s run out, by
 // Redis's clock, whether the claim is kept in a record or compactly.
-func expireLease(t testing.TB, s *RedisStore, scope, key string) {
+func expireLease(t testing.TB, s *redisStore, scope, key string) {
 	t.Helper()
 	expireLeaseOf(t, s, recordID(scope, key))
 }
 
 // expireLeaseOf is expireLease for the record id.
-func expireLeaseOf(t testing.TB, s *RedisStore, id string) {
+func expireLeaseOf(t testing.TB, s *redisStore, id string) {
 	t.Helper()
 	ctx := context.Background()
 	if n, err := s.client.(redis.Cmdable).Exists(ctx, s.key(id)).Result(); err == nil && n == 1 {
@@ -89,7 +89,7 @@ for i = 1, #h, 2 do
 end
 return n`)
 
-// errOf is the error of a Store's Complete, for a test that asserts on it
+// errOf is the error of a store's Complete, for a test that asserts on it
 // alone.
 func errOf(_ bool, err error) error { return err }
 

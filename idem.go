@@ -16,7 +16,7 @@ import (
 // retention, and answers every later call with the first result. It is safe
 // for concurrent use.
 type Keeper struct {
-	store  Store
+	store  recordStore
 	policy policy
 	codec  Codec
 	// msgpack is set when codec is MsgpackCodec, whose encoding of []byte
@@ -46,15 +46,9 @@ type Keeper struct {
 	placed atomic.Bool
 }
 
-// New returns a Keeper on store. Options that apply to a Keeper, and their
-// defaults: WithLease (30s, DefaultLease), WithRetention (24h,
-// DefaultRetention), WithErrorRetention (the retention), WithMarkerRetention
-// (7 days, DefaultMarkerRetention), WithoutMarkers (markers on), WithCodec
-// (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock (time.Now),
-// WithScopeShards (ClusterScopeShards on a RedisStore of a
-// *redis.ClusterClient, else 0). Invalid settings, and options that do not
-// apply to a Keeper, are refused with ErrInvalidConfig.
-func New(store Store, opts ...Option) (*Keeper, error) {
+// keeperOn returns a Keeper on store, with the options that apply to a
+// Keeper (see NewRedis); the others are refused with ErrInvalidConfig.
+func keeperOn(store recordStore, opts ...Option) (*Keeper, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
@@ -66,7 +60,7 @@ func New(store Store, opts ...Option) (*Keeper, error) {
 }
 
 // buildKeeper returns a Keeper with the Keeper's part of s.
-func buildKeeper(store Store, s *settings) (*Keeper, error) {
+func buildKeeper(store recordStore, s *settings) (*Keeper, error) {
 	if err := s.policy.validate(); err != nil {
 		return nil, err
 	}
@@ -96,7 +90,7 @@ func buildKeeper(store Store, s *settings) (*Keeper, error) {
 		k.cache = newReplayCache(s.replayCache)
 	}
 	k.renewals.init(k.policy.lease)
-	if rs, ok := store.(*RedisStore); ok {
+	if rs, ok := store.(*redisStore); ok {
 		rs.addKeeper(k.scopeShards)
 	}
 	k.claims = storeClaimer{k}
@@ -144,7 +138,7 @@ type Outcome struct {
 	// Do copies only what its result would share.
 	shared  bool
 	attempt int // when Replayed: the attempt count of the completing claim
-	// marker is set when the answer came from a marker (ClaimReply.Marker).
+	// marker is set when the answer came from a marker (claimReply.Marker).
 	marker bool
 }
 
@@ -299,7 +293,7 @@ func (k *Keeper) callOptions(opts []Option) (call, error) {
 }
 
 func (k *Keeper) begin(ctx context.Context, id, attempt string, c *call) (Outcome, error) {
-	req := ClaimRequest{
+	req := claimRequest{
 		Fingerprint:     fingerprintDigest(c.fingerprint),
 		Attempt:         attempt,
 		Lease:           k.policy.lease,
@@ -342,11 +336,11 @@ func (k *Keeper) begin(ctx context.Context, id, attempt string, c *call) (Outcom
 	}
 }
 
-// storeClaimer makes each claim with one Store.Claim.
+// storeClaimer makes each claim with one recordStore.Claim.
 type storeClaimer struct{ k *Keeper }
 
 // claim implements claimer; a store call does not wait.
-func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ time.Time) (Outcome, error) {
+func (s storeClaimer) claim(ctx context.Context, id string, req claimRequest, _ time.Time) (Outcome, error) {
 	k := s.k
 	started := k.now()
 	if err := k.placementReady(ctx, true); err != nil {
@@ -369,9 +363,9 @@ func (s storeClaimer) claim(ctx context.Context, id string, req ClaimRequest, _ 
 // outcome is Begin's answer for the store's reply r to a claim of id asked
 // for at started, with lease; a claim is made in cl if it is not nil (one
 // of a batch's), else allocated.
-func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.Duration, cl *Claim) (Outcome, error) {
+func (k *Keeper) outcome(id string, r claimReply, started time.Time, lease time.Duration, cl *Claim) (Outcome, error) {
 	switch r.Status {
-	case StatusClaimed:
+	case statusClaimed:
 		if cl == nil {
 			cl = new(Claim)
 		}
@@ -380,7 +374,7 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.
 			claimedAt: started, leaseEnd: started.Add(lease), checkpoints: r.Checkpoints,
 		}
 		return Outcome{Claim: cl, Token: r.Token}, nil
-	case StatusCompleted:
+	case statusCompleted:
 		if until, ok := markerUntil(r.Value); ok {
 			// An empty result kept as a marker, in a record.
 			if started.UnixMicro() >= until {
@@ -397,11 +391,11 @@ func (k *Keeper) outcome(id string, r ClaimReply, started time.Time, lease time.
 			return Outcome{}, err
 		}
 		return out, nil
-	case StatusInProgress:
+	case statusInProgress:
 		return Outcome{}, &InProgressError{RetryAfter: max(r.LeaseLeft, time.Millisecond)}
-	case StatusMismatch:
+	case statusMismatch:
 		return Outcome{}, ErrMismatch
-	case StatusResultExpired:
+	case statusResultExpired:
 		return Outcome{Token: r.Token, attempt: r.Attempt, marker: true}, ErrResultExpired
 	}
 	return Outcome{}, fmt.Errorf("%w: claim status %d unknown", ErrCorrupt, r.Status)

@@ -208,7 +208,7 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 		c = claim("claim after the marker expired")
 		require.NoError(t, c.Complete(ctx, []byte("x"), 0))
 		b.Advance(500 * time.Millisecond) // the completed record expires
-		n, err := b.Client.Exists(ctx, k.store.(*RedisStore).key(recordID("s", "tokens"))).Result()
+		n, err := b.Client.Exists(ctx, k.store.(*redisStore).key(recordID("s", "tokens"))).Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "the record should have expired")
 		claim("claim after the record expired")
@@ -220,13 +220,13 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 
 func TestRetriedCommandsAreIdempotent(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		ctx := context.Background()
-		req := ClaimRequest{Attempt: "attempt-1", Lease: time.Minute, Keep: time.Hour}
+		req := claimRequest{Attempt: "attempt-1", Lease: time.Minute, Keep: time.Hour}
 		first, err := s.Claim(ctx, "rec", req)
 		require.NoError(t, err)
-		require.Equal(t, StatusClaimed, first.Status)
+		require.Equal(t, statusClaimed, first.Status)
 
 		// go-redis resent the claim because its reply was lost.
 		again, err := s.Claim(ctx, "rec", req)
@@ -237,7 +237,7 @@ func TestRetriedCommandsAreIdempotent(t *testing.T) {
 		other.Attempt = "attempt-2"
 		busy, err := s.Claim(ctx, "rec", other)
 		require.NoError(t, err)
-		assert.Equal(t, StatusInProgress, busy.Status)
+		assert.Equal(t, statusInProgress, busy.Status)
 
 		require.NoError(t, s.Extend(ctx, "rec", first.Token, time.Minute, time.Hour))
 		require.NoError(t, s.Extend(ctx, "rec", first.Token, time.Minute, time.Hour))
@@ -309,7 +309,7 @@ func TestRoundTrips(t *testing.T) {
 		b.Client.AddHook(&cnt)
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		fp := WithFingerprint([]byte("body"))
 		ok := func(ctx context.Context) (string, error) { return "ok", nil }
 
@@ -341,9 +341,9 @@ func TestRoundTrips(t *testing.T) {
 
 func TestStoredKeyLayout(t *testing.T) {
 	b := redistest.Miniredis(t)
-	s, err := NewRedisStore(b.Client, WithPrefix("app1:"))
+	s, err := openRedisStore(b.Client, WithPrefix("app1:"))
 	require.NoError(t, err)
-	k, err := New(s)
+	k, err := keeperOn(s)
 	require.NoError(t, err)
 	ctx := context.Background()
 	keys := []string{"k", "payment/2024-01-01/very-secret-client-key", strings.Repeat("x", MaxKeyLen)}
@@ -451,7 +451,7 @@ func TestLeaseLostCancelsTheOperation(t *testing.T) {
 			// the lease alive: end the lease in Redis's view by rewriting the
 			// record's lease end to the past, then take over. A renewal may
 			// land in between; then try again.
-			key := k.store.(*RedisStore).key(recordID("s", "lost"))
+			key := k.store.(*redisStore).key(recordID("s", "lost"))
 			for i := 0; next.Claim == nil && i < 50; i++ {
 				rec, err := b.Client.Get(ctx, key).Result()
 				require.NoError(t, err)

@@ -83,10 +83,10 @@ func (k StoredKind) String() string {
 // (ReadAt).
 type Record struct {
 	// ID is the record's id: the fixed-length digest of (scope, key) that
-	// the Store is given. The raw key is not stored and cannot be recovered.
+	// the store is given. The raw key is not stored and cannot be recovered.
 	ID string
-	// Key is where the store keeps the record: for a RedisStore, its Redis
-	// key (prefix + "{" + ID + "}", or for an ID placed by WithScopeShards
+	// Key is where the store keeps the record: its Redis key
+	// (prefix + "{" + ID + "}", or for an ID placed by WithScopeShards
 	// prefix + "{" + its last 6 characters + "}" + its first 16). Empty
 	// when the store does not say.
 	Key string

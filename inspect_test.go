@@ -118,7 +118,7 @@ func TestInspectIsOneRoundTripAndChangesNothing(t *testing.T) {
 		ctx := context.Background()
 		_, err := Do(ctx, k, "s", "k", func(context.Context) (string, error) { return "v", nil })
 		require.NoError(t, err)
-		store := k.store.(*RedisStore)
+		store := k.store.(*redisStore)
 		require.NoError(t, store.LoadScripts(ctx), "so that no call falls back to EVAL")
 		rk := store.RecordKey("s", "k")
 		before, err := b.Client.Get(ctx, rk).Result()
@@ -174,7 +174,7 @@ func TestInspectOddRecords(t *testing.T) {
 		}
 		for _, row := range rows {
 			t.Run(row.name, func(t *testing.T) {
-				rk := k.store.(*RedisStore).RecordKey("s", row.name)
+				rk := k.store.(*redisStore).RecordKey("s", row.name)
 				require.NoError(t, b.Client.Set(ctx, rk, row.value, time.Hour).Err())
 				r, err := k.Inspect(ctx, "s", row.name)
 				assert.Equal(t, rk, r.Key)
@@ -183,7 +183,7 @@ func TestInspectOddRecords(t *testing.T) {
 			})
 		}
 		t.Run("wrong type", func(t *testing.T) {
-			rk := k.store.(*RedisStore).RecordKey("s", "hash")
+			rk := k.store.(*redisStore).RecordKey("s", "hash")
 			require.NoError(t, b.Client.HSet(ctx, rk, "f", "v").Err())
 			r, err := k.Inspect(ctx, "s", "hash")
 			corruptRecord(t, r, err)
@@ -213,7 +213,7 @@ func TestInspectFormatV1(t *testing.T) {
 		"released":               {State: StateReleased, Token: 1700000000000000, Attempt: 3},
 	}
 	for _, row := range formatV1 {
-		rk := k.store.(*RedisStore).RecordKey("s", row.name)
+		rk := k.store.(*redisStore).RecordKey("s", row.name)
 		require.NoError(t, b.Client.Set(ctx, rk, row.record, time.Hour).Err())
 		r, err := k.Inspect(ctx, "s", row.name)
 		require.NoError(t, err, row.name)
@@ -236,7 +236,7 @@ func TestInspectRefusesBeforeTheStore(t *testing.T) {
 	assert.Zero(t, n.Count(func() {
 		_, err := k.Inspect(ctx, "s", "")
 		assert.ErrorIs(t, err, ErrInvalidKey)
-		_, err = k.store.(*RedisStore).Inspect(ctx, "not an id")
+		_, err = k.store.(*redisStore).Inspect(ctx, "not an id")
 		assert.ErrorIs(t, err, ErrInvalidKey)
 	}))
 }

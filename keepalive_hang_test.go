@@ -20,12 +20,12 @@ import (
 // context: the lease end is known locally, and when it passes, the
 // operation is told, whatever the renewal is doing.
 
-// hangingStore is a RedisStore whose renewals (Extend, ExtendBatch) hang
+// hangingStore is a redisStore whose renewals (Extend, ExtendBatch) hang
 // while hang is set, until release is closed or their context ends (unless
 // deaf is set: as go-redis without ContextTimeoutEnabled, which waits out
 // its own timeouts), then fail as a timeout would.
 type hangingStore struct {
-	*RedisStore
+	*redisStore
 	mu      sync.Mutex
 	hang    bool
 	deaf    bool
@@ -35,9 +35,9 @@ type hangingStore struct {
 }
 
 func newHangingStore(t *testing.T, b *redistest.Backend) *hangingStore {
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
-	h := &hangingStore{RedisStore: rs, release: make(chan struct{}), entered: make(chan struct{})}
+	h := &hangingStore{redisStore: rs, release: make(chan struct{}), entered: make(chan struct{})}
 	t.Cleanup(func() { h.unblock() })
 	return h
 }
@@ -82,10 +82,10 @@ func (h *hangingStore) Extend(ctx context.Context, id string, token int64, lease
 	if hung, err := h.stuck(ctx); hung {
 		return err
 	}
-	return h.RedisStore.Extend(ctx, id, token, lease, keep)
+	return h.redisStore.Extend(ctx, id, token, lease, keep)
 }
 
-func (h *hangingStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (h *hangingStore) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	if hung, err := h.stuck(ctx); hung {
 		errs := make([]error, len(claims))
 		for i := range errs {
@@ -93,7 +93,7 @@ func (h *hangingStore) ExtendBatch(ctx context.Context, claims []Fence, lease, k
 		}
 		return errs
 	}
-	return h.RedisStore.ExtendBatch(ctx, claims, lease, keep)
+	return h.redisStore.ExtendBatch(ctx, claims, lease, keep)
 }
 
 // takeOver claims key with another Keeper once the first holder's lease has
@@ -122,7 +122,7 @@ func TestKeepAliveCancelsWhenTheLeaseRunsOutDuringAHungRenewal(t *testing.T) {
 	b := redistest.Real(t)
 	h := newHangingStore(t, b)
 	const lease = 600 * time.Millisecond
-	k, err := New(h, WithLease(lease), WithRetention(time.Minute))
+	k, err := keeperOn(h, WithLease(lease), WithRetention(time.Minute))
 	require.NoError(t, err)
 	h.setHang(true)
 
@@ -208,7 +208,7 @@ func TestKeepAliveStopDoesNotWaitForAHungRenewalOfALostLease(t *testing.T) {
 	b := redistest.Real(t)
 	h := newHangingStore(t, b)
 	h.deaf = true
-	k, err := New(h, WithLease(300*time.Millisecond), WithRetention(time.Minute))
+	k, err := keeperOn(h, WithLease(300*time.Millisecond), WithRetention(time.Minute))
 	require.NoError(t, err)
 	h.setHang(true)
 	done := make(chan error, 1)
@@ -231,7 +231,7 @@ func TestKeepAliveStopDoesNotWaitForAHungRenewalOfALostLease(t *testing.T) {
 // deadlineStore records the deadline of each renewal's context, and how much
 // of the lease was left by the Keeper's clock when it was sent.
 type deadlineStore struct {
-	Store
+	recordStore
 	mu        sync.Mutex
 	deadlines []time.Duration // deadline - time of the call; -1: none
 }
@@ -244,7 +244,7 @@ func (s *deadlineStore) Extend(ctx context.Context, id string, token int64, leas
 	s.mu.Lock()
 	s.deadlines = append(s.deadlines, d)
 	s.mu.Unlock()
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	return s.recordStore.Extend(ctx, id, token, lease, keep)
 }
 
 func (s *deadlineStore) seen() []time.Duration {
@@ -259,12 +259,12 @@ func (s *deadlineStore) seen() []time.Duration {
 // has gone by it when the first renewal is sent, and nothing more after.
 func TestKeepAliveBoundsEachRenewalByTheLeaseLeft(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		rs, err := NewRedisStore(b.Client)
+		rs, err := openRedisStore(b.Client)
 		require.NoError(t, err)
-		s := &deadlineStore{Store: rs}
+		s := &deadlineStore{recordStore: rs}
 		const lease = 900 * time.Millisecond
 		clock := newTestClock()
-		k, err := New(s, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))
+		k, err := keeperOn(s, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))
 		require.NoError(t, err)
 		out, err := k.Begin(context.Background(), "s", "k")
 		require.NoError(t, err)
@@ -289,11 +289,11 @@ func TestKeepAliveBoundsEachRenewalByTheLeaseLeft(t *testing.T) {
 // without a renewal being sent.
 func TestKeepAliveLateClaimPastItsLeaseDoesNotRun(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		rs, err := NewRedisStore(b.Client)
+		rs, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		const lease = 50 * time.Millisecond
-		s := &renewalStore{Store: &lateStore{Store: rs, lag: lease + 10*time.Millisecond}, n: map[string]int{}}
-		k, err := New(s, WithLease(lease), WithRetention(time.Minute))
+		s := &renewalStore{recordStore: &lateStore{recordStore: rs, lag: lease + 10*time.Millisecond}, n: map[string]int{}}
+		k, err := keeperOn(s, WithLease(lease), WithRetention(time.Minute))
 		require.NoError(t, err)
 		ran := false
 		_, err = Do(context.Background(), k, "s", "do", func(context.Context) (int, error) { ran = true; return 1, nil })
@@ -321,7 +321,7 @@ func TestKeepAliveLeaseEndIsByTheKeepersClock(t *testing.T) {
 	h.deaf = true
 	clock := newTestClock()
 	const lease = 150 * time.Millisecond
-	k, err := New(h, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))
+	k, err := keeperOn(h, WithLease(lease), WithRetention(time.Minute), WithClock(clock.Now))
 	require.NoError(t, err)
 	out, err := k.Begin(context.Background(), "s", "k")
 	require.NoError(t, err)

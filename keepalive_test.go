@@ -17,7 +17,7 @@ import (
 // renewalStore counts the lease extensions of each record, and answers them
 // with fail while it is set.
 type renewalStore struct {
-	Store
+	recordStore
 	mu   sync.Mutex
 	n    map[string]int
 	fail error
@@ -31,7 +31,7 @@ func (s *renewalStore) Extend(ctx context.Context, id string, token int64, lease
 	if fail != nil {
 		return fail
 	}
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	return s.recordStore.Extend(ctx, id, token, lease, keep)
 }
 
 func (s *renewalStore) renewals(id string) int {
@@ -50,10 +50,10 @@ func (s *renewalStore) failWith(err error) {
 // renewalStore, with opts.
 func renewalKeeper(t *testing.T, b *redistest.Backend, lease time.Duration, opts ...Option) (*Keeper, *renewalStore) {
 	t.Helper()
-	rs, err := NewRedisStore(b.Client)
+	rs, err := openRedisStore(b.Client)
 	require.NoError(t, err)
-	s := &renewalStore{Store: rs, n: map[string]int{}}
-	k, err := New(s, append([]Option{WithLease(lease), WithRetention(time.Minute)}, opts...)...)
+	s := &renewalStore{recordStore: rs, n: map[string]int{}}
+	k, err := keeperOn(s, append([]Option{WithLease(lease), WithRetention(time.Minute)}, opts...)...)
 	require.NoError(t, err)
 	return k, s
 }
@@ -202,13 +202,13 @@ func TestKeepAliveStopsWhileARetryWaits(t *testing.T) {
 
 // extendCounter counts a store's lease extensions.
 type extendCounter struct {
-	Store
+	recordStore
 	n atomic.Int32
 }
 
 func (s *extendCounter) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
 	s.n.Add(1)
-	return s.Store.Extend(ctx, id, token, lease, keep)
+	return s.recordStore.Extend(ctx, id, token, lease, keep)
 }
 
 // TestKeepAliveRenewsUntilStopped guards Do's lease renewal, which runs on a
@@ -216,12 +216,12 @@ func (s *extendCounter) Extend(ctx context.Context, id string, token int64, leas
 // is renewed, the result is stored, and renewals end with the operation.
 func TestKeepAliveRenewsUntilStopped(t *testing.T) {
 	b := redistest.Miniredis(t)
-	s, err := NewRedisStore(b.Client)
+	s, err := openRedisStore(b.Client)
 	require.NoError(t, err)
-	ext := &extendCounter{Store: s}
+	ext := &extendCounter{recordStore: s}
 	// The Keeper's clock stands still, so that a renewal slowed down by a busy
 	// machine never lets the lease run out by this process's clock.
-	k, err := New(ext, WithLease(300*time.Millisecond), WithRetention(time.Minute), WithClock(newTestClock().Now))
+	k, err := keeperOn(ext, WithLease(300*time.Millisecond), WithRetention(time.Minute), WithClock(newTestClock().Now))
 	require.NoError(t, err)
 	ctx := context.Background()
 	v, err := Do(ctx, k, "s", "long", func(ctx context.Context) (string, error) {

@@ -35,7 +35,7 @@ func ValidateKey(key string) error {
 const idLen = 22
 
 // RecordID returns the id under which k keeps the record of (scope, key):
-// the digest a Store keeps it by, as Event.ID and Record.ID name it, so
+// the digest a store keeps it by, as Event.ID and Record.ID name it, so
 // that an operator or a log can tie an id to a key they know. The key is
 // not checked (see ValidateKey). For a Keeper whose scopes are in shards
 // (WithScopeShards, or on a Cluster by default) the id carries the
@@ -50,12 +50,12 @@ func (k *Keeper) RecordID(scope, key string) string {
 const maxScopeShards = 256
 
 // defaultScopeShards is the scope shards of a Keeper made on store without
-// WithScopeShards: ClusterScopeShards on a RedisStore of a
+// WithScopeShards: ClusterScopeShards on a redisStore of a
 // *redis.ClusterClient, else none. The client's type decides, not what
 // the store learns of its server later (an AutoPipeliner's), so that a
 // Keeper's placement is fixed when it is made.
-func defaultScopeShards(store Store) int {
-	if rs, ok := store.(*RedisStore); ok {
+func defaultScopeShards(store recordStore) int {
+	if rs, ok := store.(*redisStore); ok {
 		if _, cluster := rs.client.(*redis.ClusterClient); cluster {
 			return ClusterScopeShards
 		}
@@ -80,29 +80,27 @@ func defaultScopeShards(store Store) int {
 //
 // The placement is part of each record's id (see Keeper.RecordID) and of
 // its key's name: every Keeper that shares a store's prefix must be made
-// with the same n, or a key would be claimed once by each. A RedisStore
-// holds it to that: the first Keeper that writes under a prefix records
+// with the same n, or a key would be claimed once by each. A prefix holds
+// it to that: the first Keeper that writes under a prefix records
 // its n there (in the key prefix + "layout"), and a Keeper made with
 // another n is refused before it writes anything, with an error that wraps
 // ErrInvalidConfig and names both: Do, Begin, Inspect, Forget and Abandon
 // return it, BeginBatch and Consume answer each key or message with it
 // (Consume runs no handler and acknowledges nothing), and
-// RedisStore.LoadScripts returns it for a store made by NewRedis. To turn
+// Keeper.LoadScripts returns it. To turn
 // the option on, or change n, where a prefix is in use, give the new
 // placement a prefix of its own, after draining the old one (see
-// docs/consumers.md, "Placement on a prefix in use"). A RedisStore reads
+// docs/consumers.md, "Placement on a prefix in use"). A Keeper reads
 // any id, placed or not, without an option. Applies to a Keeper.
 //
-// Default: ClusterScopeShards (16) on a RedisStore whose client is a
+// Default: ClusterScopeShards (16) on a Keeper whose client is a
 // *redis.ClusterClient, so that a Cluster's batches cost a few script calls
 // without an option; 0 on any other store (one server, a Ring), where
 // shards would buy nothing. WithScopeShards(0) asks for no shards on a
 // Cluster too: keys placed by their own digests, as a Keeper of a version
-// before this default placed them. A Keeper on a Store of your own that
-// wraps a RedisStore, or on a RedisStore of an AutoPipeliner over a
-// Cluster, takes 0: give it WithScopeShards(ClusterScopeShards) to share a
-// prefix with Keepers made on the ClusterClient (a wrapped store is not
-// checked against the prefix's record).
+// before this default placed them. A Keeper on an AutoPipeliner over a Cluster
+// takes 0: give it WithScopeShards(ClusterScopeShards) to share a prefix
+// with Keepers made on the ClusterClient.
 func WithScopeShards(n int) Option {
 	return Option{name: "WithScopeShards", to: toKeeper, set: func(s *settings) { s.scopeShards, s.scopeShardsSet = n, true }}
 }
@@ -139,7 +137,7 @@ func digestOf(d *[16]byte, scope, key string) {
 // scope's and the key's shard (its digest's bytes 12 to 15, big-endian,
 // modulo shards), in base64url with the 4 bits that pad its last
 // character 0001: the last 6 characters are the same for every key of a
-// scope's shard, and a RedisStore makes them the hash tag of the id's key
+// scope's shard, and a redisStore makes them the hash tag of the id's key
 // (see placedID).
 type placement struct {
 	scope  string

@@ -14,13 +14,13 @@ import (
 )
 
 // TestScopeShardsIDs: a Keeper made WithScopeShards(n) gives the keys of a
-// scope placed ids that share one of n tags, that a RedisStore keys by that
+// scope placed ids that share one of n tags, that a redisStore keys by that
 // tag and reads back from the key; without it, ids are RecordID's.
 func TestScopeShardsIDs(t *testing.T) {
-	s, err := NewRedisStore(redistest.Miniredis(t).Client)
+	s, err := openRedisStore(redistest.Miniredis(t).Client)
 	require.NoError(t, err)
 	keeper := func(n int) *Keeper {
-		k, err := New(s, WithScopeShards(n))
+		k, err := keeperOn(s, WithScopeShards(n))
 		require.NoError(t, err, "WithScopeShards(%d)", n)
 		return k
 	}
@@ -65,10 +65,10 @@ func TestScopeShardsIDs(t *testing.T) {
 	assert.NotEqual(t, keeper(1).RecordID("s", "k"), keeper(2).RecordID("s", "k"), "the placement is part of the id")
 
 	for _, n := range []int{-1, 257} {
-		_, err := New(s, WithScopeShards(n))
+		_, err := keeperOn(s, WithScopeShards(n))
 		assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards(%d)", n)
 	}
-	_, err = NewRedisStore(redistest.Miniredis(t).Client, WithScopeShards(1))
+	_, err = openRedisStore(redistest.Miniredis(t).Client, WithScopeShards(1))
 	assert.ErrorIs(t, err, ErrInvalidConfig, "WithScopeShards is a Keeper's option")
 }
 
@@ -120,7 +120,7 @@ func TestScopeShardsOperators(t *testing.T) {
 		require.NoError(t, err)
 		require.NotNil(t, again.Claim, "abandoned, m-1 is taken over")
 		assert.Greater(t, again.Claim.Token(), out.Claim.Token())
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		var listed []Record
 		for r, err := range s.Scan(ctx, ScanOptions{State: StatePending}) {
 			require.NoError(t, err)
@@ -217,7 +217,7 @@ func TestClusterScopeShards(t *testing.T) {
 	byKey := newClusterKeeper(t, cc, WithScopeShards(0))
 	placed := newClusterKeeper(t, cc, WithScopeShards(1), WithPrefix("placed:"))
 	for _, k := range []*Keeper{byKey, placed} {
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 	}
 	_, err := Do(ctx, newClusterKeeper(t, cc, WithScopeShards(1)), "placed", "k", func(context.Context) (int, error) { return 1, nil })
 	require.ErrorIs(t, err, ErrInvalidConfig, "a Keeper of another placement on the Cluster's prefix")
@@ -253,7 +253,7 @@ func TestClusterScopeShards(t *testing.T) {
 	nodes := &nodeCounters{byAddr: map[string]*redistest.Counter{}}
 	counted.OnNewNode(func(c *redis.Client) { c.AddHook(nodes.of(c.Options().Addr)) })
 	three := newClusterKeeper(t, counted, WithScopeShards(3), WithPrefix("three:"))
-	require.NoError(t, three.store.(*RedisStore).LoadScripts(ctx))
+	require.NoError(t, three.store.(*redisStore).LoadScripts(ctx))
 	msgs := make([]string, 500)
 	for i := range msgs {
 		msgs[i] = fmt.Sprint("m-", i)
@@ -263,7 +263,7 @@ func TestClusterScopeShards(t *testing.T) {
 	for c := 0; scope == "" && c < 100; c++ {
 		owners, slots := map[string]bool{}, map[uint16]bool{}
 		for _, m := range msgs {
-			sl := keySlot(three.store.(*RedisStore).key(three.RecordID(fmt.Sprint("three-", c), m)))
+			sl := keySlot(three.store.(*redisStore).key(three.RecordID(fmt.Sprint("three-", c), m)))
 			if !slots[sl] {
 				slots[sl] = true
 				owners[slotOwner(ctx, masters[0], int64(sl))] = true
@@ -339,7 +339,7 @@ func TestClusterDefaultPlacement(t *testing.T) {
 	cc := cl.Client(t, nil)
 	cc.OnNewNode(func(c *redis.Client) { c.AddHook(&calls) })
 	k := newClusterKeeper(t, cc, WithLease(time.Hour))
-	s := k.store.(*RedisStore)
+	s := k.store.(*redisStore)
 	require.NoError(t, s.LoadScripts(ctx))
 
 	// The ids are the ones WithScopeShards(ClusterScopeShards) gives.
@@ -377,7 +377,7 @@ func TestClusterDefaultPlacement(t *testing.T) {
 	}
 	first := consume(k, MessageHandled)
 	again := consume(k, MessageReplayed)
-	require.NoError(t, digest.store.(*RedisStore).LoadScripts(ctx))
+	require.NoError(t, digest.store.(*redisStore).LoadScripts(ctx))
 	byDigest := consume(digest, MessageHandled)
 	t.Logf("a batch of 500: %d commands, %d delivered again; %d placed by digest", first, again, byDigest)
 	assert.LessOrEqual(t, first, int64(2*ClusterScopeShards), "a claim and a completion a shard")

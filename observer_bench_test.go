@@ -20,7 +20,7 @@ func BenchmarkObserver(b *testing.B) {
 		{"none", nil},
 		{"noop", []Option{WithObserver(ObserverFunc(func(context.Context, Event) {}))}},
 	} {
-		k, err := New(&memStore{m: map[string][]byte{}}, tc.opts...)
+		k, err := keeperOn(&memStore{m: map[string][]byte{}}, tc.opts...)
 		require.NoError(b, err)
 		b.Run("first/"+tc.name, func(b *testing.B) {
 			b.ReportAllocs()

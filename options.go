@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// Option configures a Keeper (New), a RedisStore (NewRedisStore), both
-// (NewRedis), or one call (Begin, Do). Each option says in its documentation
+// Option configures a Keeper (NewRedis) or one call (Begin, Do). Each option says in its documentation
 // what it applies to; given where it does not apply, it is refused with
 // ErrInvalidConfig (by a call, before the store is touched).
 type Option struct {
@@ -38,10 +37,10 @@ type settings struct {
 	observer Observer
 	// replayCache is WithReplayCache's bounds; nil: no cache.
 	replayCache *replayCacheConfig
-	// RedisStore.
+	// redisStore.
 	prefix   string
 	replicas *durability
-	// noMarkers is set by WithoutMarkers, for a Keeper and a RedisStore.
+	// noMarkers is set by WithoutMarkers, for a Keeper and a redisStore.
 	noMarkers bool
 	// A call; wait is also a Keeper's default for its calls.
 	fingerprint []byte

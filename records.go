@@ -101,16 +101,16 @@ func checkID(id string) (Record, error) {
 //     for a client that cannot list, such as an AutoPipeliner: make the
 //     Keeper on the client itself), the Record is zero and the listing ends.
 func (k *Keeper) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
-	rs, err := k.redisStore("scan")
+	rs, err := k.onRedis("scan")
 	if err != nil {
 		return func(yield func(Record, error) bool) { yield(Record{}, err) }
 	}
 	return rs.Scan(ctx, opts)
 }
 
-// redisStore is the Keeper's store, which its Redis-only methods need.
-func (k *Keeper) redisStore(op string) (*RedisStore, error) {
-	if rs, ok := k.store.(*RedisStore); ok {
+// onRedis is the Keeper's store, which its Redis-only methods need.
+func (k *Keeper) onRedis(op string) (*redisStore, error) {
+	if rs, ok := k.store.(*redisStore); ok {
 		return rs, nil
 	}
 	return nil, fmt.Errorf("%w: %s: the Keeper's store is not a Redis store", ErrInvalidConfig, op)

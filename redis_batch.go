@@ -28,7 +28,7 @@ var (
 	batchExtendScript   = newLuaScript("batch_extend", batchExtendBody)
 )
 
-var _ Store = (*RedisStore)(nil)
+var _ recordStore = (*redisStore)(nil)
 
 // batchChunk is the most records one batch script call holds. A script holds
 // Redis while it runs, a few microseconds per record, so a larger batch is
@@ -37,7 +37,7 @@ var _ Store = (*RedisStore)(nil)
 // current server), and the batch still costs one round trip.
 const batchChunk = 200
 
-// ClaimBatch implements Store.
+// ClaimBatch implements recordStore.
 //
 // On a *redis.Client or *redis.Conn, the records go in chunks of at most
 // 200 (a script holds Redis while it runs), every chunk in one pipeline:
@@ -48,8 +48,8 @@ const batchChunk = 200
 // holds one record, all in one pipeline. A node that cannot be reached fails
 // its records only. With WithReplicas, each call is sent with WAIT, as a
 // single claim is, and the calls run a few at a time.
-func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
-	out := make([]BatchClaimReply, len(req.IDs))
+func (s *redisStore) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
+	out := make([]batchClaimReply, len(req.IDs))
 	fail := func(i int, err error) { out[i].Err = err }
 	if !isBase64URL(req.Attempt) || req.Attempt == "" {
 		failAll(len(out), fail, fmt.Errorf("%w: attempt must be base64url", ErrInvalidConfig))
@@ -101,12 +101,12 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []Ba
 }
 
 // CompleteBatch is SettleBatch without releases; its calls go as
-// ClaimBatch's do. A compact claim (Fence.Ref) completed with an empty
+// ClaimBatch's do. A compact claim (claimFence.Ref) completed with an empty
 // result leaves a marker: one call per call record completes all of its
 // claims. One completed with a value is first moved to a record of its own,
 // in the same pipeline (and completed in a second round trip when the move
 // ran after the completion, sent again after NOSCRIPT).
-func (s *RedisStore) CompleteBatch(ctx context.Context, items []BatchCompletion) []error {
+func (s *redisStore) CompleteBatch(ctx context.Context, items []batchCompletion) []error {
 	errs := make([]error, len(items))
 	calls, after := s.completeCalls(items, errs)
 	s.runCalls(ctx, calls)
@@ -123,7 +123,7 @@ var errMoved = errors.New("idem: compact claim moved to a record of its own")
 
 // movedCalls returns the calls that take st on the records of the compact
 // claims errs says were moved (errMoved), whose answers go into errs.
-func movedCalls(s *RedisStore, st *batchStep, errs []error) []batchCall {
+func movedCalls(s *redisStore, st *batchStep, errs []error) []batchCall {
 	var moved []int
 	for j, err := range errs {
 		if err == errMoved {
@@ -143,9 +143,9 @@ func movedCalls(s *RedisStore, st *batchStep, errs []error) []batchCall {
 
 // completeCalls returns the calls of CompleteBatch, whose answers go into
 // errs once after is called.
-func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls []batchCall, after func()) {
+func (s *redisStore) completeCalls(items []batchCompletion, errs []error) (calls []batchCall, after func()) {
 	st := s.completeStep(items, errs)
-	fence := func(j int) Fence { return items[j].Fence }
+	fence := func(j int) claimFence { return items[j].claimFence }
 	compact, records := splitByRef(len(items), fence)
 	var markers, moving []int
 	var markerKeep time.Duration
@@ -176,7 +176,7 @@ func (s *RedisStore) completeCalls(items []BatchCompletion, errs []error) (calls
 
 // completeStep is the step that completes records of items, with
 // batch_complete.lua; its answers go into errs.
-func (s *RedisStore) completeStep(items []BatchCompletion, errs []error) *batchStep {
+func (s *redisStore) completeStep(items []batchCompletion, errs []error) *batchStep {
 	var keep time.Duration
 	var keepArg any // millis(keep), boxed once for the items that share it
 	st := &batchStep{
@@ -198,7 +198,7 @@ func (s *RedisStore) completeStep(items []BatchCompletion, errs []error) *batchS
 
 // ReleaseBatch is SettleBatch without completions; its calls go as
 // ClaimBatch's do. The compact claims of one call are released in one call.
-func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time.Duration) []error {
+func (s *redisStore) ReleaseBatch(ctx context.Context, claims []claimFence, keep time.Duration) []error {
 	errs := make([]error, len(claims))
 	s.runCalls(ctx, s.releaseCalls(claims, keep, errs))
 	s.runCalls(ctx, movedCalls(s, s.releaseStep(claims, keep, errs), errs))
@@ -207,7 +207,7 @@ func (s *RedisStore) ReleaseBatch(ctx context.Context, claims []Fence, keep time
 
 // releaseStep is the step that releases records of claims, with
 // batch_release.lua; its answers go into errs.
-func (s *RedisStore) releaseStep(claims []Fence, keep time.Duration, errs []error) *batchStep {
+func (s *redisStore) releaseStep(claims []claimFence, keep time.Duration, errs []error) *batchStep {
 	return &batchStep{
 		script: batchReleaseScript, split: splitTransitions,
 		head:   []any{millis(keep)},
@@ -218,9 +218,9 @@ func (s *RedisStore) releaseStep(claims []Fence, keep time.Duration, errs []erro
 }
 
 // releaseCalls returns the calls of ReleaseBatch, whose answers go into errs.
-func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []error) []batchCall {
+func (s *redisStore) releaseCalls(claims []claimFence, keep time.Duration, errs []error) []batchCall {
 	st := s.releaseStep(claims, keep, errs)
-	fence := func(j int) Fence { return claims[j] }
+	fence := func(j int) claimFence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
 	calls := s.v3.settleCalls(s, "R", 0, 0, s.compactGroups(compact, fence), fence, errs)
 	for _, c := range s.batchCalls(st, records) {
@@ -230,10 +230,10 @@ func (s *RedisStore) releaseCalls(claims []Fence, keep time.Duration, errs []err
 	return calls
 }
 
-// SettleBatch implements Store: CompleteBatch and ReleaseBatch in one
+// SettleBatch implements recordStore: CompleteBatch and ReleaseBatch in one
 // pipeline, one round trip per node for a batch whose handlers returned,
 // the failed ones too.
-func (s *RedisStore) SettleBatch(ctx context.Context, items []BatchCompletion, claims []Fence, keep time.Duration) (done, given []error) {
+func (s *redisStore) SettleBatch(ctx context.Context, items []batchCompletion, claims []claimFence, keep time.Duration) (done, given []error) {
 	switch {
 	case len(claims) == 0:
 		return s.CompleteBatch(ctx, items), []error{}
@@ -244,7 +244,7 @@ func (s *RedisStore) SettleBatch(ctx context.Context, items []BatchCompletion, c
 }
 
 // settleBatch completes items and releases claims in one pipeline.
-func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, claims []Fence, keep time.Duration) (done, given []error) {
+func (s *redisStore) settleBatch(ctx context.Context, items []batchCompletion, claims []claimFence, keep time.Duration) (done, given []error) {
 	done, given = make([]error, len(items)), make([]error, len(claims))
 	calls, after := s.completeCalls(items, done)
 	calls = append(calls, s.releaseCalls(claims, keep, given)...)
@@ -255,12 +255,12 @@ func (s *RedisStore) settleBatch(ctx context.Context, items []BatchCompletion, c
 	return done, given
 }
 
-// ExtendBatch implements Store; its calls go as ClaimBatch's do. The
+// ExtendBatch implements recordStore; its calls go as ClaimBatch's do. The
 // compact claims of one call share one lease, renewed in one call.
-func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (s *redisStore) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	errs := make([]error, len(claims))
 	st := s.extendStep(claims, lease, keep, errs)
-	fence := func(j int) Fence { return claims[j] }
+	fence := func(j int) claimFence { return claims[j] }
 	compact, records := splitByRef(len(claims), fence)
 	if len(compact) == 0 || s.compact == nil {
 		s.runBatch(ctx, st, upTo(len(claims)))
@@ -281,7 +281,7 @@ func (s *RedisStore) ExtendBatch(ctx context.Context, claims []Fence, lease, kee
 
 // extendStep is the step that renews the leases of records of claims, with
 // batch_extend.lua; its answers go into errs.
-func (s *RedisStore) extendStep(claims []Fence, lease, keep time.Duration, errs []error) *batchStep {
+func (s *redisStore) extendStep(claims []claimFence, lease, keep time.Duration, errs []error) *batchStep {
 	return &batchStep{
 		op: "extend", script: batchExtendScript, split: splitTransitions,
 		head:   []any{millis(lease), millis(keep)},
@@ -383,7 +383,7 @@ func (c *batchCall) stepOf(st *batchStep) *batchStep {
 }
 
 // runBatch takes st for the records todo, and tells st.answer of each.
-func (s *RedisStore) runBatch(ctx context.Context, st *batchStep, todo []int) {
+func (s *redisStore) runBatch(ctx context.Context, st *batchStep, todo []int) {
 	if len(todo) == 0 {
 		return
 	}
@@ -401,7 +401,7 @@ func (s *RedisStore) runBatch(ctx context.Context, st *batchStep, todo []int) {
 // runCalls sends calls that each take a step of their own, in one pipeline
 // (with WithReplicas, those whose step waits go as sendDurable sends them),
 // and tells each step's answer of its records.
-func (s *RedisStore) runCalls(ctx context.Context, calls []batchCall) {
+func (s *redisStore) runCalls(ctx context.Context, calls []batchCall) {
 	if len(calls) == 0 {
 		return
 	}
@@ -423,7 +423,7 @@ func (s *RedisStore) runCalls(ctx context.Context, calls []batchCall) {
 }
 
 // batchCalls cuts todo into script calls (see ClaimBatch).
-func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
+func (s *redisStore) batchCalls(st *batchStep, todo []int) []batchCall {
 	var groups [][]int
 	switch s.client.(type) {
 	case *redis.Client, *redis.Conn:
@@ -447,7 +447,7 @@ func (s *RedisStore) batchCalls(st *batchStep, todo []int) []batchCall {
 	return calls
 }
 
-func (s *RedisStore) batchCall(st *batchStep, records []int) batchCall {
+func (s *redisStore) batchCall(st *batchStep, records []int) batchCall {
 	// One key more than the records, for a call that adds one (the index
 	// key of compact_claim.lua); arguments for the records only when st
 	// appends them (compact_claim.lua's are made by its caller).
@@ -476,7 +476,7 @@ type pipeliner interface {
 // The calls that store an outcome or keep a lease (every step but a claim)
 // that a Cluster refused before they ran are sent again (see
 // resendRedirected).
-func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
+func (s *redisStore) sendCalls(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
 	cmds := s.sendOnce(ctx, st, calls)
 	s.resendRedirected(ctx, st, calls, cmds)
 	return cmds
@@ -493,7 +493,7 @@ func (s *RedisStore) sendCalls(ctx context.Context, st *batchStep, calls []batch
 // longer than go-redis tries, and a completion given up then is a handler
 // that runs again after its lease. Claims are not sent again: their
 // messages are simply not claimed (unavailable), and nothing ran.
-func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
+func (s *redisStore) resendRedirected(ctx context.Context, st *batchStep, calls []batchCall, cmds []*redis.Cmd) {
 	wait, deadline := tryAgainFirst, time.Now().Add(tryAgainPatience)
 	for {
 		var todo []int
@@ -527,7 +527,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, st *batchStep, calls 
 }
 
 // sendOnce is sendCalls without sending again what a Cluster refused.
-func (s *RedisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
+func (s *redisStore) sendOnce(ctx context.Context, st *batchStep, calls []batchCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
 	p, ok := s.client.(pipeliner)
 	if !ok || len(calls) == 1 {
@@ -577,7 +577,7 @@ const maxDurableCalls = 8
 // with WithReplicas, a few calls at a time, and answers a record that the
 // script wrote with a *ReplicationError when too few replicas acknowledged
 // it.
-func (s *RedisStore) sendDurable(ctx context.Context, st *batchStep, calls []batchCall) {
+func (s *redisStore) sendDurable(ctx context.Context, st *batchStep, calls []batchCall) {
 	d := s.durable
 	cmds, waits := s.sendWaiting(ctx, st.script, calls)
 	for j, c := range calls {
@@ -593,7 +593,7 @@ func (s *RedisStore) sendDurable(ctx context.Context, st *batchStep, calls []bat
 // sendWaiting sends each call of script with its WAIT (see durability.send
 // and sendCluster), at most maxDurableCalls at a time, and returns each
 // one's script and WAIT commands.
-func (s *RedisStore) sendWaiting(ctx context.Context, script *luaScript, calls []batchCall) ([]*redis.Cmd, []*redis.IntCmd) {
+func (s *redisStore) sendWaiting(ctx context.Context, script *luaScript, calls []batchCall) ([]*redis.Cmd, []*redis.IntCmd) {
 	d := s.durable
 	cmds, waits := make([]*redis.Cmd, len(calls)), make([]*redis.IntCmd, len(calls))
 	sem := make(chan struct{}, maxDurableCalls)

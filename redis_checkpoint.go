@@ -9,16 +9,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The checkpoint step of RedisStore: lua/checkpoint.lua.
+// The checkpoint step of redisStore: lua/checkpoint.lua.
 var (
 	//go:embed lua/checkpoint.lua
 	checkpointBody   string
 	checkpointScript = newLuaScript("checkpoint", checkpointBody)
 )
 
-// Checkpoint implements Store: one script, one round trip. With
+// Checkpoint implements recordStore: one script, one round trip. With
 // WithReplicas it waits for the replicas as a completion does.
-func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+func (s *redisStore) Checkpoint(ctx context.Context, claim claimFence, name string, value []byte, keep time.Duration) error {
 	if claim.Ref > 0 {
 		key := s.key(claim.ID)
 		index, calls := s.v3Names(key)
@@ -29,7 +29,7 @@ func (s *RedisStore) Checkpoint(ctx context.Context, claim Fence, name string, v
 }
 
 // checkpoint runs checkpoint.lua on keys with args.
-func (s *RedisStore) checkpoint(ctx context.Context, keys []string, args []any) error {
+func (s *redisStore) checkpoint(ctx context.Context, keys []string, args []any) error {
 	var cmd *redis.Cmd
 	if s.durable != nil {
 		cmd = s.durable.run(ctx, s.client, "checkpoint", checkpointScript, keys, args...)

@@ -14,15 +14,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Compact claims and markers: how a RedisStore keeps the claims of a batch
+// Compact claims and markers: how a redisStore keeps the claims of a batch
 // without a Redis key each, and what a message handled that way leaves.
 // The index of their entries and its call records are laid out as
 // format.go says ("The v3 layout"); redis_v3.go runs its scripts.
 
-// compactLayout is where a RedisStore keeps its index of compact claims
+// compactLayout is where a redisStore keeps its index of compact claims
 // and markers: one index key and its call records on one server (on each
 // shard of a Ring), one of each a slot on a Cluster (see
-// RedisStore.v3Names).
+// redisStore.v3Names).
 type compactLayout struct {
 	// cluster is set for a *redis.ClusterClient: each slot has its own index
 	// key and call records, so that a record and its entry share a slot.
@@ -106,7 +106,7 @@ type layoutGate struct {
 // layoutReady makes sure the store's layout is known before its first use
 // of the index: for a client of an unknown kind, INFO cluster tells whether
 // the server is a Cluster node. The answer is kept.
-func (s *RedisStore) layoutReady(ctx context.Context) error {
+func (s *redisStore) layoutReady(ctx context.Context) error {
 	g := &s.layout
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -144,7 +144,7 @@ const layoutErrPrefix = "IDEMLAYOUT "
 
 // layoutError turns a script's answer that the index holds another layout
 // into ErrInvalidConfig; other errors are returned as they are.
-func (s *RedisStore) layoutError(err error) error {
+func (s *redisStore) layoutError(err error) error {
 	if err == nil || !redis.HasErrorPrefix(err, strings.TrimSpace(layoutErrPrefix)) {
 		return err
 	}
@@ -171,7 +171,7 @@ const clusterCompactMin = 4
 // records, the token and the slot; on other clients (a Ring, whose shards
 // have clocks of their own, or an AutoPipeliner), whose every claim call
 // holds one record, the token and the record.
-func (s *RedisStore) compactGroups(picks []int, fence func(j int) Fence) (groups [][]int) {
+func (s *redisStore) compactGroups(picks []int, fence func(j int) claimFence) (groups [][]int) {
 	type call struct {
 		token int64
 		slot  uint16
@@ -239,7 +239,7 @@ func splitCompactTransitions(res []any, n int) ([][]any, error) {
 
 // splitByRef returns the places in 0..n-1 whose fence has a Ref (compact
 // claims) and those whose has none.
-func splitByRef(n int, fence func(j int) Fence) (compact, records []int) {
+func splitByRef(n int, fence func(j int) claimFence) (compact, records []int) {
 	for j := 0; j < n; j++ {
 		if fence(j).Ref > 0 {
 			compact = append(compact, j)
@@ -251,13 +251,13 @@ func splitByRef(n int, fence func(j int) Fence) (compact, records []int) {
 }
 
 // compactIndexArgs is claimIndexArgs for record id.
-func (s *RedisStore) compactIndexArgs(id string) (d8, index, calls string) {
+func (s *redisStore) compactIndexArgs(id string) (d8, index, calls string) {
 	return s.claimIndexArgs(id, s.key(id))
 }
 
 // keysOf returns the Redis keys of the records ids[i] for i in todo (see
-// RedisStore.key), made in one allocation; the others are "".
-func (s *RedisStore) keysOf(ids []string, todo []int) []string {
+// redisStore.key), made in one allocation; the others are "".
+func (s *redisStore) keysOf(ids []string, todo []int) []string {
 	keys := make([]string, len(ids))
 	n := 0
 	for _, i := range todo {

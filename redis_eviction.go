@@ -96,7 +96,7 @@ func (e *EvictionError) Unwrap() error { return e.Err }
 
 // CheckEviction checks the eviction policy of the store's servers; see
 // Keeper.CheckEviction.
-func (s *RedisStore) CheckEviction(ctx context.Context) error {
+func (s *redisStore) CheckEviction(ctx context.Context) error {
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
 		return checkEvictionEach(ctx, c.ForEachMaster)
@@ -262,7 +262,7 @@ func clientAddr(c any) string {
 //		log.Printf("idem: warning: %v", err) // CONFIG refused, or Redis unreachable
 //	}
 func (k *Keeper) CheckEviction(ctx context.Context) error {
-	rs, err := k.redisStore("CheckEviction")
+	rs, err := k.onRedis("CheckEviction")
 	if err != nil {
 		return err
 	}

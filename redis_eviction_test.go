@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// evictionStore returns a RedisStore on client.
-func evictionStore(t *testing.T, client redis.Scripter) *RedisStore {
+// evictionStore returns a redisStore on client.
+func evictionStore(t *testing.T, client redis.Scripter) *redisStore {
 	t.Helper()
-	s, err := NewRedisStore(client)
+	s, err := openRedisStore(client)
 	require.NoError(t, err)
 	return s
 }

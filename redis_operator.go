@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The operator steps of RedisStore: Inspect, Forget and Abandon, a script
+// The operator steps of redisStore: Inspect, Forget and Abandon, a script
 // each (lua/inspect.lua, lua/forget.lua, lua/abandon.lua), and the reading
 // of their answers, which share one shape.
 
@@ -30,11 +30,11 @@ var (
 	abandonScript = newLuaScript("abandon", abandonBody)
 )
 
-// Inspect implements Store with one read-only script, one round trip.
+// Inspect implements recordStore with one read-only script, one round trip.
 // id is a record id (Record.ID, or what the Keeper makes of a scope and key).
 // Errors: ErrInvalidKey for an id that is not one, ErrCorrupt,
 // ErrUnavailable, and the caller's own cancellation.
-func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
+func (s *redisStore) Inspect(ctx context.Context, id string) (Record, error) {
 	if err := checkRecordID(id); err != nil {
 		return Record{}, err
 	}
@@ -63,7 +63,7 @@ func (s *RedisStore) Inspect(ctx context.Context, id string) (Record, error) {
 // index key and, for a token not 0, the call record key of that token;
 // the first 8 bytes of the record's digest and the start of the call
 // record keys (see lib.lua).
-func (s *RedisStore) withIndex(ctx context.Context, id, rk string, token int64, args ...any) ([]string, []any, error) {
+func (s *redisStore) withIndex(ctx context.Context, id, rk string, token int64, args ...any) ([]string, []any, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -79,7 +79,7 @@ func (s *RedisStore) withIndex(ctx context.Context, id, rk string, token int64, 
 // made, and, while it answers {10, token} (the record's entry is held by a
 // call whose call record it was not given), again with that call record
 // as its third key: every key the script reads is one of its keys.
-func (s *RedisStore) runIndexed(ctx context.Context, sc *luaScript, keys []string, args []any) ([]any, error) {
+func (s *redisStore) runIndexed(ctx context.Context, sc *luaScript, keys []string, args []any) ([]any, error) {
 	calls := args[len(args)-1].(string)
 	for asked := 0; ; asked++ {
 		res, err := sc.Run(ctx, s.client, keys, args...).Slice()
@@ -228,11 +228,11 @@ func (r *Record) setResult(restLen int64, restHead string) error {
 	return nil
 }
 
-// Forget implements Store with one script, one round trip. id is a record
+// Forget implements recordStore with one script, one round trip. id is a record
 // id (Record.ID, or what the Keeper makes of a scope and key). Its contract
 // is Keeper.ForgetToken's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
-func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
+func (s *redisStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
 	if err := checkRecordID(id); err != nil {
 		return Record{}, err
 	}
@@ -272,11 +272,11 @@ func (s *RedisStore) Forget(ctx context.Context, id string, token int64, force b
 	return r, unexpected(res)
 }
 
-// Abandon implements Store with one script, one round trip. id is a
+// Abandon implements recordStore with one script, one round trip. id is a
 // record id (Record.ID, or what the Keeper makes of a scope and key). Its
 // contract is Keeper.Abandon's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
-func (s *RedisStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
+func (s *redisStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
 	if err := checkRecordID(id); err != nil {
 		return Record{}, err
 	}

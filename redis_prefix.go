@@ -96,7 +96,7 @@ type prefixGate struct {
 }
 
 // addKeeper notes that a Keeper of shards scope shards uses the store.
-func (s *RedisStore) addKeeper(shards int) {
+func (s *redisStore) addKeeper(shards int) {
 	g := &s.prefixGate
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -105,8 +105,8 @@ func (s *RedisStore) addKeeper(shards int) {
 	}
 }
 
-// placementChecker is a Store that knows how its keys are placed, and
-// refuses a Keeper that would place them otherwise: a RedisStore.
+// placementChecker is a store that knows how its keys are placed, and
+// refuses a Keeper that would place them otherwise: a redisStore.
 type placementChecker interface {
 	// checkPlacement checks that a Keeper of shards scope shards (or any,
 	// for -1) may use the store: to write (writing the prefix's record
@@ -119,7 +119,7 @@ type placementChecker interface {
 // checkPlacement implements placementChecker: it reads the prefix's record
 // once (once more, to write it, for the first write under a prefix that has
 // none), and compares.
-func (s *RedisStore) checkPlacement(ctx context.Context, shards int, write bool) (bool, error) {
+func (s *redisStore) checkPlacement(ctx context.Context, shards int, write bool) (bool, error) {
 	g := &s.prefixGate
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -146,7 +146,7 @@ func (s *RedisStore) checkPlacement(ctx context.Context, shards int, write bool)
 // scope shards if write and there is none. On one server it is given the
 // index key of the layouts before v3 (oldIndexKey), which it refuses to
 // write beside.
-func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (prefixRecord, error) {
+func (s *redisStore) readPrefix(ctx context.Context, shards int, write bool) (prefixRecord, error) {
 	if err := s.layoutReady(ctx); err != nil {
 		return prefixRecord{}, err
 	}
@@ -178,7 +178,7 @@ func (s *RedisStore) readPrefix(ctx context.Context, shards int, write bool) (pr
 // placementError refuses a Keeper of shards scope shards on a prefix whose
 // record is rec: one of another layout, or written by Keepers of another
 // placement.
-func (s *RedisStore) placementError(rec prefixRecord, shards int) error {
+func (s *redisStore) placementError(rec prefixRecord, shards int) error {
 	key := prefixRecordKey(s.prefix)
 	if rec.layout != prefixLayout {
 		return fmt.Errorf("%w: prefix %q is written in layout %q (its record %s holds %q), which this version of idem does not read: use another prefix",
@@ -207,7 +207,7 @@ func placementName(shards int) string {
 // learnPrefix is LoadScripts' part: the prefix's record is read, and
 // written for the store's Keepers when they all share one placement (a
 // store made by NewRedis), so that their first calls do not ask for it.
-func (s *RedisStore) learnPrefix(ctx context.Context) error {
+func (s *redisStore) learnPrefix(ctx context.Context) error {
 	g := &s.prefixGate
 	g.mu.Lock()
 	shards, write := -1, len(g.keepers) == 1

@@ -172,7 +172,7 @@ func TestPlacementCheckedOncePerStore(t *testing.T) {
 		ctx := context.Background()
 		ours, _ := layouts()
 		ok := func(context.Context) (int, error) { return 1, nil }
-		require.NoError(t, newKeeper(t, b).store.(*RedisStore).LoadScripts(ctx), "the scripts loaded, and the record written")
+		require.NoError(t, newKeeper(t, b).store.(*redisStore).LoadScripts(ctx), "the scripts loaded, and the record written")
 		rec, err := b.Client.Get(ctx, "idem:layout").Result()
 		require.NoError(t, err)
 		assert.Equal(t, ours+" shards=0", rec, "LoadScripts writes the record of its store's Keeper")
@@ -188,14 +188,14 @@ func TestPlacementCheckedOncePerStore(t *testing.T) {
 			_, err := Do(ctx, k, "s", "b", ok)
 			require.NoError(t, err)
 		}), "the next: the claim, the completion")
-		k2, err := New(k.store)
+		k2, err := keeperOn(k.store)
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, cnt.Count(func() {
 			_, err := Do(ctx, k2, "s", "a", ok)
 			require.NoError(t, err)
 		}), "another Keeper of the store: the replay")
 
-		err = newKeeper(t, b, WithScopeShards(3)).store.(*RedisStore).LoadScripts(ctx)
+		err = newKeeper(t, b, WithScopeShards(3)).store.(*redisStore).LoadScripts(ctx)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "LoadScripts of a Keeper of another placement")
 	})
 }

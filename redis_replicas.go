@@ -19,7 +19,7 @@ import (
 // for.
 var ErrNotReplicated = errors.New("idem: write not acknowledged by enough replicas")
 
-// ReplicationError is returned by a RedisStore made WithReplicas when a claim,
+// ReplicationError is returned by a Keeper made WithReplicas when a claim,
 // a completion or a lease extension was written on the master but fewer than
 // Wanted replicas acknowledged it in time. errors.Is reports true for
 // ErrNotReplicated and ErrUnavailable.
@@ -102,8 +102,8 @@ func (e *ReplicationError) Unwrap() error { return e.Err }
 // migration ends.
 //
 // n must be at least 1, timeout at least 1ms and shorter than the client's
-// ReadTimeout. Anything else is refused by NewRedisStore with
-// ErrInvalidConfig. Default: no waiting. Applies to a RedisStore.
+// ReadTimeout. Anything else is refused by NewRedis with
+// ErrInvalidConfig. Default: no waiting. Applies to a Keeper (NewRedis).
 func WithReplicas(n int, timeout time.Duration) Option {
 	return Option{name: "WithReplicas", to: toStore, set: func(s *settings) { s.replicas = &durability{replicas: n, timeout: timeout} }}
 }

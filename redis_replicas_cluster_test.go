@@ -35,7 +35,7 @@ func TestReplicasFollowAskDuringSlotMigration(t *testing.T) {
 	cc := cl.Client(t, &redis.ClusterOptions{NewClient: scripts.newClient})
 	ctx := context.Background()
 	k := durableKeeper(t, cc, WithReplicas(1, time.Second))
-	key := k.store.(*RedisStore).key(k.RecordID("s", "k"))
+	key := k.store.(*redisStore).key(k.RecordID("s", "k"))
 	out, err := k.Begin(ctx, "s", "k")
 	require.NoError(t, err)
 	require.NotNil(t, out.Claim)
@@ -86,7 +86,7 @@ func TestReplicasFollowMovedAfterSlotMigration(t *testing.T) {
 	})
 	k := loadedKeeper(t, cc)
 	kf := loadedKeeper(t, frozen, WithPrefix("frozen:"))
-	key := k.store.(*RedisStore).key(k.RecordID("s", "moved"))
+	key := k.store.(*redisStore).key(k.RecordID("s", "moved"))
 
 	m := startMigration(t, cl, cc, key)
 	m.finish(t, cl)
@@ -114,15 +114,15 @@ func TestReplicasFollowMovedAfterSlotMigration(t *testing.T) {
 		"claim and complete: each MOVED from the old owner, then sent to the new one")
 }
 
-// loadedKeeper returns a Keeper on a RedisStore on cc with WithReplicas,
+// loadedKeeper returns a Keeper on a redisStore on cc with WithReplicas,
 // whose scripts are loaded on every master, so that no NOSCRIPT adds
 // pipelines. Loading them also makes cc load the slot map.
 func loadedKeeper(t *testing.T, cc *redis.ClusterClient, ropts ...Option) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(cc, append(ropts, WithReplicas(1, time.Second))...)
+	s, err := openRedisStore(cc, append(ropts, WithReplicas(1, time.Second))...)
 	require.NoError(t, err)
 	require.NoError(t, s.LoadScripts(context.Background()))
-	k, err := New(s)
+	k, err := keeperOn(s)
 	require.NoError(t, err)
 	return k
 }

@@ -18,9 +18,9 @@ import (
 
 func durableKeeper(t *testing.T, c redis.Scripter, ropts ...Option) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(c, ropts...)
+	s, err := openRedisStore(c, ropts...)
 	require.NoError(t, err, "NewRedisStore")
-	k, err := New(s, WithLease(2*time.Second), WithRetention(time.Hour))
+	k, err := keeperOn(s, WithLease(2*time.Second), WithRetention(time.Hour))
 	require.NoError(t, err)
 	return k
 }
@@ -247,7 +247,7 @@ func TestCompactClaimResentWaitsForReplicas(t *testing.T) {
 	k, err := NewRedis(c, WithReplicas(1, 50*time.Millisecond))
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+	require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 	h.on.Store(true)
 
 	for _, compact := range []bool{false, true} {

@@ -36,7 +36,7 @@ type ScanOptions struct {
 }
 
 // Scan lists the store's records; see Keeper.Scan.
-func (s *RedisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
+func (s *redisStore) Scan(ctx context.Context, opts ScanOptions) iter.Seq2[Record, error] {
 	return func(yield func(Record, error) bool) {
 		sc, err := s.newScanner(opts)
 		if err != nil {
@@ -83,14 +83,14 @@ var (
 type scanner struct {
 	opts ScanOptions
 	// prefix is the pattern of the prefix; match that of the keys of
-	// records, whose ids placed or not (see RedisStore.key) read picks out
+	// records, whose ids placed or not (see redisStore.key) read picks out
 	// of it.
 	prefix, match string
 	// left is how many records may still be yielded; -1: no limit.
 	left int
 }
 
-func (s *RedisStore) newScanner(opts ScanOptions) (*scanner, error) {
+func (s *redisStore) newScanner(opts ScanOptions) (*scanner, error) {
 	switch {
 	case opts.Batch < 0 || opts.Batch > MaxScanBatch:
 		return nil, fmt.Errorf("%w: scan batch %d is not between 1 and %d", ErrInvalidConfig, opts.Batch, MaxScanBatch)
@@ -130,7 +130,7 @@ func escapeGlob(s string) string {
 
 // scanNodes returns a client of every server that holds records, in the
 // order of their addresses.
-func (s *RedisStore) scanNodes(ctx context.Context) ([]scanClient, error) {
+func (s *redisStore) scanNodes(ctx context.Context) ([]scanClient, error) {
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
 		return eachNode(ctx, c.ForEachMaster)
@@ -319,7 +319,7 @@ func callRecords(key string, tok int64, fp bool, until, done int64, states strin
 	return out
 }
 
-// idOfKey returns the id of a record key (see RedisStore.key), or "".
+// idOfKey returns the id of a record key (see redisStore.key), or "".
 func idOfKey(key string) string {
 	n := len(key)
 	if n >= idLen+2 && key[n-1] == '}' && key[n-idLen-2] == '{' {

@@ -46,7 +46,7 @@ func makeRecords(t *testing.T, k *Keeper, n int) records {
 }
 
 // scanAll gathers a listing: the ids it yielded, in order, and its errors.
-func scanAll(s *RedisStore, opts ScanOptions) (ids []string, recs []Record, errs []error) {
+func scanAll(s *redisStore, opts ScanOptions) (ids []string, recs []Record, errs []error) {
 	for r, err := range s.Scan(context.Background(), opts) {
 		if err != nil {
 			errs = append(errs, err)
@@ -61,7 +61,7 @@ func scanAll(s *RedisStore, opts ScanOptions) (ids []string, recs []Record, errs
 func TestScanListsPendingRecords(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(time.Hour))
-		store := k.store.(*RedisStore)
+		store := k.store.(*redisStore)
 		rs := makeRecords(t, k, 7)
 		ctx := context.Background()
 		// Keys that are not records of this store are never listed.
@@ -97,7 +97,7 @@ func TestScanListsPendingRecords(t *testing.T) {
 func TestScanStopsWhereAsked(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		store := k.store.(*RedisStore)
+		store := k.store.(*redisStore)
 		rs := makeRecords(t, k, 5)
 		ids, _, errs := scanAll(store, ScanOptions{State: StatePending, Limit: 3, Batch: 2})
 		require.Empty(t, errs)
@@ -119,7 +119,7 @@ func TestScanStopsWhereAsked(t *testing.T) {
 func TestScanAsksBoundedBatches(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		store := k.store.(*RedisStore)
+		store := k.store.(*redisStore)
 		rs := makeRecords(t, k, 10)
 		var sizes pipeSizes
 		b.Client.AddHook(&sizes)
@@ -158,7 +158,7 @@ func (p *pipeSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestScanReportsCorruptRecordsAndGoesOn(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		store := k.store.(*RedisStore)
+		store := k.store.(*redisStore)
 		rs := makeRecords(t, k, 2)
 		ctx := context.Background()
 		bad := store.RecordKey("s", "bad")
@@ -190,7 +190,7 @@ func TestScanPrefixMatch(t *testing.T) {
 		require.NoError(t, err)
 		want = append(want, prefix+"{"+recordID("", "order-1")+"}")
 	}
-	store, err := NewRedisStore(b.Client)
+	store, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	var keys []string
 	for r, err := range store.Scan(ctx, ScanOptions{PrefixMatch: "idem-demo:*:"}) {
@@ -201,9 +201,9 @@ func TestScanPrefixMatch(t *testing.T) {
 	ids, _, _ := scanAll(store, ScanOptions{})
 	assert.Empty(t, ids, "the store's own prefix holds none")
 
-	glob, err := NewRedisStore(b.Client, WithPrefix("a*b?:"))
+	glob, err := openRedisStore(b.Client, WithPrefix("a*b?:"))
 	require.NoError(t, err)
-	k, err := New(glob)
+	k, err := keeperOn(glob)
 	require.NoError(t, err)
 	_, err = k.Begin(ctx, "", "k")
 	require.NoError(t, err)
@@ -214,7 +214,7 @@ func TestScanPrefixMatch(t *testing.T) {
 
 func TestScanRefusesBadOptionsAndClients(t *testing.T) {
 	b := redistest.Miniredis(t)
-	store, err := NewRedisStore(b.Client)
+	store, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	for _, opts := range []ScanOptions{{Batch: -1}, {Batch: MaxScanBatch + 1}, {Limit: -1}, {State: 9}, {PrefixMatch: "a{b}"}} {
 		_, _, errs := scanAll(store, opts)
@@ -225,7 +225,7 @@ func TestScanRefusesBadOptionsAndClients(t *testing.T) {
 	ap, err := b.Client.AutoPipeline()
 	require.NoError(t, err)
 	t.Cleanup(func() { ap.Close() })
-	apStore, err := NewRedisStore(ap)
+	apStore, err := openRedisStore(ap)
 	require.NoError(t, err)
 	_, _, errs := scanAll(apStore, ScanOptions{})
 	require.Len(t, errs, 1)
@@ -245,7 +245,7 @@ func TestScanCluster(t *testing.T) {
 	// on every master.
 	k, err := NewRedis(client, WithLease(time.Hour), WithScopeShards(0))
 	require.NoError(t, err)
-	store := k.store.(*RedisStore)
+	store := k.store.(*redisStore)
 	rs := makeRecords(t, k, 12)
 
 	masters := map[string]bool{}
@@ -277,7 +277,7 @@ func masterOf(c *redis.ClusterClient, key string) (string, error) {
 func BenchmarkScan(b *testing.B) {
 	be := redistest.Real(b)
 	ctx := context.Background()
-	store, err := NewRedisStore(be.Client)
+	store, err := openRedisStore(be.Client)
 	require.NoError(b, err)
 	const n = 10_000
 	pipe := be.Client.Pipeline()

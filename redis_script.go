@@ -133,7 +133,7 @@ func makeLuaScript(body string) *luaScript {
 
 // evalArgs begins the arguments of an EVALSHA of sc with keys, with room for
 // n arguments more: the command, the hash, the number of keys, the keys.
-// RedisStore.eval sends them (EVAL after NOSCRIPT).
+// redisStore.eval sends them (EVAL after NOSCRIPT).
 func (sc *luaScript) evalArgs(n int, keys ...string) []any {
 	args := make([]any, 3, 3+len(keys)+n)
 	args[0], args[1], args[2] = "evalsha", sc.shaArg, len(keys)

@@ -154,7 +154,7 @@ func TestEveryScriptIsLoaded(t *testing.T) {
 	assert.Len(t, luaScripts, made, "a script that is no file of lua/")
 
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		s, err := NewRedisStore(b.Client)
+		s, err := openRedisStore(b.Client)
 		require.NoError(t, err)
 		require.NoError(t, s.LoadScripts(context.Background()))
 		for _, sc := range luaScripts {

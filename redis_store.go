@@ -32,16 +32,16 @@ var (
 	extendScript   = newLuaScript("extend", extendBody)
 )
 
-// The go-redis clients RedisStore works with.
+// The go-redis clients redisStore works with.
 var (
 	_ redis.Scripter = (*redis.Client)(nil)
 	_ redis.Scripter = (*redis.ClusterClient)(nil)
 	_ redis.Scripter = (*redis.Ring)(nil)
 	_ redis.Scripter = (*redis.Conn)(nil)
-	_ Store          = (*RedisStore)(nil)
+	_ recordStore    = (*redisStore)(nil)
 )
 
-// RedisStore is a Store on Redis. Each record is one Redis string under
+// redisStore is a store on Redis. Each record is one Redis string under
 // prefix + "{" + id + "}", or for an id placed by WithScopeShards
 // prefix + "{" + shard + "}" + digest: the hash tag keeps every key of a
 // record in one Cluster slot. Beside them, prefix + "layout" says how the
@@ -50,7 +50,7 @@ var (
 // Keeper that writes under the prefix, read by each store once, never
 // expiring. It uses the client it is given and never dials its own. It is
 // safe for concurrent use.
-type RedisStore struct {
+type redisStore struct {
 	client redis.Scripter
 	prefix string
 	// durable is the setting of WithReplicas; nil: no waiting.
@@ -73,17 +73,17 @@ type RedisStore struct {
 
 // WithPrefix sets the start of every Redis key the store writes, so that
 // several applications can share one Redis. It may not contain '{' or '}'.
-// Default: "idem:" (DefaultPrefix). Applies to a RedisStore.
+// Default: "idem:" (DefaultPrefix). Applies to a Keeper (NewRedis).
 func WithPrefix(prefix string) Option {
 	return Option{name: "WithPrefix", to: toStore, set: func(s *settings) { s.prefix = prefix }}
 }
 
-// NewRedisStore returns a Store on client, which may be any go-redis client
+// openRedisStore returns a store on client, which may be any go-redis client
 // that runs scripts: *redis.Client, *redis.ClusterClient, *redis.Ring, a
 // failover client, or an AutoPipeliner. A nil client or a prefix holding '{'
 // or '}' is refused with ErrInvalidConfig.
 //
-// Options that apply to a RedisStore: WithPrefix ("idem:"), WithReplicas
+// Options that apply to a redisStore: WithPrefix ("idem:"), WithReplicas
 // (no waiting) and WithoutMarkers (compact claims on); others are refused with ErrInvalidConfig.
 //
 // With an AutoPipeliner (client.AutoPipelineWithOptions; docs/benchmarks.md
@@ -93,7 +93,7 @@ func WithPrefix(prefix string) Option {
 // fails on a network error is sent again whole, which every script
 // tolerates; and WithReplicas cannot be used. Call LoadScripts at start, so
 // that the first batches do not all fall back to EVAL.
-func NewRedisStore(client redis.Scripter, opts ...Option) (*RedisStore, error) {
+func openRedisStore(client redis.Scripter, opts ...Option) (*redisStore, error) {
 	s := defaultSettings()
 	if err := s.apply(toStore, "NewRedisStore", opts); err != nil {
 		return nil, err
@@ -101,8 +101,8 @@ func NewRedisStore(client redis.Scripter, opts ...Option) (*RedisStore, error) {
 	return newRedisStore(client, &s)
 }
 
-// newRedisStore returns a RedisStore with the store's part of s.
-func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
+// newRedisStore returns a redisStore with the store's part of s.
+func newRedisStore(client redis.Scripter, s *settings) (*redisStore, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidConfig)
 	}
@@ -115,16 +115,26 @@ func newRedisStore(client redis.Scripter, s *settings) (*RedisStore, error) {
 		}
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	st := &RedisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: &compactLayout{cluster: cluster}, noCompact: s.noMarkers}
+	st := &redisStore{client: client, prefix: s.prefix, durable: s.replicas, compact: &compactLayout{cluster: cluster}, noCompact: s.noMarkers}
 	st.v3 = newV3Layout(st)
 	return st, nil
 }
 
-// NewRedis returns a Keeper on a RedisStore on client: NewRedisStore then
-// New, each with the options that apply to it. Options that apply to
-// neither are refused with ErrInvalidConfig. On a *redis.ClusterClient the
-// Keeper places each scope's keys in ClusterScopeShards shards unless told
-// otherwise (see WithScopeShards).
+// NewRedis returns a Keeper that keeps its records on the Redis client
+// reaches: a *redis.Client, *redis.ClusterClient, *redis.Ring, *redis.Conn,
+// or an AutoPipeliner on one of them. Each step on a record is one Lua
+// script and one round trip (one per Redis node, for a batch). It sends
+// nothing: the first call, or LoadScripts, reads the prefix's record.
+//
+// Options and their defaults: WithPrefix ("idem:", DefaultPrefix),
+// WithLease (30s, DefaultLease), WithRetention (24h, DefaultRetention),
+// WithErrorRetention (the retention), WithMarkerRetention (7 days,
+// DefaultMarkerRetention), WithoutMarkers (markers on), WithCodec
+// (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock
+// (time.Now), WithScopeShards (ClusterScopeShards on a
+// *redis.ClusterClient, else 0), WithReplicas (no waiting),
+// WithReplayCache (none), WithObserver (none). Invalid settings, and
+// options that apply only to a call, are refused with ErrInvalidConfig.
 func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
 	s := defaultSettings()
 	if err := s.apply(toKeeper|toStore, "NewRedis", opts); err != nil {
@@ -142,7 +152,7 @@ func NewRedis(client redis.Scripter, opts ...Option) (*Keeper, error) {
 // the default on one server or a Ring), for an operator or a test that
 // looks at Redis directly. Record.Key (Keeper.Inspect) is any record's,
 // whatever its Keeper's placement.
-func (s *RedisStore) RecordKey(scope, key string) string {
+func (s *redisStore) RecordKey(scope, key string) string {
 	return s.key(recordID(scope, key))
 }
 
@@ -150,14 +160,14 @@ func (s *RedisStore) RecordKey(scope, key string) string {
 // for a placed id (see WithScopeShards) prefix + "{" + its last 6
 // characters + "}" + its first 16, so that the keys of a scope's shard
 // share a hash tag.
-func (s *RedisStore) key(id string) string {
+func (s *redisStore) key(id string) string {
 	var buf [128]byte
 	return string(s.appendKey(buf[:0], id))
 }
 
 // appendKey appends the Redis key of the record id (see key) to b; it is
 // len(s.prefix) + len(id) + 2 bytes long either way.
-func (s *RedisStore) appendKey(b []byte, id string) []byte {
+func (s *redisStore) appendKey(b []byte, id string) []byte {
 	b = append(append(b, s.prefix...), '{')
 	if placedID(id) {
 		tag := idLen - placedTagLen
@@ -166,13 +176,13 @@ func (s *RedisStore) appendKey(b []byte, id string) []byte {
 	return append(append(b, id...), '}')
 }
 
-// Claim implements Store.
-func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+// Claim implements recordStore.
+func (s *redisStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	if !isBase64URL(req.Fingerprint) || !isBase64URL(req.Attempt) || req.Attempt == "" {
-		return ClaimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
+		return claimReply{}, fmt.Errorf("%w: fingerprint and attempt must be base64url", ErrInvalidConfig)
 	}
 	if err := s.layoutReady(ctx); err != nil {
-		return ClaimReply{}, err
+		return claimReply{}, err
 	}
 	key, call := s.key(id), ""
 	d8, index, calls := s.claimIndexArgs(id, key)
@@ -187,14 +197,14 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
 		res, err := s.eval(ctx, claimScript, args).Result()
 		if err != nil {
-			return ClaimReply{}, s.layoutError(err)
+			return claimReply{}, s.layoutError(err)
 		}
 		tok, ok := callAsked(res)
 		if !ok {
 			return claimAnswer(res)
 		}
 		if asked == maxCallAsks {
-			return ClaimReply{}, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was claimed", ErrUnavailable, asked+1)
+			return claimReply{}, fmt.Errorf("%w: the index entry of the key moved to another call %d times while it was claimed", ErrUnavailable, asked+1)
 		}
 		call = v3CallKey(calls, tok)
 	}
@@ -205,7 +215,7 @@ func (s *RedisStore) Claim(ctx context.Context, id string, req ClaimRequest) (Cl
 // key is key: the first 8 bytes of the id's index digest (an entry's
 // digest and block hash), its index key and the start of its call record
 // keys.
-func (s *RedisStore) claimIndexArgs(id, key string) (d8, index, calls string) {
+func (s *redisStore) claimIndexArgs(id, key string) (d8, index, calls string) {
 	var d [16]byte
 	indexDigest(&d, id)
 	index, calls = s.v3Names(key)
@@ -231,25 +241,25 @@ func callAsked(res any) (int64, bool) {
 
 // claimAnswer reads what claim.lua answered: a new claim's token, a
 // completed record, the lease left of another attempt (negated), or a table.
-func claimAnswer(res any) (ClaimReply, error) {
+func claimAnswer(res any) (claimReply, error) {
 	switch r := res.(type) {
 	case int64:
 		if r < 0 {
-			return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(-r) * time.Millisecond}, nil
+			return claimReply{Status: statusInProgress, LeaseLeft: time.Duration(-r) * time.Millisecond}, nil
 		}
 		if r > 0 {
-			return ClaimReply{Status: StatusClaimed, Token: r, Attempt: 1}, nil
+			return claimReply{Status: statusClaimed, Token: r, Attempt: 1}, nil
 		}
 	case string:
 		return parseCompleted(r)
 	case []any:
-		return claimReply(r)
+		return parseClaimReply(r)
 	}
-	return ClaimReply{}, unexpected(res)
+	return claimReply{}, unexpected(res)
 }
 
-// claimReply reads a table claim.lua answered.
-func claimReply(res []any) (ClaimReply, error) {
+// parseClaimReply reads a table claim.lua answered.
+func parseClaimReply(res []any) (claimReply, error) {
 	switch replyCode(res) {
 	case claimExisting:
 		if len(res) == 4 || len(res) == 5 {
@@ -257,16 +267,16 @@ func claimReply(res []any) (ClaimReply, error) {
 			n, ok2 := res[2].(int64)
 			rec, ok3 := res[3].(int64)
 			if ok1 && ok2 && ok3 {
-				return withCheckpoints(ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, res[4:])
+				return withCheckpoints(claimReply{Status: statusClaimed, Token: tok, Attempt: int(n), Recovered: rec == 1}, res[4:])
 			}
 		}
 	case claimMismatch:
-		return ClaimReply{Status: StatusMismatch}, nil
+		return claimReply{Status: statusMismatch}, nil
 	case replyNotOurs:
-		return ClaimReply{}, corrupt(res)
+		return claimReply{}, corrupt(res)
 	case claimCallMissing:
 		if len(res) == 1 {
-			return ClaimReply{}, errCallMissing
+			return claimReply{}, errCallMissing
 		}
 	case claimMarker, claimMarkerExpired:
 		// A marker: {code, token}; or {code, token, attempt} for a record
@@ -280,12 +290,12 @@ func claimReply(res []any) (ClaimReply, error) {
 		}
 		if ok && attempt >= 1 {
 			if res[0] == int64(claimMarkerExpired) {
-				return ClaimReply{Status: StatusResultExpired, Token: tok, Attempt: int(attempt), Marker: true}, nil
+				return claimReply{Status: statusResultExpired, Token: tok, Attempt: int(attempt), Marker: true}, nil
 			}
-			return ClaimReply{Status: StatusCompleted, Token: tok, Attempt: int(attempt), Marker: true, Value: emptyBytes}, nil
+			return claimReply{Status: statusCompleted, Token: tok, Attempt: int(attempt), Marker: true, Value: emptyBytes}, nil
 		}
 	}
-	return ClaimReply{}, unexpected(res)
+	return claimReply{}, unexpected(res)
 }
 
 // errCallMissing answers a claim whose index entry is younger than a call
@@ -294,11 +304,11 @@ func claimReply(res []any) (ClaimReply, error) {
 // is not claimed.
 var errCallMissing = fmt.Errorf("%w: the call record of the key's index entry is missing (is its slot migrating?)", ErrUnavailable)
 
-// Complete implements Store. A Complete that finds the record completed by
+// Complete implements recordStore. A Complete that finds the record completed by
 // the same token already (a retried call, or a second Complete of one claim)
 // succeeds and writes nothing: the record keeps the first result and its
 // retention, and stored is false.
-func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
+func (s *redisStore) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	return s.completeOnce(ctx, id, token, value, keep)
 }
 
@@ -306,7 +316,7 @@ func (s *RedisStore) Complete(ctx context.Context, id string, token int64, value
 // false when the record was completed by token already, and holds what that
 // completion stored. (A call whose first run stored value and whose reply
 // was lost, sent again by go-redis, reports false too.)
-func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
+func (s *redisStore) completeOnce(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (stored bool, err error) {
 	args := completeScript.evalArgs(4, s.key(id))
 	args = append(args, token, strconv.FormatInt(token, 36), s.boxes.millis(boxRetention, keep), value)
 	res, err := s.eval(ctx, completeScript, args).Result()
@@ -327,21 +337,21 @@ func (s *RedisStore) completeOnce(ctx context.Context, id string, token int64, v
 	return false, unexpected(res)
 }
 
-// Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
+// Release implements recordStore.
+func (s *redisStore) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
 	args := releaseScript.evalArgs(2, s.key(id))
 	return s.transition(ctx, releaseScript, append(args, token, s.boxes.millis(boxKeep, keep)))
 }
 
-// Extend implements Store.
-func (s *RedisStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
+// Extend implements recordStore.
+func (s *redisStore) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
 	args := extendScript.evalArgs(3, s.key(id))
 	return s.transition(ctx, extendScript, append(args, token, s.boxes.millis(boxLease, lease), s.boxes.millis(boxKeep, keep)))
 }
 
 // transition runs a script that answers 1 (done), 0 (lease lost) or {5,
 // reason} (corrupt).
-func (s *RedisStore) transition(ctx context.Context, sc *luaScript, args []any) error {
+func (s *redisStore) transition(ctx context.Context, sc *luaScript, args []any) error {
 	res, err := s.eval(ctx, sc, args).Result()
 	if err != nil {
 		return err
@@ -382,7 +392,7 @@ type processor interface {
 // (EVALSHA, then EVAL on NOSCRIPT), and with WithReplicas, for the steps
 // that need it, pipelines WAIT after it. It sends args as they are when it
 // can, rather than have go-redis copy them into a command of its own.
-func (s *RedisStore) eval(ctx context.Context, sc *luaScript, args []any) *redis.Cmd {
+func (s *redisStore) eval(ctx context.Context, sc *luaScript, args []any) *redis.Cmd {
 	if s.durable != nil {
 		if op := waitsAfter(sc); op != "" {
 			keys, rest := evalKeys(args)
@@ -451,7 +461,7 @@ func (b *millisBoxes) millis(slot int, d time.Duration) any {
 
 // LoadScripts loads the scripts and reads the prefix's record; see
 // Keeper.LoadScripts.
-func (s *RedisStore) LoadScripts(ctx context.Context) error {
+func (s *redisStore) LoadScripts(ctx context.Context) error {
 	for _, sc := range luaScripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
@@ -512,7 +522,7 @@ func isBase64URL(s string) bool {
 // placement (WithScopeShards) than the prefix's is refused then, with an
 // error that wraps ErrInvalidConfig.
 func (k *Keeper) LoadScripts(ctx context.Context) error {
-	rs, err := k.redisStore("LoadScripts")
+	rs, err := k.onRedis("LoadScripts")
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// unorderedAutoPipeline is the AutoPipeliner setting NewRedisStore's
+// unorderedAutoPipeline is the AutoPipeliner setting openRedisStore's
 // documentation suggests: two unordered batches in flight, a 200µs flush
 // delay.
 func unorderedAutoPipeline() *redis.AutoPipelineOptions {
@@ -84,9 +84,9 @@ func autoPipelined(t *testing.T, b *redistest.Backend, apo *redis.AutoPipelineOp
 	ap, err := b.Client.AutoPipelineWithOptions(apo)
 	require.NoError(t, err)
 	t.Cleanup(func() { ap.Close() })
-	s, err := NewRedisStore(ap)
+	s, err := openRedisStore(ap)
 	require.NoError(t, err)
-	k, err := New(s, opts...)
+	k, err := keeperOn(s, opts...)
 	require.NoError(t, err)
 	// The scripts, and the prefix's record for the Keeper: one EVALSHA.
 	require.NoError(t, s.LoadScripts(context.Background()))
@@ -124,7 +124,7 @@ func TestAutoPipelinerBatchesTheScripts(t *testing.T) {
 
 // TestAutoPipelinerSurvivesScriptFlush flushes Redis's script cache again
 // and again while many callers run operations through an AutoPipeliner (in
-// the unordered setting NewRedisStore suggests): the EVALSHA of a whole batch
+// the unordered setting openRedisStore suggests): the EVALSHA of a whole batch
 // then fails with NOSCRIPT, and each call falls back to EVAL. No call may
 // fail, and no operation may run twice.
 func TestAutoPipelinerSurvivesScriptFlush(t *testing.T) {
@@ -205,9 +205,9 @@ func (s *noScript) Eval(ctx context.Context, script string, keys []string, args 
 func TestNoScriptFallsBackOncePerCall(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ns := &noScript{Scripter: b.Client}
-	s, err := NewRedisStore(ns)
+	s, err := openRedisStore(ns)
 	require.NoError(t, err)
-	k, err := New(s)
+	k, err := keeperOn(s)
 	require.NoError(t, err)
 	ctx := context.Background()
 	check := func(what string, f func()) {

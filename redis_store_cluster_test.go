@@ -39,9 +39,9 @@ func TestCluster(t *testing.T) {
 
 func clusterKeeper(t *testing.T, c redis.Scripter, ropts []Option, opts ...Option) *Keeper {
 	t.Helper()
-	s, err := NewRedisStore(c, ropts...)
+	s, err := openRedisStore(c, ropts...)
 	require.NoError(t, err, "NewRedisStore")
-	k, err := New(s, opts...)
+	k, err := keeperOn(s, opts...)
 	require.NoError(t, err, "New")
 	return k
 }

@@ -20,7 +20,7 @@ func TestCorruptRecords(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
 		ctx := context.Background()
-		key := func(name string) string { return k.store.(*RedisStore).key(recordID("s", name)) }
+		key := func(name string) string { return k.store.(*redisStore).key(recordID("s", name)) }
 		fn := func(ctx context.Context) (receipt, error) {
 			assert.Fail(t, "must not run on a corrupt record")
 			return receipt{}, nil
@@ -120,9 +120,9 @@ func TestBadStoredValues(t *testing.T) {
 	for name, c := range badInputBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			s, err := NewRedisStore(c)
+			s, err := openRedisStore(c)
 			require.NoError(t, err)
-			k, err := New(s)
+			k, err := keeperOn(s)
 			require.NoError(t, err)
 			for _, row := range table {
 				key := "bad/" + row.name

@@ -43,7 +43,7 @@ func TestScriptCost(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
 	t.Cleanup(func() { c.Close() })
-	s, err := NewRedisStore(c)
+	s, err := openRedisStore(c)
 	require.NoError(t, err)
 	require.NoError(t, s.LoadScripts(context.Background()))
 	for _, sc := range []*redis.Script{floorClaim, floorComplete, floorReplay} {
@@ -93,7 +93,7 @@ func costConsumeCommands(t *testing.T, c *redis.Client) {
 	for _, size := range []int{3, 500} {
 		k, err := NewRedis(c, WithPrefix(fmt.Sprintf("cmds%d:", size)), WithLease(time.Hour))
 		require.NoError(t, err)
-		require.NoError(t, k.store.(*RedisStore).LoadScripts(ctx))
+		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		count := func(batch []string) (claim, settle map[string]int64) {
 			before := commandCalls(t, c)
 			var mid map[string]int64
@@ -187,18 +187,18 @@ const costLease, costKeep = 30 * time.Second, time.Hour
 
 // costScripts measures each single-record script path, every phase on the
 // records the phase before left.
-func costScripts(t *testing.T, m *costMeter, s *RedisStore) {
+func costScripts(t *testing.T, m *costMeter, s *redisStore) {
 	ctx := context.Background()
 	payload := costPayload()
 	fp := fingerprintDigest([]byte(`{"amount":1000,"currency":"EUR"}`))
 	toks := make([]int64, m.n)
-	claim := func(ids []string, fp, attempt string, want ClaimStatus) func(i int) error {
+	claim := func(ids []string, fp, attempt string, want claimStatus) func(i int) error {
 		return func(i int) error {
-			r, err := s.Claim(ctx, ids[i], ClaimRequest{Fingerprint: fp, Attempt: attempt, Lease: costLease, Keep: costKeep})
+			r, err := s.Claim(ctx, ids[i], claimRequest{Fingerprint: fp, Attempt: attempt, Lease: costLease, Keep: costKeep})
 			if err == nil && r.Status != want {
 				err = fmt.Errorf("claim status %d, want %d", r.Status, want)
 			}
-			if want == StatusClaimed {
+			if want == statusClaimed {
 				toks[i] = r.Token
 			}
 			return err
@@ -209,33 +209,33 @@ func costScripts(t *testing.T, m *costMeter, s *RedisStore) {
 	}
 
 	a := m.ids("a")
-	m.measure("claim, new key", scriptStats, claim(a, "", "first", StatusClaimed))
+	m.measure("claim, new key", scriptStats, claim(a, "", "first", statusClaimed))
 	m.measure("complete", scriptStats, complete(a))
-	m.measure("replay (claim of a completed record)", scriptStats, claim(a, "", "replayer", StatusCompleted))
+	m.measure("replay (claim of a completed record)", scriptStats, claim(a, "", "replayer", statusCompleted))
 
 	f := m.ids("f")
-	m.measure("claim, new key, fingerprint", scriptStats, claim(f, fp, "first", StatusClaimed))
+	m.measure("claim, new key, fingerprint", scriptStats, claim(f, fp, "first", statusClaimed))
 	m.measure("complete, fingerprint", scriptStats, complete(f))
-	m.measure("replay, fingerprint", scriptStats, claim(f, fp, "replayer", StatusCompleted))
+	m.measure("replay, fingerprint", scriptStats, claim(f, fp, "replayer", statusCompleted))
 
 	p := m.ids("p")
-	m.prepare(claim(p, fp, "first", StatusClaimed))
-	m.measure("in progress (claim of a live lease)", scriptStats, claim(p, fp, "other", StatusInProgress))
+	m.prepare(claim(p, fp, "first", statusClaimed))
+	m.measure("in progress (claim of a live lease)", scriptStats, claim(p, fp, "other", statusInProgress))
 	m.measure("extend", scriptStats, func(i int) error { return s.Extend(ctx, p[i], toks[i], costLease, costKeep) })
 	m.measure("checkpoint", scriptStats, func(i int) error {
-		return s.Checkpoint(ctx, Fence{ID: p[i], Token: toks[i]}, "charged", []byte("ch_1"), 0)
+		return s.Checkpoint(ctx, claimFence{ID: p[i], Token: toks[i]}, "charged", []byte("ch_1"), 0)
 	})
 	m.measure("release, with a checkpoint", scriptStats, func(i int) error { return s.Release(ctx, p[i], toks[i], costKeep) })
-	m.measure("claim after release, checkpoint carried", scriptStats, claim(p, fp, "second", StatusClaimed))
+	m.measure("claim after release, checkpoint carried", scriptStats, claim(p, fp, "second", statusClaimed))
 
 	r := m.ids("r")
-	m.prepare(claim(r, "", "first", StatusClaimed))
+	m.prepare(claim(r, "", "first", statusClaimed))
 	m.measure("release", scriptStats, func(i int) error { return s.Release(ctx, r[i], toks[i], costKeep) })
 }
 
 // costBatches measures the batch scripts per record: each caller claims,
 // completes and replays its share of the records in calls of batchChunk.
-func costBatches(t *testing.T, m *costMeter, s *RedisStore) {
+func costBatches(t *testing.T, m *costMeter, s *redisStore) {
 	ctx := context.Background()
 	payload := costPayload()
 	ids := m.ids("b")
@@ -247,9 +247,9 @@ func costBatches(t *testing.T, m *costMeter, s *RedisStore) {
 			return f(ids[from:to], from)
 		}
 	}
-	claim := func(attempt string, want ClaimStatus) func(i int) error {
+	claim := func(attempt string, want claimStatus) func(i int) error {
 		return batches(func(ids []string, from int) error {
-			for j, r := range s.ClaimBatch(ctx, BatchClaimRequest{IDs: ids, Attempt: attempt, Lease: costLease, Keep: costKeep}) {
+			for j, r := range s.ClaimBatch(ctx, batchClaimRequest{IDs: ids, Attempt: attempt, Lease: costLease, Keep: costKeep}) {
 				if r.Err != nil || r.Reply.Status != want {
 					return fmt.Errorf("batch claim: status %d, want %d: %v", r.Reply.Status, want, r.Err)
 				}
@@ -258,11 +258,11 @@ func costBatches(t *testing.T, m *costMeter, s *RedisStore) {
 			return nil
 		})
 	}
-	m.measureShares("batch claim, new keys", len(shares), claim("first", StatusClaimed))
+	m.measureShares("batch claim, new keys", len(shares), claim("first", statusClaimed))
 	m.measureShares("batch complete", len(shares), batches(func(ids []string, from int) error {
-		items := make([]BatchCompletion, len(ids))
+		items := make([]batchCompletion, len(ids))
 		for j, id := range ids {
-			items[j] = BatchCompletion{Fence: Fence{ID: id, Token: toks[from+j]}, Value: payload, Keep: costKeep}
+			items[j] = batchCompletion{claimFence: claimFence{ID: id, Token: toks[from+j]}, Value: payload, Keep: costKeep}
 		}
 		for _, err := range s.CompleteBatch(ctx, items) {
 			if err != nil {
@@ -271,7 +271,7 @@ func costBatches(t *testing.T, m *costMeter, s *RedisStore) {
 		}
 		return nil
 	}))
-	m.measureShares("batch claim, replays", len(shares), claim("replayer", StatusCompleted))
+	m.measureShares("batch claim, replays", len(shares), claim("replayer", statusCompleted))
 }
 
 // costFloors measures the plain commands that do the same work as a first

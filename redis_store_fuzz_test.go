@@ -47,7 +47,7 @@ func FuzzParseCompleted(f *testing.F) {
 			require.ErrorIs(t, err, ErrCorrupt, "parseCompleted(%q)", rec)
 			return
 		}
-		require.Equal(t, StatusCompleted, r.Status, "parseCompleted(%q) = %+v", rec, r)
+		require.Equal(t, statusCompleted, r.Status, "parseCompleted(%q) = %+v", rec, r)
 		require.True(t, strings.HasPrefix(rec, "i1C"), "parseCompleted(%q) = %+v: not a completed record", rec, r)
 		require.True(t, strings.HasSuffix(rec, string(r.Value)), "parseCompleted(%q) = %+v: the value is not the tail of the record", rec, r)
 	})
@@ -104,18 +104,18 @@ func FuzzValidateKey(f *testing.F) {
 	})
 }
 
-// fuzzStore returns a RedisStore on a miniredis that lives as long as f.
-func fuzzStore(f *testing.F) (*RedisStore, *redis.Client) {
+// fuzzStore returns a redisStore on a miniredis that lives as long as f.
+func fuzzStore(f *testing.F) (*redisStore, *redis.Client) {
 	m := miniredis.RunT(f)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	f.Cleanup(func() { c.Close() })
-	s, err := NewRedisStore(c, WithPrefix("fuzz:"))
+	s, err := openRedisStore(c, WithPrefix("fuzz:"))
 	require.NoError(f, err)
 	return s, c
 }
 
 // FuzzStoredValue puts arbitrary bytes where a record lives and runs every
-// step of the Store on it: nothing panics, every error is typed, a value that
+// step of the store on it: nothing panics, every error is typed, a value that
 // is not a record is never overwritten, and a claim that succeeds leaves a
 // record that the next claim reads.
 //
@@ -151,7 +151,7 @@ func FuzzStoredValue(f *testing.F) {
 		typed("Release", s.Release(ctx, id, token, time.Minute))
 		typed("Extend", s.Extend(ctx, id, token, time.Minute, time.Minute))
 		before, _ := c.Get(ctx, key).Bytes()
-		r, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
+		r, err := s.Claim(ctx, id, claimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
 		if err != nil {
 			require.ErrorIs(t, err, ErrCorrupt, "Claim on %q: untyped error", value)
 			got, _ := c.Get(ctx, key).Bytes()
@@ -159,16 +159,16 @@ func FuzzStoredValue(f *testing.F) {
 			return
 		}
 		switch r.Status {
-		case StatusClaimed:
-			again, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
+		case statusClaimed:
+			again, err := s.Claim(ctx, id, claimRequest{Fingerprint: "fp", Attempt: "att2", Lease: time.Minute, Keep: time.Minute})
 			require.NoError(t, err, "claim on %q then its retry: %+v then an error", before, r)
-			require.Equal(t, StatusClaimed, again.Status, "claim on %q then its retry: %+v then %+v", before, r, again)
+			require.Equal(t, statusClaimed, again.Status, "claim on %q then its retry: %+v then %+v", before, r, again)
 			require.Equal(t, r.Token, again.Token, "claim on %q then its retry: %+v then %+v", before, r, again)
-		case StatusCompleted:
+		case statusCompleted:
 			if _, _, err := open(r.Value); err != nil {
 				require.ErrorIs(t, err, ErrCorrupt, "open of the stored value of %q", before)
 			}
-		case StatusInProgress, StatusMismatch:
+		case statusInProgress, statusMismatch:
 		default:
 			require.Failf(t, "unknown status", "Claim on %q: status %d", before, r.Status)
 		}

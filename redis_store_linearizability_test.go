@@ -35,7 +35,7 @@ const (
 	linExtend
 )
 
-// linInput is one call on the Store.
+// linInput is one call on the store.
 type linInput struct {
 	kind    linOpKind
 	fp      string // claim
@@ -49,7 +49,7 @@ type linInput struct {
 type linOutput struct {
 	unknown bool
 	// claim
-	status    ClaimStatus
+	status    claimStatus
 	token     int64
 	attempt   int
 	recovered bool
@@ -111,7 +111,7 @@ type linOutcome struct {
 
 func (o *linOutcome) matches(out linOutput) bool {
 	if o.anyNewToken {
-		if out.status != StatusClaimed || out.token <= o.state.maxToken || out.attempt != o.out.attempt || out.recovered {
+		if out.status != statusClaimed || out.token <= o.state.maxToken || out.attempt != o.out.attempt || out.recovered {
 			return false
 		}
 		o.state.token, o.state.maxToken = out.token, out.token
@@ -128,20 +128,20 @@ func linOutcomes(s linState, in linInput) []linOutcome {
 	switch in.kind {
 	case linClaim:
 		if s.st != 'A' && s.st != 'R' && s.fp != in.fp {
-			return []linOutcome{{state: s, out: linOutput{status: StatusMismatch}}}
+			return []linOutcome{{state: s, out: linOutput{status: statusMismatch}}}
 		}
 		switch s.st {
 		case 'C':
-			return []linOutcome{{state: s, out: linOutput{status: StatusCompleted, token: s.token, attempt: s.n, value: s.value}}}
+			return []linOutcome{{state: s, out: linOutput{status: statusCompleted, token: s.token, attempt: s.n, value: s.value}}}
 		case 'P':
 			if s.attempt != in.attempt {
-				return []linOutcome{{state: s, out: linOutput{status: StatusInProgress}}}
+				return []linOutcome{{state: s, out: linOutput{status: statusInProgress}}}
 			}
 			if s.token == -1 {
 				o := linOutcome{state: s, out: linOutput{attempt: s.n}, anyNewToken: true}
 				return []linOutcome{o}
 			}
-			return []linOutcome{{state: s, out: linOutput{status: StatusClaimed, token: s.token, attempt: s.n}}}
+			return []linOutcome{{state: s, out: linOutput{status: statusClaimed, token: s.token, attempt: s.n}}}
 		}
 		n := 1
 		if s.st == 'R' {
@@ -178,7 +178,7 @@ func linOutcomes(s linState, in linInput) []linOutcome {
 	return nil
 }
 
-// linModel is the record as the Store documents it; linModelStrict also
+// linModel is the record as the store documents it; linModelStrict also
 // takes ErrLeaseLost from Release to mean that nothing was written.
 var (
 	linModel       = linNewModel(true)
@@ -203,7 +203,7 @@ func linNewModel(retriedRelease bool) porcupine.Model {
 const linUnknownReturn = int64(1) << 62
 
 // linRun runs one history of clients × calls on the record id and returns it.
-func linRun(ctx context.Context, s Store, id string, seed uint64, clients, calls int) []porcupine.Operation {
+func linRun(ctx context.Context, s recordStore, id string, seed uint64, clients, calls int) []porcupine.Operation {
 	var (
 		mu   sync.Mutex
 		ops  []porcupine.Operation
@@ -242,10 +242,10 @@ func linRun(ctx context.Context, s Store, id string, seed uint64, clients, calls
 				var err error
 				switch in.kind {
 				case linClaim:
-					var rep ClaimReply
-					rep, err = s.Claim(ctx, id, ClaimRequest{Fingerprint: in.fp, Attempt: in.attempt, Lease: time.Minute, Keep: time.Minute})
+					var rep claimReply
+					rep, err = s.Claim(ctx, id, claimRequest{Fingerprint: in.fp, Attempt: in.attempt, Lease: time.Minute, Keep: time.Minute})
 					out = linOutput{status: rep.Status, token: rep.Token, attempt: rep.Attempt, recovered: rep.Recovered, value: string(rep.Value)}
-					if err == nil && rep.Status == StatusClaimed {
+					if err == nil && rep.Status == statusClaimed {
 						token = rep.Token
 					}
 				case linComplete:
@@ -284,7 +284,7 @@ func TestLinearizability(t *testing.T) {
 	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond})
 	defer c.Close()
-	s, err := NewRedisStore(c, WithPrefix("lin:"))
+	s, err := openRedisStore(c, WithPrefix("lin:"))
 	require.NoError(t, err)
 	ctx := context.Background()
 	histories := 200
@@ -336,12 +336,12 @@ func (s *linTally) report(t *testing.T, p *faultproxy.Proxy) {
 	require.Zero(t, s.violations+s.undecided, "%d of %d histories not linearizable, %d undecided", s.violations, s.histories, s.undecided)
 }
 
-// linRecorder is a Store that passes every call on and records it as an
+// linRecorder is a store that passes every call on and records it as an
 // operation of a porcupine history, whatever made it: Begin, Do, Complete,
 // Release, Extend, or KeepAlive's renewals. The client of an operation is
 // the linClientKey of the call's context.
 type linRecorder struct {
-	Store
+	recordStore
 	base time.Time
 	mu   sync.Mutex
 	ops  []porcupine.Operation
@@ -349,7 +349,9 @@ type linRecorder struct {
 
 type linClientKey struct{}
 
-func newLinRecorder(s Store) *linRecorder { return &linRecorder{Store: s, base: time.Now()} }
+func newLinRecorder(s recordStore) *linRecorder {
+	return &linRecorder{recordStore: s, base: time.Now()}
+}
 
 func (r *linRecorder) since() int64 { return time.Since(r.base).Nanoseconds() }
 
@@ -382,9 +384,9 @@ func (r *linRecorder) history() []porcupine.Operation {
 	return slices.Clone(r.ops)
 }
 
-func (r *linRecorder) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (r *linRecorder) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	call := r.since()
-	rep, err := r.Store.Claim(ctx, id, req)
+	rep, err := r.recordStore.Claim(ctx, id, req)
 	r.add(ctx, linInput{kind: linClaim, fp: req.Fingerprint, attempt: req.Attempt}, call,
 		linOutput{status: rep.Status, token: rep.Token, attempt: rep.Attempt, recovered: rep.Recovered, value: string(rep.Value)}, err)
 	return rep, err
@@ -392,21 +394,21 @@ func (r *linRecorder) Claim(ctx context.Context, id string, req ClaimRequest) (C
 
 func (r *linRecorder) Complete(ctx context.Context, id string, token int64, value []byte, keep time.Duration) (bool, error) {
 	call := r.since()
-	stored, err := r.Store.Complete(ctx, id, token, value, keep)
+	stored, err := r.recordStore.Complete(ctx, id, token, value, keep)
 	r.add(ctx, linInput{kind: linComplete, token: token, value: string(value)}, call, linOutput{}, err)
 	return stored, err
 }
 
 func (r *linRecorder) Release(ctx context.Context, id string, token int64, keep time.Duration) error {
 	call := r.since()
-	err := r.Store.Release(ctx, id, token, keep)
+	err := r.recordStore.Release(ctx, id, token, keep)
 	r.add(ctx, linInput{kind: linRelease, token: token}, call, linOutput{}, err)
 	return err
 }
 
 func (r *linRecorder) Extend(ctx context.Context, id string, token int64, lease, keep time.Duration) error {
 	call := r.since()
-	err := r.Store.Extend(ctx, id, token, lease, keep)
+	err := r.recordStore.Extend(ctx, id, token, lease, keep)
 	r.add(ctx, linInput{kind: linExtend, token: token}, call, linOutput{}, err)
 	return err
 }
@@ -442,7 +444,7 @@ func TestLinearizabilityCallerGone(t *testing.T) {
 	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond})
 	defer c.Close()
-	s, err := NewRedisStore(c, WithPrefix("lingone:"))
+	s, err := openRedisStore(c, WithPrefix("lingone:"))
 	require.NoError(t, err)
 	histories := 150
 	if testing.Short() {
@@ -456,7 +458,7 @@ func TestLinearizabilityCallerGone(t *testing.T) {
 	)
 	for h := 0; h < histories; h++ {
 		rec := newLinRecorder(s)
-		k, err := New(goneStore{rec}, WithLease(time.Minute), WithRetention(time.Minute))
+		k, err := keeperOn(goneStore{rec}, WithLease(time.Minute), WithRetention(time.Minute))
 		require.NoError(t, err)
 		key := strconv.Itoa(h)
 		var wg sync.WaitGroup
@@ -572,7 +574,7 @@ func TestLinearizabilityOutlivesCaller(t *testing.T) {
 	p.Set(faultproxy.Faults{DropReply: 0.05, Cut: 0.03})
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 10, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 4 * time.Millisecond, PoolSize: 64})
 	defer c.Close()
-	s, err := NewRedisStore(c, WithPrefix("linout:"))
+	s, err := openRedisStore(c, WithPrefix("linout:"))
 	require.NoError(t, err)
 	const lease = faultLease
 	histories := 10
@@ -591,7 +593,7 @@ func TestLinearizabilityOutlivesCaller(t *testing.T) {
 		res := &results[h]
 		res.rec = newLinRecorder(s)
 		res.values = map[string]int{}
-		k, err := New(goneStore{res.rec}, WithLease(lease), WithRetention(time.Minute))
+		k, err := keeperOn(goneStore{res.rec}, WithLease(lease), WithRetention(time.Minute))
 		require.NoError(t, err)
 		var live, overlaps, runs atomic.Int32
 		var mu sync.Mutex
@@ -687,7 +689,7 @@ func linDescribe(history []porcupine.Operation) string {
 // refuses histories that break the contract.
 func TestLinearizabilityModelRejects(t *testing.T) {
 	claim := func(attempt string) linInput { return linInput{kind: linClaim, fp: "A", attempt: attempt} }
-	claimed := func(tok int64, n int) linOutput { return linOutput{status: StatusClaimed, token: tok, attempt: n} }
+	claimed := func(tok int64, n int) linOutput { return linOutput{status: statusClaimed, token: tok, attempt: n} }
 	op := func(c int, in linInput, out linOutput, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{ClientId: c, Input: in, Output: out, Call: call, Return: ret}
 	}
@@ -710,12 +712,12 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 		"replay of another value": {
 			op(0, claim("a"), claimed(10, 1), 0, 1),
 			op(0, linInput{kind: linComplete, token: 10, value: "x"}, linOutput{}, 2, 3),
-			op(1, claim("b"), linOutput{status: StatusCompleted, token: 10, attempt: 1, value: "y"}, 4, 5),
+			op(1, claim("b"), linOutput{status: statusCompleted, token: 10, attempt: 1, value: "y"}, 4, 5),
 		},
 		"taken over while its holder renews": {
 			op(0, claim("a"), claimed(10, 1), 0, 1),
 			op(0, linInput{kind: linExtend, token: 10}, linOutput{}, 2, 3),
-			op(1, claim("b"), linOutput{status: StatusClaimed, token: 11, attempt: 2, recovered: true}, 4, 5),
+			op(1, claim("b"), linOutput{status: statusClaimed, token: 11, attempt: 2, recovered: true}, 4, 5),
 		},
 		"not seen after completion": {
 			op(0, claim("a"), claimed(10, 1), 0, 1),
@@ -730,9 +732,9 @@ func TestLinearizabilityModelRejects(t *testing.T) {
 	}
 	ok := []porcupine.Operation{
 		op(0, claim("a"), claimed(10, 1), 0, 1),
-		op(1, claim("b"), linOutput{status: StatusInProgress}, 2, 3),
+		op(1, claim("b"), linOutput{status: statusInProgress}, 2, 3),
 		op(0, linInput{kind: linComplete, token: 10, value: "x"}, linOutput{unknown: true}, 4, linUnknownReturn),
-		op(1, claim("b"), linOutput{status: StatusCompleted, token: 10, attempt: 1, value: "x"}, 5, 6),
+		op(1, claim("b"), linOutput{status: statusCompleted, token: 10, attempt: 1, value: "x"}, 5, 6),
 	}
 	if !porcupine.CheckOperations(linModel, ok) || !porcupine.CheckOperations(linModelStrict, ok) {
 		assert.Fail(t, "the model refuses a linearizable history")

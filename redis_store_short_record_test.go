@@ -24,7 +24,7 @@ import (
 func TestCompletedRecordShortForm(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithLease(time.Second))
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		ctx := context.Background()
 		raw := func(key string) string {
 			v, err := b.Client.Get(ctx, s.RecordKey("s", key)).Result()
@@ -68,7 +68,7 @@ func TestCompletedRecordShortForm(t *testing.T) {
 func TestShortCompletedRecordSteps(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		ctx := context.Background()
 		out, err := k.Begin(ctx, "s", "done", WithFingerprint([]byte("body")))
 		require.NoError(t, err)
@@ -80,10 +80,10 @@ func TestShortCompletedRecordSteps(t *testing.T) {
 		assert.ErrorIs(t, errOf(s.Complete(ctx, id, tok+1, []byte("other"), time.Hour)), ErrLeaseLost)
 		assert.ErrorIs(t, s.Release(ctx, id, tok, time.Hour), ErrLeaseLost)
 		assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute, time.Hour), ErrLeaseLost)
-		assert.ErrorIs(t, s.Checkpoint(ctx, Fence{ID: id, Token: tok}, "step", nil, 0), ErrLeaseLost)
-		fence := []Fence{{ID: id, Token: tok}}
-		assert.NoError(t, s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("ok"), Keep: time.Hour}})[0])
-		assert.ErrorIs(t, s.CompleteBatch(ctx, []BatchCompletion{{Fence: Fence{ID: id, Token: tok + 1}, Value: []byte("x"), Keep: time.Hour}})[0], ErrLeaseLost)
+		assert.ErrorIs(t, s.Checkpoint(ctx, claimFence{ID: id, Token: tok}, "step", nil, 0), ErrLeaseLost)
+		fence := []claimFence{{ID: id, Token: tok}}
+		assert.NoError(t, s.CompleteBatch(ctx, []batchCompletion{{claimFence: fence[0], Value: []byte("ok"), Keep: time.Hour}})[0])
+		assert.ErrorIs(t, s.CompleteBatch(ctx, []batchCompletion{{claimFence: claimFence{ID: id, Token: tok + 1}, Value: []byte("x"), Keep: time.Hour}})[0], ErrLeaseLost)
 		assert.ErrorIs(t, s.ReleaseBatch(ctx, fence, time.Hour)[0], ErrLeaseLost)
 		assert.ErrorIs(t, s.ExtendBatch(ctx, fence, time.Minute, time.Hour)[0], ErrLeaseLost)
 		assert.Equal(t, before, b.Client.Get(ctx, s.RecordKey("s", "done")).Val(), "a refused step wrote")
@@ -127,7 +127,7 @@ func TestShortCompletedRecordDamaged(t *testing.T) {
 	}
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b)
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		ctx := context.Background()
 		for _, row := range rows {
 			key := "damaged/" + row.name
@@ -168,7 +168,7 @@ func FuzzShortCompletedRecord(f *testing.F) {
 	m := miniredis.RunT(f)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	f.Cleanup(func() { c.Close() })
-	s, err := NewRedisStore(c, WithPrefix("fuzz:"))
+	s, err := openRedisStore(c, WithPrefix("fuzz:"))
 	require.NoError(f, err)
 	ctx := context.Background()
 	var n atomic.Int64
@@ -187,24 +187,24 @@ func FuzzShortCompletedRecord(f *testing.F) {
 				require.Equal(t, value, got, "%s on %q wrote", step, value)
 			}
 		}
-		req := ClaimRequest{Fingerprint: fp, Attempt: "att", Lease: time.Minute, Keep: time.Minute}
+		req := claimRequest{Fingerprint: fp, Attempt: "att", Lease: time.Minute, Keep: time.Minute}
 		r, err := s.Claim(ctx, ids[0], req)
-		rb := s.ClaimBatch(ctx, BatchClaimRequest{IDs: ids[1:], Fingerprints: []string{fp}, Attempt: "att", Lease: time.Minute, Keep: time.Minute})[0]
+		rb := s.ClaimBatch(ctx, batchClaimRequest{IDs: ids[1:], Fingerprints: []string{fp}, Attempt: "att", Lease: time.Minute, Keep: time.Minute})[0]
 		require.Equal(t, errClass(err), errClass(rb.Err), "claim on %q", value)
 		require.Equal(t, r, rb.Reply, "claim on %q", value)
 		switch {
 		case err != nil:
 			require.ErrorIs(t, err, ErrCorrupt, "claim on %q", value)
-		case r.Status == StatusCompleted:
+		case r.Status == statusCompleted:
 			require.True(t, strings.HasSuffix(value, string(r.Value)), "claim on %q: %+v", value, r)
 			require.True(t, r.Token >= 1 && r.Token <= maxToken && r.Attempt >= 1, "claim on %q: %+v", value, r)
 		default:
-			require.Equal(t, StatusMismatch, r.Status, "claim on %q: %+v", value, r)
+			require.Equal(t, statusMismatch, r.Status, "claim on %q: %+v", value, r)
 		}
 		unchanged("claim")
-		fence := []Fence{{ID: ids[1], Token: token}}
+		fence := []claimFence{{ID: ids[1], Token: token}}
 		for step, errs := range map[string][2]error{
-			"complete": {errOf(s.Complete(ctx, ids[0], token, []byte("x"), time.Minute)), s.CompleteBatch(ctx, []BatchCompletion{{Fence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0]},
+			"complete": {errOf(s.Complete(ctx, ids[0], token, []byte("x"), time.Minute)), s.CompleteBatch(ctx, []batchCompletion{{claimFence: fence[0], Value: []byte("x"), Keep: time.Minute}})[0]},
 			"release":  {s.Release(ctx, ids[0], token, time.Minute), s.ReleaseBatch(ctx, fence, time.Minute)[0]},
 			"extend":   {s.Extend(ctx, ids[0], token, time.Minute, time.Minute), s.ExtendBatch(ctx, fence, time.Minute, time.Minute)[0]},
 		} {

@@ -28,7 +28,7 @@ var (
 
 // v3Layout is where a store of the v3 layout keeps its compact claims: one
 // index key and its call records on one server (on each shard of a Ring),
-// one of each a slot on a Cluster (see RedisStore.v3Names). A batch claim
+// one of each a slot on a Cluster (see redisStore.v3Names). A batch claim
 // that asked for records of their own reads the same index and writes its
 // claims in records; a checkpoint or a completion with a value moves a v3
 // claim to a record of its own; Claim (Do, Begin) reads the v3 index
@@ -57,7 +57,7 @@ const v3MaxHold = time.Hour
 // newV3Layout returns the v3 layout of store s. A store made
 // WithoutMarkers takes it too: its claims are records of their own, and
 // it reads the markers others left in the v3 index.
-func newV3Layout(s *RedisStore) *v3Layout {
+func newV3Layout(s *redisStore) *v3Layout {
 	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
 	l.ls.Store(v3StartLevel << 24)
 	return l
@@ -65,7 +65,7 @@ func newV3Layout(s *RedisStore) *v3Layout {
 
 // stateOf is where the level and split point of the index of the record
 // whose Redis key is key are kept.
-func (l *v3Layout) stateOf(s *RedisStore, key string) *atomic.Uint32 {
+func (l *v3Layout) stateOf(s *redisStore, key string) *atomic.Uint32 {
 	if !s.compact.cluster {
 		return &l.ls
 	}
@@ -82,7 +82,7 @@ func (l *v3Layout) stateOf(s *RedisStore, key string) *atomic.Uint32 {
 // of the record whose Redis key is key: the store's own on one server and
 // on a Ring (each shard has its own under the same names, and a call goes
 // where its record is), its slot's on a Cluster.
-func (s *RedisStore) v3Names(key string) (index, calls string) {
+func (s *redisStore) v3Names(key string) (index, calls string) {
 	if !s.compact.cluster {
 		return s.v3.index, s.v3.calls
 	}
@@ -105,7 +105,7 @@ func v3CallID(attempt string) string {
 // slot each, on other clients (a Ring) in a call a record, sent where its
 // record is; the calls go in one pipeline. todo is not empty, and the
 // store's layout is known (layoutReady).
-func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequest, todo []int, out []BatchClaimReply) {
+func (l *v3Layout) claim(ctx context.Context, s *redisStore, req *batchClaimRequest, todo []int, out []batchClaimReply) {
 	keys := s.keysOf(req.IDs, todo)
 	var groups [][]int
 	route := 0
@@ -173,7 +173,7 @@ func (l *v3Layout) claim(ctx context.Context, s *RedisStore, req *BatchClaimRequ
 		if req.Fingerprints != nil {
 			fp = req.Fingerprints[i]
 		}
-		out[i].Reply, out[i].Err = s.Claim(ctx, req.IDs[i], ClaimRequest{Fingerprint: fp, Attempt: req.Attempt,
+		out[i].Reply, out[i].Err = s.Claim(ctx, req.IDs[i], claimRequest{Fingerprint: fp, Attempt: req.Attempt,
 			Lease: req.Lease, Keep: req.Keep, Retention: req.Retention, MarkerRetention: req.MarkerRetention})
 	}
 }
@@ -196,7 +196,7 @@ type v3ClaimPart struct {
 // claiming compactly or in records of their own; keys are the records'
 // keys (by the caller's index). A chunk that cannot be sent is answered
 // into out, and prepare returns nil.
-func (l *v3Layout) prepare(s *RedisStore, req *BatchClaimRequest, chunk []int, keys []string, callID string, compact bool, out []BatchClaimReply) (*v3ClaimPart, batchCall) {
+func (l *v3Layout) prepare(s *redisStore, req *batchClaimRequest, chunk []int, keys []string, callID string, compact bool, out []batchClaimReply) (*v3ClaimPart, batchCall) {
 	fpw := 0
 	if req.Fingerprints != nil {
 		for _, i := range chunk {
@@ -253,7 +253,7 @@ func (l *v3Layout) prepare(s *RedisStore, req *BatchClaimRequest, chunk []int, k
 // records with the records it answered K for (see claim) appended. With
 // WithReplicas, wait is the WAIT sent after the call: a claim it made
 // that too few replicas acknowledged answers a *ReplicationError.
-func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPart, cmd *redis.Cmd, wait *redis.IntCmd, out []BatchClaimReply, records []int) []int {
+func (l *v3Layout) answer(s *redisStore, req *batchClaimRequest, part *v3ClaimPart, cmd *redis.Cmd, wait *redis.IntCmd, out []batchClaimReply, records []int) []int {
 	p, chunk := part.p, part.chunk
 	defer l.packers.Put(p)
 	fail := func(err error) []int {
@@ -290,43 +290,43 @@ func (l *v3Layout) answer(s *RedisStore, req *BatchClaimRequest, part *v3ClaimPa
 				ref = 0 // a record of its own
 			}
 			out[i].Reply, out[i].Err = v3Reply(ans[j], tok, ref, req.Lease)
-			if out[i].Err == nil && out[i].Reply.Status == StatusClaimed && replicated != nil {
-				out[i].Reply, out[i].Err = ClaimReply{}, replicated
+			if out[i].Err == nil && out[i].Reply.Status == statusClaimed && replicated != nil {
+				out[i].Reply, out[i].Err = claimReply{}, replicated
 			}
 		}
 	}
 	return records
 }
 
-// v3Reply is the ClaimReply of answer a of a v3 claim call of token tok,
+// v3Reply is the claimReply of answer a of a v3 claim call of token tok,
 // the message at place.
-func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply, error) {
+func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (claimReply, error) {
 	switch a.code {
 	case v3AnswerClaimed:
-		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
+		return claimReply{Status: statusClaimed, Token: tok, Attempt: 1, Ref: place}, nil
 	case v3AnswerTakenOver, v3AnswerReclaimed:
-		return ClaimReply{Status: StatusClaimed, Token: tok, Attempt: int(a.n), Recovered: a.code == v3AnswerTakenOver, Ref: place}, nil
+		return claimReply{Status: statusClaimed, Token: tok, Attempt: int(a.n), Recovered: a.code == v3AnswerTakenOver, Ref: place}, nil
 	case v3AnswerEarlier:
 		// The claim of an earlier run of this call, at its place in that
 		// run's call record.
-		return ClaimReply{Status: StatusClaimed, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt%v3RecoveredBit)),
+		return claimReply{Status: statusClaimed, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt%v3RecoveredBit)),
 			Recovered: a.attempt >= v3RecoveredBit, Ref: int(a.place)}, nil
 	case v3AnswerRepeat:
 		// Another id of this call with the same 64 bits (see format.go):
 		// as in progress, held by this call.
-		return ClaimReply{Status: StatusInProgress, LeaseLeft: lease}, nil
+		return claimReply{Status: statusInProgress, LeaseLeft: lease}, nil
 	case v3AnswerDone:
-		return ClaimReply{Status: StatusCompleted, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true, Value: emptyBytes}, nil
+		return claimReply{Status: statusCompleted, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true, Value: emptyBytes}, nil
 	case v3AnswerExpired:
-		return ClaimReply{Status: StatusResultExpired, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true}, nil
+		return claimReply{Status: statusResultExpired, Token: v3WholeToken(a.n, time.Now().UnixMicro()), Attempt: max(1, int(a.attempt)), Marker: true}, nil
 	case v3AnswerBusy:
-		return ClaimReply{Status: StatusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
+		return claimReply{Status: statusInProgress, LeaseLeft: time.Duration(a.n) * time.Millisecond}, nil
 	case v3AnswerMismatch:
-		return ClaimReply{Status: StatusMismatch}, nil
+		return claimReply{Status: statusMismatch}, nil
 	case v3AnswerCallMissing:
-		return ClaimReply{}, errCallMissing
+		return claimReply{}, errCallMissing
 	}
-	return ClaimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
+	return claimReply{}, fmt.Errorf("%w: the record's key holds a value that is not a record of ours", ErrCorrupt)
 }
 
 // settleCalls returns the calls that complete (target "C"), release ("R")
@@ -336,7 +336,7 @@ func v3Reply(a v3Answer, tok int64, place int, lease time.Duration) (ClaimReply,
 // keep and the lease). Their answers go into errs. A call carries the key
 // of its first record as its last argument, which the script does not
 // read: a Ring sends it there.
-func (l *v3Layout) settleCalls(s *RedisStore, target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) Fence, errs []error) []batchCall {
+func (l *v3Layout) settleCalls(s *redisStore, target string, keep time.Duration, arg int64, groups [][]int, fence func(j int) claimFence, errs []error) []batchCall {
 	answer := compactAnswers(errs)
 	calls := make([]batchCall, 0, len(groups))
 	for _, items := range groups {
@@ -421,7 +421,7 @@ func v3SettleSplit(mode byte, refs []int) func(res []any, n int) ([][]any, error
 // groups, items' fences, with the values of items, each moved to a record
 // of its own kept for its item's Keep (v3_settle.lua's 'M'); their answers
 // go into errs.
-func (l *v3Layout) moveCalls(s *RedisStore, groups [][]int, items []BatchCompletion, errs []error) []batchCall {
+func (l *v3Layout) moveCalls(s *redisStore, groups [][]int, items []batchCompletion, errs []error) []batchCall {
 	st := &batchStep{script: v3SettleScript, split: v3SettleSplit(0, nil), answer: compactAnswers(errs)}
 	if s.durable != nil {
 		st.op = "complete"

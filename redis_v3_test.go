@@ -15,17 +15,17 @@ import (
 )
 
 // The guarantees of the v3 layout's claim and settle (lua/v3_claim.lua,
-// lua/v3_settle.lua), at the Store, on miniredis and redis-server: a live
+// lua/v3_settle.lua), at the store, on miniredis and redis-server: a live
 // claim answers busy; an expired lease is taken over with a higher token
 // and the old holder's settle refused; a released id is claimed again with
 // a higher token; a settled id answers done within the retention and is
 // free after it; an id twice in a call is claimed once; a call sent again
 // claims nothing twice.
 
-// v3Store returns a RedisStore of the v3 layout on b.
-func v3Store(t *testing.T, b *redistest.Backend) *RedisStore {
+// v3Store returns a redisStore of the v3 layout on b.
+func v3Store(t *testing.T, b *redistest.Backend) *redisStore {
 	t.Helper()
-	s, err := NewRedisStore(b.Client)
+	s, err := openRedisStore(b.Client)
 	require.NoError(t, err)
 	require.NotNil(t, s.v3, "a *redis.Client store takes the v3 layout")
 	return s
@@ -33,8 +33,8 @@ func v3Store(t *testing.T, b *redistest.Backend) *RedisStore {
 
 // v3Request is a compact claim request of ids with lease, the marker
 // answering as done for retention and as expired for twice that.
-func v3Request(ids []string, lease, retention time.Duration) BatchClaimRequest {
-	return BatchClaimRequest{IDs: ids, Attempt: newAttemptID(), Lease: lease, Keep: lease,
+func v3Request(ids []string, lease, retention time.Duration) batchClaimRequest {
+	return batchClaimRequest{IDs: ids, Attempt: newAttemptID(), Lease: lease, Keep: lease,
 		Retention: retention, MarkerRetention: 2 * retention, Compact: true, distinct: true}
 }
 
@@ -48,28 +48,28 @@ func v3IDs(prefix string, n int) []string {
 
 // claimAll asserts every reply claimed, by one call, at attempt 1, and
 // returns the fences.
-func claimAll(t *testing.T, out []BatchClaimReply, ids []string) []Fence {
+func claimAll(t *testing.T, out []batchClaimReply, ids []string) []claimFence {
 	t.Helper()
-	fences := make([]Fence, len(out))
+	fences := make([]claimFence, len(out))
 	for i, r := range out {
 		require.NoError(t, r.Err, "id %d", i)
-		require.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+		require.Equal(t, statusClaimed, r.Reply.Status, "id %d", i)
 		assert.Equal(t, 1, r.Reply.Attempt, "id %d", i)
 		assert.Positive(t, r.Reply.Ref, "id %d", i)
 		assert.Equal(t, out[0].Reply.Token, r.Reply.Token, "one token a call")
-		fences[i] = Fence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
+		fences[i] = claimFence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
 	}
 	return fences
 }
 
 // markersOf completes fences as Consume does: markers whose results are
 // kept for retention from now by Redis's clock, the call record for keep.
-func markersOf(t *testing.T, b *redistest.Backend, fences []Fence, retention, keep time.Duration) []BatchCompletion {
+func markersOf(t *testing.T, b *redistest.Backend, fences []claimFence, retention, keep time.Duration) []batchCompletion {
 	now, err := b.Client.Time(context.Background()).Result()
 	require.NoError(t, err)
-	items := make([]BatchCompletion, len(fences))
+	items := make([]batchCompletion, len(fences))
 	for i, f := range fences {
-		items[i] = BatchCompletion{Fence: f, Value: markerEnvelope(now.Add(retention)), Keep: keep}
+		items[i] = batchCompletion{claimFence: f, Value: markerEnvelope(now.Add(retention)), Keep: keep}
 	}
 	return items
 }
@@ -87,7 +87,7 @@ func TestV3ClaimSettleGuarantees(t *testing.T) {
 		// A live claim answers busy, with the lease left.
 		for i, r := range s.ClaimBatch(ctx, v3Request(ids, lease, retention)) {
 			require.NoError(t, r.Err)
-			assert.Equal(t, StatusInProgress, r.Reply.Status, "id %d", i)
+			assert.Equal(t, statusInProgress, r.Reply.Status, "id %d", i)
 			assert.Greater(t, r.Reply.LeaseLeft, time.Duration(0))
 			assert.LessOrEqual(t, r.Reply.LeaseLeft, lease)
 		}
@@ -109,19 +109,19 @@ func TestV3ClaimSettleGuarantees(t *testing.T) {
 		out := s.ClaimBatch(ctx, v3Request(ids, lease, retention))
 		for i := 0; i < 2; i++ {
 			require.NoError(t, out[i].Err)
-			assert.Equal(t, StatusCompleted, out[i].Reply.Status, "a settled id answers done")
+			assert.Equal(t, statusCompleted, out[i].Reply.Status, "a settled id answers done")
 			assert.True(t, out[i].Reply.Marker)
 		}
 		// The released id: claimed again, attempt 2, a higher token.
 		require.NoError(t, out[2].Err)
-		assert.Equal(t, StatusClaimed, out[2].Reply.Status)
+		assert.Equal(t, statusClaimed, out[2].Reply.Status)
 		assert.Equal(t, 2, out[2].Reply.Attempt)
 		assert.False(t, out[2].Reply.Recovered)
 		assert.Greater(t, out[2].Reply.Token, first[2].Token)
 		// The expired leases: taken over, attempt 2, recovered.
 		for i := 3; i < 5; i++ {
 			require.NoError(t, out[i].Err)
-			assert.Equal(t, StatusClaimed, out[i].Reply.Status, "id %d", i)
+			assert.Equal(t, statusClaimed, out[i].Reply.Status, "id %d", i)
 			assert.Equal(t, 2, out[i].Reply.Attempt)
 			assert.True(t, out[i].Reply.Recovered)
 			assert.Equal(t, out[2].Reply.Token, out[i].Reply.Token)
@@ -136,7 +136,7 @@ func TestV3ClaimSettleGuarantees(t *testing.T) {
 		}
 		// The new holder settles them.
 		token2 := out[2].Reply.Token
-		second := []Fence{{ids[3], out[3].Reply.Token, out[3].Reply.Ref}, {ids[4], out[4].Reply.Token, out[4].Reply.Ref}}
+		second := []claimFence{{ids[3], out[3].Reply.Token, out[3].Reply.Ref}, {ids[4], out[4].Reply.Token, out[4].Reply.Ref}}
 		done, _ = s.SettleBatch(ctx, markersOf(t, b, second, retention, 2*retention), nil, lease)
 		assert.Equal(t, []error{nil, nil}, done)
 
@@ -145,7 +145,7 @@ func TestV3ClaimSettleGuarantees(t *testing.T) {
 		out = s.ClaimBatch(ctx, v3Request(ids[:2], lease, retention))
 		for i := range out {
 			require.NoError(t, out[i].Err)
-			assert.Equal(t, StatusResultExpired, out[i].Reply.Status, "id %d", i)
+			assert.Equal(t, statusResultExpired, out[i].Reply.Status, "id %d", i)
 		}
 		b.Advance(retention + 100*time.Millisecond)
 		again := claimAll(t, s.ClaimBatch(ctx, v3Request(ids[:2], lease, retention)), ids[:2])
@@ -172,9 +172,9 @@ func TestV3OneClaimAnId(t *testing.T) {
 		out := s.ClaimBatch(ctx, req)
 		first := claimAll(t, out[:3], ids[:3])
 		require.NoError(t, out[3].Err)
-		assert.Equal(t, StatusCompleted, out[3].Reply.Status, "done before")
+		assert.Equal(t, statusCompleted, out[3].Reply.Status, "done before")
 		require.NoError(t, out[4].Err)
-		assert.Equal(t, StatusInProgress, out[4].Reply.Status, "the repeat")
+		assert.Equal(t, statusInProgress, out[4].Reply.Status, "the repeat")
 
 		again := s.ClaimBatch(ctx, req)
 		assert.Equal(t, out, again, "sent again, the call answers as its first run did")
@@ -187,7 +187,7 @@ func TestV3OneClaimAnId(t *testing.T) {
 		short.Attempt = newAttemptID()
 		took := s.ClaimBatch(ctx, short)
 		require.NoError(t, took[0].Err)
-		require.Equal(t, StatusClaimed, took[0].Reply.Status)
+		require.Equal(t, statusClaimed, took[0].Reply.Status)
 		require.True(t, took[0].Reply.Recovered)
 		assert.Equal(t, took, s.ClaimBatch(ctx, short))
 
@@ -212,12 +212,12 @@ func TestV3ChunksAreCalls(t *testing.T) {
 		ids := v3IDs("chunks", v3Chunk+v3Chunk/2)
 		out := s.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute))
 		tokens := map[int64]int{}
-		fences := make([]Fence, len(out))
+		fences := make([]claimFence, len(out))
 		for i, r := range out {
 			require.NoError(t, r.Err, "id %d", i)
-			require.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+			require.Equal(t, statusClaimed, r.Reply.Status, "id %d", i)
 			tokens[r.Reply.Token]++
-			fences[i] = Fence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
+			fences[i] = claimFence{ID: ids[i], Token: r.Reply.Token, Ref: r.Reply.Ref}
 		}
 		assert.Len(t, tokens, 2, "a token a call")
 		done, _ := s.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
@@ -226,7 +226,7 @@ func TestV3ChunksAreCalls(t *testing.T) {
 		}
 		for i, r := range s.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)) {
 			require.NoError(t, r.Err)
-			require.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+			require.Equal(t, statusCompleted, r.Reply.Status, "id %d", i)
 		}
 	})
 }
@@ -247,7 +247,7 @@ func TestV3Grows(t *testing.T) {
 		require.Greater(t, len(ids), 2*v3IndexFill<<v3StartLevel)
 		for at := 0; at < len(ids); at += v3Chunk {
 			part := ids[at : at+v3Chunk]
-			st := []*RedisStore{s, other}[at/v3Chunk%2]
+			st := []*redisStore{s, other}[at/v3Chunk%2]
 			fences := claimAll(t, st.ClaimBatch(ctx, v3Request(part, time.Minute, time.Minute)), part)
 			done, _ := st.SettleBatch(ctx, markersOf(t, b, fences, time.Minute, time.Minute), nil, time.Minute)
 			for _, err := range done {
@@ -267,10 +267,10 @@ func TestV3Grows(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(m.blocks())+1, n, "a field a block, and the state")
 
-		for _, st := range []*RedisStore{s, other, stale} {
+		for _, st := range []*redisStore{s, other, stale} {
 			for i, r := range st.ClaimBatch(ctx, v3Request(ids, time.Minute, time.Minute)) {
 				require.NoError(t, r.Err)
-				require.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+				require.Equal(t, statusCompleted, r.Reply.Status, "id %d", i)
 			}
 		}
 		assert.Equal(t, uint32(m.level)<<24|m.split, stale.v3.ls.Load(), "the stale store learned the state")
@@ -283,7 +283,7 @@ func TestV3RecordsAndFingerprints(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		s := v3Store(t, b)
-		k, err := New(s)
+		k, err := keeperOn(s)
 		require.NoError(t, err)
 		_, err = Do(ctx, k, "s", "own", func(context.Context) (string, error) { return "x", nil })
 		require.NoError(t, err)
@@ -293,19 +293,19 @@ func TestV3RecordsAndFingerprints(t *testing.T) {
 		req.Fingerprints = []string{"", "AAAA"}
 		out := s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusCompleted, out[0].Reply.Status, "the record of its own")
+		assert.Equal(t, statusCompleted, out[0].Reply.Status, "the record of its own")
 		require.NoError(t, out[1].Err)
-		require.Equal(t, StatusClaimed, out[1].Reply.Status)
+		require.Equal(t, statusClaimed, out[1].Reply.Status)
 
 		req = v3Request(ids[1:], time.Minute, time.Minute)
 		req.Fingerprints = []string{"BBBBBB"}
 		out = s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusMismatch, out[0].Reply.Status)
+		assert.Equal(t, statusMismatch, out[0].Reply.Status)
 		req.Fingerprints = []string{"AAAA"}
 		out = s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusInProgress, out[0].Reply.Status)
+		assert.Equal(t, statusInProgress, out[0].Reply.Status)
 	})
 }
 
@@ -316,7 +316,7 @@ func TestV3StepsSentTwice(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		client, twice := resendClient(t, b)
-		s, err := NewRedisStore(client)
+		s, err := openRedisStore(client)
 		require.NoError(t, err)
 		require.NoError(t, s.LoadScripts(ctx))
 		twice.on.Store(true)
@@ -334,9 +334,9 @@ func TestV3StepsSentTwice(t *testing.T) {
 		for i, r := range out {
 			require.NoError(t, r.Err)
 			if i < 4 {
-				assert.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+				assert.Equal(t, statusCompleted, r.Reply.Status, "id %d", i)
 			} else {
-				assert.Equal(t, StatusClaimed, r.Reply.Status, "id %d", i)
+				assert.Equal(t, statusClaimed, r.Reply.Status, "id %d", i)
 				assert.Equal(t, 2, r.Reply.Attempt, "id %d: released once", i)
 			}
 		}
@@ -351,7 +351,7 @@ func TestV3CompletionWithAValue(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		s := v3Store(t, b)
-		k, err := New(s, WithLease(time.Minute))
+		k, err := keeperOn(s, WithLease(time.Minute))
 		require.NoError(t, err)
 		const lease = 300 * time.Millisecond
 		ids := []string{k.RecordID("s", "valued"), k.RecordID("s", "marker"), k.RecordID("s", "late")}
@@ -359,7 +359,7 @@ func TestV3CompletionWithAValue(t *testing.T) {
 		out := s.ClaimBatch(ctx, req)
 		f := claimAll(t, out, ids)
 		value := seal(kindBytes, []byte("declined"))
-		items := []BatchCompletion{{Fence: f[0], Value: value, Keep: time.Minute}}
+		items := []batchCompletion{{claimFence: f[0], Value: value, Keep: time.Minute}}
 		items = append(items, markersOf(t, b, f[1:2], time.Minute, time.Minute)...)
 		for range 2 {
 			assert.Equal(t, []error{nil, nil}, s.CompleteBatch(ctx, items), "done, then done before")
@@ -370,7 +370,7 @@ func TestV3CompletionWithAValue(t *testing.T) {
 
 		for i, r := range s.ClaimBatch(ctx, v3Request(ids[:2], time.Minute, time.Minute)) {
 			require.NoError(t, r.Err)
-			assert.Equal(t, StatusCompleted, r.Reply.Status, "id %d", i)
+			assert.Equal(t, statusCompleted, r.Reply.Status, "id %d", i)
 		}
 		got, err := k.Begin(ctx, "s", "valued")
 		require.NoError(t, err)
@@ -378,14 +378,14 @@ func TestV3CompletionWithAValue(t *testing.T) {
 		assert.Equal(t, "declined", string(got.Value), "Begin reads the record of its own")
 		fp := v3Request(ids[:1], time.Minute, time.Minute)
 		fp.Fingerprints = []string{"BBBB"}
-		assert.Equal(t, StatusMismatch, s.ClaimBatch(ctx, fp)[0].Reply.Status, "the record keeps its fingerprint")
+		assert.Equal(t, statusMismatch, s.ClaimBatch(ctx, fp)[0].Reply.Status, "the record keeps its fingerprint")
 
 		// Taken over after its lease: the old holder's value is refused.
 		b.Advance(lease + 50*time.Millisecond)
 		taken := s.ClaimBatch(ctx, v3Request(ids[2:], lease, time.Minute))
 		require.NoError(t, taken[0].Err)
 		require.True(t, taken[0].Reply.Recovered)
-		errs := s.CompleteBatch(ctx, []BatchCompletion{{Fence: f[2], Value: value, Keep: time.Minute}})
+		errs := s.CompleteBatch(ctx, []batchCompletion{{claimFence: f[2], Value: value, Keep: time.Minute}})
 		assert.ErrorIs(t, errs[0], ErrLeaseLost)
 		_, err = b.Client.Get(ctx, s.key(ids[2])).Result()
 		assert.ErrorIs(t, err, redis.Nil, "nothing written for the old holder")
@@ -432,7 +432,7 @@ func TestV3RefusedWriteClaimsNothing(t *testing.T) {
 			srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 			admin := srv.Client(t)
 			ctx := context.Background()
-			s, err := NewRedisStore(admin)
+			s, err := openRedisStore(admin)
 			require.NoError(t, err)
 			const lease, retention = 100 * time.Millisecond, time.Minute
 			ids := v3IDs("refused", 3)
@@ -453,7 +453,7 @@ func TestV3RefusedWriteClaimsNothing(t *testing.T) {
 				n, err := admin.Do(ctx, "wait", 1, 2000).Int()
 				require.NoError(t, err)
 				require.Equal(t, 1, n, "the replica has the claims")
-				on, err = NewRedisStore(r.Client(t))
+				on, err = openRedisStore(r.Client(t))
 				require.NoError(t, err)
 			}
 			before, err := admin.HGetAll(ctx, s.v3.index).Result()
@@ -466,7 +466,7 @@ func TestV3RefusedWriteClaimsNothing(t *testing.T) {
 				for i, id := range order {
 					if id == ids[0] {
 						require.NoError(t, out[i].Err)
-						assert.Equal(t, StatusCompleted, out[i].Reply.Status, "a completed id is answered")
+						assert.Equal(t, statusCompleted, out[i].Reply.Status, "a completed id is answered")
 						continue
 					}
 					require.Error(t, out[i].Err, "id %s", id)
@@ -501,14 +501,14 @@ func TestV3RecordsOfTheirOwnAreTakenOver(t *testing.T) {
 		s := v3Store(t, b)
 		const lease = 300 * time.Millisecond
 		ids := v3IDs("own", 5)
-		single := func(id, fp string) ClaimReply {
-			r, err := s.Claim(ctx, id, ClaimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute})
+		single := func(id, fp string) claimReply {
+			r, err := s.Claim(ctx, id, claimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute})
 			require.NoError(t, err)
-			require.Equal(t, StatusClaimed, r.Status)
+			require.Equal(t, statusClaimed, r.Status)
 			return r
 		}
 		lapsed := single(ids[0], "")
-		require.NoError(t, s.Checkpoint(ctx, Fence{ID: ids[0], Token: lapsed.Token}, "step", []byte("one"), time.Minute))
+		require.NoError(t, s.Checkpoint(ctx, claimFence{ID: ids[0], Token: lapsed.Token}, "step", []byte("one"), time.Minute))
 		released := single(ids[1], "")
 		require.NoError(t, s.Release(ctx, ids[1], released.Token, time.Minute))
 		single(ids[3], "other")
@@ -522,23 +522,23 @@ func TestV3RecordsOfTheirOwnAreTakenOver(t *testing.T) {
 			require.NoError(t, out[i].Err, "id %d", i)
 		}
 		r := out[0].Reply
-		assert.Equal(t, StatusClaimed, r.Status, "the lapsed record is taken over")
+		assert.Equal(t, statusClaimed, r.Status, "the lapsed record is taken over")
 		assert.True(t, r.Recovered)
 		assert.Equal(t, 2, r.Attempt)
 		assert.Greater(t, r.Token, lapsed.Token)
 		assert.Zero(t, r.Ref, "held in its record")
 		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("one")}}, r.Checkpoints)
 		r = out[1].Reply
-		assert.Equal(t, StatusClaimed, r.Status, "the released record is claimed again")
+		assert.Equal(t, statusClaimed, r.Status, "the released record is claimed again")
 		assert.False(t, r.Recovered)
 		assert.Equal(t, 2, r.Attempt)
 		assert.Greater(t, r.Token, released.Token)
 		assert.Zero(t, r.Ref)
-		assert.Equal(t, StatusInProgress, out[2].Reply.Status, "a live record is busy")
+		assert.Equal(t, statusInProgress, out[2].Reply.Status, "a live record is busy")
 		assert.Greater(t, out[2].Reply.LeaseLeft, time.Duration(0))
 		assert.LessOrEqual(t, out[2].Reply.LeaseLeft, lease)
-		assert.Equal(t, StatusMismatch, out[3].Reply.Status, "another fingerprint")
-		assert.Equal(t, StatusClaimed, out[4].Reply.Status)
+		assert.Equal(t, statusMismatch, out[3].Reply.Status, "another fingerprint")
+		assert.Equal(t, statusClaimed, out[4].Reply.Status)
 		assert.Positive(t, out[4].Reply.Ref, "a new id is claimed in the index")
 
 		// The old holder is fenced off; the new one completes in the record.
@@ -548,7 +548,7 @@ func TestV3RecordsOfTheirOwnAreTakenOver(t *testing.T) {
 		require.NoError(t, err)
 		again := s.ClaimBatch(ctx, v3Request(ids[:1], lease, time.Minute))
 		require.NoError(t, again[0].Err)
-		assert.Equal(t, StatusCompleted, again[0].Reply.Status)
+		assert.Equal(t, statusCompleted, again[0].Reply.Status)
 	})
 }
 
@@ -590,10 +590,10 @@ func TestV3CheckpointMovesTheClaim(t *testing.T) {
 		req.Fingerprints = []string{"fa", "fb"}
 		out := s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusCompleted, out[0].Reply.Status, "completed in its record")
+		assert.Equal(t, statusCompleted, out[0].Reply.Status, "completed in its record")
 		require.NoError(t, out[1].Err)
 		r := out[1].Reply
-		assert.Equal(t, StatusClaimed, r.Status, "the second's lease ran out: taken over")
+		assert.Equal(t, statusClaimed, r.Status, "the second's lease ran out: taken over")
 		assert.True(t, r.Recovered)
 		assert.Equal(t, 2, r.Attempt)
 		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("1")}, {Name: "next", Value: []byte("2")}}, r.Checkpoints)
@@ -621,26 +621,26 @@ func TestV3SingleClaimsFindTheIndex(t *testing.T) {
 		done, given := s.SettleBatch(ctx, markersOf(t, b, first[:1], retention, 2*retention), first[1:2], lease)
 		require.Equal(t, []error{nil}, done)
 		require.Equal(t, []error{nil}, given)
-		single := func(id, fp string) (ClaimReply, error) {
-			return s.Claim(ctx, id, ClaimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute,
+		single := func(id, fp string) (claimReply, error) {
+			return s.Claim(ctx, id, claimRequest{Fingerprint: fp, Attempt: newAttemptID(), Lease: lease, Keep: time.Minute,
 				Retention: retention, MarkerRetention: 2 * retention})
 		}
 
 		r, err := single(ids[0], "f")
 		require.NoError(t, err)
-		assert.Equal(t, StatusCompleted, r.Status, "a marker")
+		assert.Equal(t, statusCompleted, r.Status, "a marker")
 		assert.True(t, r.Marker)
 		r, err = single(ids[0], "g")
 		require.NoError(t, err)
-		assert.Equal(t, StatusMismatch, r.Status)
+		assert.Equal(t, statusMismatch, r.Status)
 		r, err = single(ids[2], "f")
 		require.NoError(t, err)
-		assert.Equal(t, StatusInProgress, r.Status, "a live claim")
+		assert.Equal(t, statusInProgress, r.Status, "a live claim")
 		assert.Greater(t, r.LeaseLeft, time.Duration(0))
 
 		r, err = single(ids[1], "f")
 		require.NoError(t, err)
-		assert.Equal(t, StatusClaimed, r.Status, "a released claim is claimed again")
+		assert.Equal(t, statusClaimed, r.Status, "a released claim is claimed again")
 		assert.Equal(t, 2, r.Attempt)
 		assert.False(t, r.Recovered)
 		assert.Greater(t, r.Token, first[1].Token)
@@ -648,7 +648,7 @@ func TestV3SingleClaimsFindTheIndex(t *testing.T) {
 		b.Advance(lease + 50*time.Millisecond)
 		r, err = single(ids[2], "f")
 		require.NoError(t, err)
-		assert.Equal(t, StatusClaimed, r.Status, "a lapsed claim is taken over")
+		assert.Equal(t, statusClaimed, r.Status, "a lapsed claim is taken over")
 		assert.Equal(t, 2, r.Attempt)
 		assert.True(t, r.Recovered)
 		assert.Greater(t, r.Token, first[2].Token)
@@ -660,12 +660,12 @@ func TestV3SingleClaimsFindTheIndex(t *testing.T) {
 		req.Fingerprints = []string{"f"}
 		out := s.ClaimBatch(ctx, req)
 		require.NoError(t, out[0].Err)
-		assert.Equal(t, StatusInProgress, out[0].Reply.Status)
+		assert.Equal(t, statusInProgress, out[0].Reply.Status)
 
 		b.Advance(retention + 100*time.Millisecond)
 		r, err = single(ids[0], "f")
 		require.NoError(t, err)
-		assert.Equal(t, StatusResultExpired, r.Status, "past the retention")
+		assert.Equal(t, statusResultExpired, r.Status, "past the retention")
 	})
 }
 
@@ -680,7 +680,7 @@ func TestV3OnAClusterAndARing(t *testing.T) {
 	run := func(t *testing.T, client redis.UniversalClient, opts []Option, each func(func(*redis.Client) error) error) {
 		k, err := NewRedis(client, append([]Option{WithLease(time.Minute)}, opts...)...)
 		require.NoError(t, err)
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		require.NotNil(t, s.v3)
 		runs := map[string]int{}
 		handle := func(_ context.Context, m string) error { runs[m]++; return nil }

@@ -16,11 +16,9 @@ import (
 // or replays it from the store; it leaves it when it expires (below), when
 // the Keeper forgets the key (Keeper.Forget, ForgetToken), or, least recently
 // used first, to make room. A stored result enters it only when the store
-// says that this Complete wrote it (Store.Complete's stored, which a
-// RedisStore reports): a second Complete of a claim (or one whose first
-// reply was lost) writes nothing and leaves the record, and the cache, with
-// the first result and its retention. With a Store that cannot tell,
-// results enter the cache only from replays. A hit answers as the store would: the same Value (each
+// says that this Complete wrote it: a second Complete of a claim (or one
+// whose first reply was lost) writes nothing and leaves the record, and the
+// cache, with the first result and its retention. A hit answers as the store would: the same Value (each
 // caller gets its own copy), Token and final error. Only completed results
 // are cached: a claim, an operation in progress, a mismatch or an error
 // always goes to the store. A call whose fingerprint (WithFingerprint) is

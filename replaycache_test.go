@@ -73,7 +73,7 @@ func TestReplayCacheAnswersWithoutARoundTrip(t *testing.T) {
 
 		// Another Keeper (of the same store, which has read the prefix's
 		// record) replays from the store once, then from its cache.
-		k2, err := New(k.store, WithReplayCache(100, 1<<20, time.Hour))
+		k2, err := keeperOn(k.store, WithReplayCache(100, 1<<20, time.Hour))
 		require.NoError(t, err)
 		n = cnt.Count(func() { v, err = Do(ctx, k2, "s", "k", fn) })
 		require.NoError(t, err)
@@ -397,7 +397,7 @@ func TestCompleteAgainIsItsOwnAnswer(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		k := newKeeper(t, b)
-		s := k.store.(*RedisStore)
+		s := k.store.(*redisStore)
 		out, err := k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
 		id, tok := recordID("s", "k"), out.Claim.Token()

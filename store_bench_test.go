@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// BenchmarkStore runs RedisStore's steps alone, one after another, on a real
+// BenchmarkStore runs redisStore's steps alone, one after another, on a real
 // redis-server it starts (skipped without one): what the store's Go side
 // allocates per step, go-redis's own allocations included, apart from the
 // Keeper's.
@@ -18,11 +18,11 @@ import (
 //	go test -run '^$' -bench BenchmarkStore -benchmem .
 func BenchmarkStore(b *testing.B) {
 	c := redistest.Start(b).Client(b)
-	s, err := NewRedisStore(c)
+	s, err := openRedisStore(c)
 	require.NoError(b, err)
 	ctx := context.Background()
 	require.NoError(b, s.LoadScripts(ctx))
-	req := ClaimRequest{Fingerprint: fingerprintDigest([]byte("body")), Attempt: newAttemptID(), Lease: 30 * time.Second, Keep: time.Hour}
+	req := claimRequest{Fingerprint: fingerprintDigest([]byte("body")), Attempt: newAttemptID(), Lease: 30 * time.Second, Keep: time.Hour}
 	payload := costPayload()
 
 	b.Run("claim+complete", func(b *testing.B) {

@@ -14,21 +14,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// forwardStore is a Store that only forwards each call to the Store it
+// forwardStore is a store that only forwards each call to the store it
 // holds, and counts the calls by method. It embeds nothing, so a Keeper on
-// it reaches the RedisStore behind it through the Store interface only.
+// it reaches the redisStore behind it through the store interface only.
 type forwardStore struct {
-	s     Store
+	s     recordStore
 	mu    sync.Mutex
 	calls map[string]int
-	// compact counts the calls that named a compact claim (Fence.Ref > 0)
+	// compact counts the calls that named a compact claim (claimFence.Ref > 0)
 	// or asked for compact claims, by method.
 	compact map[string]int
 }
 
-var _ Store = (*forwardStore)(nil)
+var _ recordStore = (*forwardStore)(nil)
 
-func newForwardStore(s Store) *forwardStore {
+func newForwardStore(s recordStore) *forwardStore {
 	return &forwardStore{s: s, calls: map[string]int{}, compact: map[string]int{}}
 }
 
@@ -42,7 +42,7 @@ func (f *forwardStore) count(method string, compact bool) {
 }
 
 // anyCompact reports whether a fence of fs names a compact claim.
-func anyCompact(fs []Fence) bool {
+func anyCompact(fs []claimFence) bool {
 	for _, f := range fs {
 		if f.Ref > 0 {
 			return true
@@ -51,7 +51,7 @@ func anyCompact(fs []Fence) bool {
 	return false
 }
 
-func (f *forwardStore) Claim(ctx context.Context, id string, req ClaimRequest) (ClaimReply, error) {
+func (f *forwardStore) Claim(ctx context.Context, id string, req claimRequest) (claimReply, error) {
 	f.count("Claim", false)
 	return f.s.Claim(ctx, id, req)
 }
@@ -71,26 +71,26 @@ func (f *forwardStore) Extend(ctx context.Context, id string, token int64, lease
 	return f.s.Extend(ctx, id, token, lease, keep)
 }
 
-func (f *forwardStore) ClaimBatch(ctx context.Context, req BatchClaimRequest) []BatchClaimReply {
+func (f *forwardStore) ClaimBatch(ctx context.Context, req batchClaimRequest) []batchClaimReply {
 	f.count("ClaimBatch", req.Compact)
 	return f.s.ClaimBatch(ctx, req)
 }
 
-func (f *forwardStore) SettleBatch(ctx context.Context, items []BatchCompletion, release []Fence, keep time.Duration) (done, given []error) {
-	fences := make([]Fence, 0, len(items)+len(release))
+func (f *forwardStore) SettleBatch(ctx context.Context, items []batchCompletion, release []claimFence, keep time.Duration) (done, given []error) {
+	fences := make([]claimFence, 0, len(items)+len(release))
 	for _, it := range items {
-		fences = append(fences, it.Fence)
+		fences = append(fences, it.claimFence)
 	}
 	f.count("SettleBatch", anyCompact(append(fences, release...)))
 	return f.s.SettleBatch(ctx, items, release, keep)
 }
 
-func (f *forwardStore) ExtendBatch(ctx context.Context, claims []Fence, lease, keep time.Duration) []error {
+func (f *forwardStore) ExtendBatch(ctx context.Context, claims []claimFence, lease, keep time.Duration) []error {
 	f.count("ExtendBatch", anyCompact(claims))
 	return f.s.ExtendBatch(ctx, claims, lease, keep)
 }
 
-func (f *forwardStore) Checkpoint(ctx context.Context, claim Fence, name string, value []byte, keep time.Duration) error {
+func (f *forwardStore) Checkpoint(ctx context.Context, claim claimFence, name string, value []byte, keep time.Duration) error {
 	f.count("Checkpoint", claim.Ref > 0)
 	return f.s.Checkpoint(ctx, claim, name, value, keep)
 }
@@ -110,22 +110,22 @@ func (f *forwardStore) Abandon(ctx context.Context, id string, token int64) (Rec
 	return f.s.Abandon(ctx, id, token)
 }
 
-// TestStoreInterfaceIsTheOnlyWayIn: a Keeper on a Store that only forwards
-// each call to a RedisStore answers Do, Consume (compact claims, their
+// TestStoreInterfaceIsTheOnlyWayIn: a Keeper on a store that only forwards
+// each call to a redisStore answers Do, Consume (compact claims, their
 // checkpoints and markers included), BeginBatch, the batch steps, Inspect,
-// Forget and Abandon exactly as a Keeper on the RedisStore itself does.
+// Forget and Abandon exactly as a Keeper on the redisStore itself does.
 func TestStoreInterfaceIsTheOnlyWayIn(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		direct, err := NewRedisStore(b.Client, WithPrefix("direct:"))
+		direct, err := openRedisStore(b.Client, WithPrefix("direct:"))
 		require.NoError(t, err)
 		opts := []Option{WithLease(time.Minute), WithReplayCache(100, 1<<20, time.Hour)}
-		kd, err := New(direct, opts...)
+		kd, err := keeperOn(direct, opts...)
 		require.NoError(t, err)
 
-		behind, err := NewRedisStore(b.Client, WithPrefix("forward:"))
+		behind, err := openRedisStore(b.Client, WithPrefix("forward:"))
 		require.NoError(t, err)
 		fwd := newForwardStore(behind)
-		kf, err := New(fwd, opts...)
+		kf, err := keeperOn(fwd, opts...)
 		require.NoError(t, err)
 
 		want := storeTranscript(t, kd)
@@ -153,7 +153,7 @@ func TestStoreInterfaceIsTheOnlyWayIn(t *testing.T) {
 	})
 }
 
-// storeTranscript takes k through every path that reaches its Store and
+// storeTranscript takes k through every path that reaches its store and
 // writes down what each answered, leaving out what differs from one run to
 // the next (tokens, times).
 func storeTranscript(t *testing.T, k *Keeper) []string {
