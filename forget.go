@@ -52,56 +52,30 @@ func (e *ForgetRefusedError) Unwrap() error {
 	return &InProgressError{RetryAfter: max(e.LeaseLeft, time.Millisecond)}
 }
 
-// Forget removes the record of (scope, key) as it is when Forget is called,
-// so that the next call with the key runs the operation as if it had never
-// been seen: attempt 1, a new token, Recovered false. It is meant for an
-// operator (a support case: a customer must be able to use a key again),
-// not for the paths of an application.
+// Forget removes the record of (scope, key), so that the next call with
+// the key runs the operation as if it had never been seen: attempt 1, a
+// new token, Recovered false. It is meant for an operator (a customer must
+// be able to use a key again), not for an application's paths; an
+// operator who was shown a record names its token with ForgetToken.
 //
-// Forget reads the record, then removes it by the token it read
-// (ForgetToken): a claim made after that read, during the call or by
-// another process while go-redis sends the removal again after a lost
-// reply, is never touched. It returns the record as it was when removed,
-// or a Record in StateAbsent, and no error, when there was nothing to
-// remove: no record, or only a claim made after the read. An operator who
-// was shown a record and confirmed its removal must name that record's
-// token with ForgetToken, or a claim made while they read could be the one
-// removed.
+// It reads the record and removes it by the token it read: a claim made
+// after that read is never touched. It returns the record as it was when
+// removed or, when there was nothing to remove, a Record in StateAbsent and
+// no error.
 //
-// Without force, Forget refuses what removing the record would lose, with
-// a *ForgetRefusedError, and removes nothing; the Record says what was
-// found:
-//
-//   - a pending record whose lease is live: a claim holds the key, and its
-//     operation may be running (errors.Is(err, ErrInProgress) then, and
-//     the *InProgressError's RetryAfter is the lease left);
-//   - a pending or released record that holds checkpoints: steps that
-//     happened, which the next attempt would do again instead of being
-//     handed them (Claim.Checkpoints).
-//
-// A holder known to be dead is best recovered with Abandon, which keeps the
-// record: the next attempt is told Recovered and gets the checkpoints. With
-// force, Forget removes the record anyway, and then:
-//
-//   - the holder, if any, is fenced off: its Complete, Release, Extend and
-//     Checkpoint return ErrLeaseLost and write nothing, and Do and KeepAlive
-//     cancel its operation's context with ErrLeaseLost at its next renewal
-//     and store nothing. Its side effect, if it had one, is not undone;
-//   - the next claim runs the operation again, beside the holder if it is
-//     still running, from its first step, and is not told so: the record
-//     that would have marked it Recovered is gone. Force only a claim known
-//     to be dead, or an operation that is safe to run twice.
-//
-// A completed record, a released one without checkpoints, and a pending one
-// whose lease has run out and that holds no checkpoints are removed without
-// force. Forgetting erases the key's token: the next claim's token is
-// Redis's clock in microseconds, so the tokens of the key still increase
-// unless Redis's clock went back, as after a record expires.
+// Without force it removes nothing and returns a *ForgetRefusedError, its
+// Record saying what was found, for a pending record whose lease is live
+// (errors.Is(err, ErrInProgress); RetryAfter is the lease left) or a record
+// that holds checkpoints. With force it removes the record anyway: the
+// holder, if any, gets ErrLeaseLost at its next step and stores nothing (its
+// side effect is not undone), and the next claim runs the operation again
+// from its first step, not told Recovered. A dead holder's claim is better
+// ended by Abandon, which keeps the record (see docs/operating.md).
 //
 // Errors: ErrInvalidKey (the store is not touched), a *ForgetRefusedError,
-// ErrCorrupt (the value at the key is not a record this version can read; it
-// is not removed, even with force), ErrUnavailable, the caller's own
-// cancellation (as for Begin).
+// ErrCorrupt (a value that is not a record this version can read; never
+// removed, even with force), ErrUnavailable, the caller's own cancellation
+// (as for Begin).
 func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Record, error) {
 	started := k.startStep()
 	r, err := k.forget(ctx, scope, key, 0, force)

@@ -214,53 +214,29 @@ func clientAddr(c any) string {
 	return ""
 }
 
-// CheckEviction reads maxmemory-policy and maxmemory (CONFIG GET maxmemory*)
-// from every Redis server the Keeper writes to: the server a *redis.Client or
-// *redis.Conn reaches, every master of a *redis.ClusterClient, every live
-// shard of a *redis.Ring. Through a client that reaches one server it also
-// reads cluster-enabled, to tell a Cluster node whose other masters it cannot
-// see. Call it once when the process starts. It returns:
+// CheckEviction reads maxmemory-policy and maxmemory (CONFIG GET
+// maxmemory*) from every Redis server the Keeper writes to: the server a
+// *redis.Client or *redis.Conn reaches, every master of a
+// *redis.ClusterClient, every live shard of a *redis.Ring. Replicas are not
+// checked: give them the same setting. Call it once when the process
+// starts, and refuse to start or warn (docs/durability.md). It returns:
 //
-//   - nil when every server has maxmemory-policy noeviction. A full Redis then
-//     refuses writes instead of dropping records: a claim fails with
-//     ErrUnavailable and its operation does not run, and completed keys are
-//     still replayed. An operation whose result is refused after it ran (Do
-//     returns its value with ErrUnavailable) leaves its key pending, as a
-//     crashed process would: retries get ErrInProgress until the lease runs
-//     out, then take the key over with Claim.Recovered set.
-//   - an *EvictionError matching ErrEvictionPolicy when a server has any other
-//     policy. It is reported whatever maxmemory is, 0 (no limit) included,
-//     because maxmemory can be set at run time (CONFIG SET, a managed
-//     service's defaults); MaxMemory says what it is now, for the caller to
-//     judge.
-//   - an *EvictionError matching ErrEvictionUnchecked when the policy could not
-//     be read: CONFIG refused, renamed or unknown (managed services, ACLs,
+//   - nil when every server has maxmemory-policy noeviction: a full Redis
+//     then refuses writes (a claim fails with ErrUnavailable and its
+//     operation does not run) instead of dropping records;
+//   - an *EvictionError matching ErrEvictionPolicy when a server has any
+//     other policy, whatever maxmemory is now (MaxMemory says it), since
+//     maxmemory can be set at run time;
+//   - an *EvictionError matching ErrEvictionUnchecked when the policy could
+//     not be read: CONFIG refused or renamed (managed services, ACLs,
 //     miniredis), a client that cannot send CONFIG GET, or a Cluster node
-//     reached through a client that is not a *redis.ClusterClient (such as an
-//     AutoPipeliner on one: make the Keeper on the
-//     ClusterClient itself).
+//     reached through a client that is not a *redis.ClusterClient (such as
+//     an AutoPipeliner on one);
 //   - an error matching ErrUnavailable when a server could not be reached.
 //
-// When several servers fail the check the error is an errors.Join of their
-// errors, ordered by address: errors.Is tests them all, errors.As finds the
-// first *EvictionError. A Ring shard that the Ring holds down is skipped, as
-// it is for commands. Replicas are not checked: give them the same setting,
-// since a promoted replica evicts by its own policy.
-//
-// The caller chooses what to do. Refuse to start:
-//
-//	if err := keeper.CheckEviction(ctx); err != nil {
-//		log.Fatalf("idem: %v", err)
-//	}
-//
-// or refuse only a known evicting policy and warn otherwise:
-//
-//	switch err := keeper.CheckEviction(ctx); {
-//	case errors.Is(err, idem.ErrEvictionPolicy):
-//		log.Fatalf("idem: %v", err) // Redis may drop records: operations could run twice
-//	case err != nil:
-//		log.Printf("idem: warning: %v", err) // CONFIG refused, or Redis unreachable
-//	}
+// The failures of several servers are joined (errors.Join), ordered by
+// address: errors.Is tests them all, errors.As finds the first
+// *EvictionError.
 func (k *Keeper) CheckEviction(ctx context.Context) error {
 	rs, err := k.onRedis("CheckEviction")
 	if err != nil {

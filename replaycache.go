@@ -10,46 +10,27 @@ import (
 
 // WithReplayCache keeps, in this process, up to maxEntries completed results
 // taking up to maxBytes, so that a Begin or Do that would replay one of them
-// is answered from memory, without a round trip. Default: off.
+// is answered from memory, without a round trip, as the store would have
+// answered: the same Value (each caller its own copy), Token and final
+// error. Default: off.
 //
-// A result enters the cache when this Keeper stores it (Claim.Complete, Do)
-// or replays it from the store; it leaves it when it expires (below), when
-// the Keeper forgets the key (Keeper.Forget, ForgetToken), or, least recently
-// used first, to make room. A stored result enters it only when the store
-// says that this Complete wrote it: a second Complete of a claim (or one
-// whose first reply was lost) writes nothing and leaves the record, and the
-// cache, with the first result and its retention. A hit answers as the store would: the same Value (each
-// caller gets its own copy), Token and final error. Only completed results
-// are cached: a claim, an operation in progress, a mismatch or an error
-// always goes to the store. A call whose fingerprint (WithFingerprint) is
-// not the one the entry was filled with goes to the store too, which
-// answers ErrMismatch or, if the key was since used again, its new state.
+// A result enters the cache when this Keeper stores it (Claim.Complete, Do;
+// not a second Complete of a claim, which writes nothing) or replays it, and
+// leaves it, least recently used first, to make room, when this Keeper
+// forgets the key, or when it expires: at most maxAge after this process saw
+// it, and never past the retention it was stored with (a replayed result,
+// whose retention left is not known: the smaller of maxAge and the Keeper's
+// retention). So a key that left the store otherwise (forgotten through
+// another Keeper, deleted, evicted, expired early) may still be replayed
+// from the cache for up to maxAge: choose maxAge as the longest such delay
+// you accept (docs/core.md). Claims, operations in progress, mismatches,
+// errors and another fingerprint than the entry's always go to the store;
 // BeginBatch and Consume neither read nor fill the cache.
 //
-// Expiry. An entry is served for at most maxAge from when this process saw
-// the result, and never past the end of the retention it knows of:
-//
-//   - a result this Keeper stored: until the retention given to the
-//     Complete that stored it (or the Keeper's) from before it was sent, so
-//     never after the store drops the record, and for at most maxAge;
-//   - a result replayed from the store, whose remaining retention the store
-//     does not report: for the smaller of maxAge and the Keeper's retention
-//     (its error retention for a stored final error), from the replay.
-//
-// So the cache can go on replaying a key the store no longer keeps: a key
-// forgotten by another process or Keeper (Keeper.Forget), deleted, evicted
-// by Redis, or whose record expired before the Keeper's retention (a shorter
-// retention given to Complete elsewhere) is replayed from this process's
-// cache for up to maxAge after it left the store; then the next call runs
-// the operation again. Choose maxAge as the longest such delay you accept.
-// Forget through this Keeper drops the entry at once (a replay of the key in
-// flight on another goroutine when Forget returns may still put it back, for
-// up to maxAge).
-//
 // maxEntries and maxBytes must be at least 1, and maxAge more than 0;
-// otherwise New refuses them with ErrInvalidConfig. The bounds are split
-// evenly among up to 16 shards (one per 128 entries); a result larger than
-// its shard's share of maxBytes (counted as its Value, its id and
+// otherwise NewRedis refuses them with ErrInvalidConfig. The bounds are
+// split evenly among up to 16 shards (one per 128 entries); a result larger
+// than its shard's share of maxBytes (counted as its Value, its id and
 // fingerprint, and 128 bytes) is not cached. Applies to a Keeper.
 func WithReplayCache(maxEntries int, maxBytes int64, maxAge time.Duration) Option {
 	return Option{name: "WithReplayCache", to: toKeeper, set: func(s *settings) {
