@@ -286,7 +286,7 @@ func BenchmarkCoalescedStorm(b *testing.B) {
 // codec's encoding and decoding, and the envelope around it.
 func BenchmarkCodec(b *testing.B) {
 	v := receipt{ID: "ch_3MmlLrLkdIwHu7ix0snN0B15", Amount: 4200, Tags: []string{"card", "eur"}}
-	c := MsgpackCodec{}
+	c := msgpackCodec{}
 	b.Run("msgpack-struct", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -16,26 +16,29 @@ import (
 )
 
 // Codec turns the results of Do into bytes and back. Implementations must be
-// safe for concurrent use. The default is MsgpackCodec.
+// safe for concurrent use. The default encodes with
+// github.com/vmihailenco/msgpack/v5: struct fields matched by name, or by
+// the `msgpack` tag, in exactly msgpack.Marshal's bytes; a []byte or string
+// result is written and read without reflection, in the same bytes.
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error
 }
 
-// MsgpackCodec encodes with github.com/vmihailenco/msgpack/v5. Struct fields
+// msgpackCodec encodes with github.com/vmihailenco/msgpack/v5. Struct fields
 // are matched by name, or by the `msgpack` tag. Its bytes are exactly
 // msgpack.Marshal's, and it decodes as msgpack.Unmarshal does.
 //
-// With MsgpackCodec (the default), Do writes and reads a []byte or string
+// With msgpackCodec (the default), Do writes and reads a []byte or string
 // result itself, without reflection, in the same bytes (msgpack bin and str),
 // and encodes other results through a pooled buffer.
-type MsgpackCodec struct{}
+type msgpackCodec struct{}
 
 // Marshal implements Codec.
-func (MsgpackCodec) Marshal(v any) ([]byte, error) { return msgpack.Marshal(v) }
+func (msgpackCodec) Marshal(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
 // Unmarshal implements Codec, reading data through a pooled reader.
-func (MsgpackCodec) Unmarshal(data []byte, v any) error {
+func (msgpackCodec) Unmarshal(data []byte, v any) error {
 	r := readers.Get().(*bytes.Reader)
 	r.Reset(data)
 	dec := msgpack.GetDecoder()
@@ -47,11 +50,11 @@ func (MsgpackCodec) Unmarshal(data []byte, v any) error {
 	return err
 }
 
-// readers are the readers MsgpackCodec.Unmarshal decodes from.
+// readers are the readers msgpackCodec.Unmarshal decodes from.
 var readers = sync.Pool{New: func() any { return new(bytes.Reader) }}
 
-// WithCodec sets how Do encodes results. Default: MsgpackCodec. Applies to a
-// Keeper.
+// WithCodec sets how Do encodes results. Default: msgpack (see Codec).
+// Applies to a Keeper.
 func WithCodec(c Codec) Option {
 	return Option{name: "WithCodec", to: toKeeper, set: func(s *settings) { s.codec = c }}
 }
@@ -215,7 +218,7 @@ func replayedFinal(kind byte, body []byte) (error, error) {
 }
 
 // sealResult is the envelope Do stores for its result v: v encoded by the
-// Keeper's Codec, of kindValue. With MsgpackCodec, a []byte or a string is
+// Keeper's Codec, of kindValue. With msgpackCodec, a []byte or a string is
 // written here without reflection, and anything else is encoded through a
 // pooled buffer; either way in one allocation, of the envelope's size, and
 // in the bytes seal(kindValue, msgpack.Marshal(v)) would make.
@@ -237,7 +240,7 @@ func sealResult[T any](k *Keeper, v T) ([]byte, error) {
 }
 
 // openResult decodes body, a result Do stored (kindValue), into a T. With
-// MsgpackCodec, a []byte or string stored as msgpack bin, str or nil is read
+// msgpackCodec, a []byte or string stored as msgpack bin, str or nil is read
 // here, without reflection: a []byte result is then body's own bytes, so
 // body must be the caller's (see Outcome.shared). Anything else goes to the
 // Codec.

@@ -23,7 +23,7 @@ var fastPathSizes = []int{0, 1, 31, 32, 255, 256, 65535, 65536, 70000}
 // results is byte for byte what the msgpack codec wrote before it, so that
 // records stay readable by every release and by Begin's callers.
 func TestSealResultWritesMsgpackBytes(t *testing.T) {
-	k := &Keeper{codec: MsgpackCodec{}, msgpack: true}
+	k := &Keeper{codec: msgpackCodec{}, msgpack: true}
 	check := func(t *testing.T, v any, got []byte, err error) {
 		t.Helper()
 		require.NoError(t, err)
@@ -50,7 +50,7 @@ func TestSealResultWritesMsgpackBytes(t *testing.T) {
 // results answers what msgpack.Unmarshal answers, nil and empty included, and
 // anything it does not read itself goes to the codec.
 func TestOpenResultReadsAsMsgpack(t *testing.T) {
-	k := &Keeper{codec: MsgpackCodec{}, msgpack: true}
+	k := &Keeper{codec: msgpackCodec{}, msgpack: true}
 	encode := func(v any) []byte {
 		b, err := msgpack.Marshal(v)
 		require.NoError(t, err)
@@ -156,7 +156,7 @@ func TestDoReadsAcrossResultTypes(t *testing.T) {
 	})
 }
 
-// jsonCodec is a Codec other than MsgpackCodec that counts its calls.
+// jsonCodec is a Codec other than msgpackCodec that counts its calls.
 type jsonCodec struct{ calls atomic.Int32 }
 
 func (c *jsonCodec) Marshal(v any) ([]byte, error) {

@@ -70,7 +70,7 @@ func replay[T any](k *Keeper, out Outcome) (T, error) {
 	}
 	if out.shared && (!k.msgpack || isBytes[T]()) {
 		// The result would be, or might be, a slice of Value: the caller
-		// must own it. MsgpackCodec copies what it decodes otherwise.
+		// must own it. msgpackCodec copies what it decodes otherwise.
 		out.own()
 	}
 	if out.kind == kindBytes {

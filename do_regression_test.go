@@ -277,7 +277,7 @@ func TestCompleteAndDoShareKeys(t *testing.T) {
 		_, err = Do(ctx, k, "s", "junk", func(context.Context) (int, error) { return 0, nil })
 		assert.ErrorIs(t, err, ErrCorrupt, "bytes the Codec cannot decode into an int")
 
-		encoded, err := MsgpackCodec{}.Marshal(42)
+		encoded, err := msgpackCodec{}.Marshal(42)
 		require.NoError(t, err)
 		out, err = k.Begin(ctx, "s", "encoded")
 		require.NoError(t, err)
@@ -292,7 +292,7 @@ func TestCompleteAndDoShareKeys(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, out.Replayed)
 		var got int
-		require.NoError(t, MsgpackCodec{}.Unmarshal(out.Value, &got))
+		require.NoError(t, msgpackCodec{}.Unmarshal(out.Value, &got))
 		assert.Equal(t, 7, got)
 		assert.NoError(t, out.Err)
 

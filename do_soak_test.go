@@ -528,7 +528,7 @@ func runSoak(t *testing.T, c, renew, clean redis.Scripter, n int64, limit time.D
 				}
 				if out.Err == nil {
 					var got string
-					if err := (MsgpackCodec{}).Unmarshal(out.Value, &got); err != nil {
+					if err := (msgpackCodec{}).Unmarshal(out.Value, &got); err != nil {
 						got = string(out.Value) // stored by Claim.Complete
 					}
 					if got != fnValue(key) {

@@ -19,7 +19,7 @@ type Keeper struct {
 	store  recordStore
 	policy policy
 	codec  Codec
-	// msgpack is set when codec is MsgpackCodec, whose encoding of []byte
+	// msgpack is set when codec is msgpackCodec, whose encoding of []byte
 	// and string results Do writes and reads itself (see sealResult).
 	msgpack bool
 	now     func() time.Time
@@ -80,7 +80,7 @@ func buildKeeper(store recordStore, s *settings) (*Keeper, error) {
 	}
 	k := &Keeper{store: store, policy: s.policy, codec: s.codec, now: s.now, wait: s.wait, observer: s.observer, markers: !s.noMarkers, scopeShards: shards}
 	switch s.codec.(type) {
-	case MsgpackCodec, *MsgpackCodec:
+	case msgpackCodec, *msgpackCodec:
 		k.msgpack = true
 	}
 	if s.replayCache != nil {

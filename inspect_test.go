@@ -57,7 +57,7 @@ func TestInspectEveryState(t *testing.T) {
 
 		_, err = Do(ctx, k, "s", "value", func(context.Context) (receipt, error) { return receipt{ID: "ch_1", Amount: 42}, nil })
 		require.NoError(t, err)
-		encoded, err := MsgpackCodec{}.Marshal(receipt{ID: "ch_1", Amount: 42})
+		encoded, err := msgpackCodec{}.Marshal(receipt{ID: "ch_1", Amount: 42})
 		require.NoError(t, err)
 		r = inspectOK(t, k, "s", "value")
 		assert.Equal(t, StoredValue, r.Stored)

@@ -74,7 +74,7 @@ type settings struct {
 }
 
 func defaultSettings() settings {
-	return settings{policy: defaultPolicy(), codec: MsgpackCodec{}, now: time.Now, prefix: DefaultPrefix}
+	return settings{policy: defaultPolicy(), codec: msgpackCodec{}, now: time.Now, prefix: DefaultPrefix}
 }
 
 // apply sets opts on s, refusing an option that does not apply to what
