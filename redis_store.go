@@ -130,7 +130,7 @@ func newRedisStore(client redis.Scripter, s *settings) (*redisStore, error) {
 // WithLease (30s, DefaultLease), WithRetention (24h, DefaultRetention),
 // WithErrorRetention (the retention), WithMarkerRetention (7 days,
 // DefaultMarkerRetention), WithoutMarkers (markers on), WithCodec
-// (MsgpackCodec), WithCoalescing (off), WithWait (0), WithClock
+// (msgpack), WithCoalescing (off), WithWait (0), WithClock
 // (time.Now), WithScopeShards (ClusterScopeShards on a
 // *redis.ClusterClient, else 0), WithReplicas (no waiting),
 // WithReplayCache (none), WithObserver (none). Invalid settings, and
@@ -186,15 +186,15 @@ func (s *redisStore) Claim(ctx context.Context, id string, req claimRequest) (cl
 	}
 	key, call := s.key(id), ""
 	d8, index, calls := s.claimIndexArgs(id, key)
+	indexArg, callsArg := s.nameArgs(index, calls)
 	for asked := 0; ; asked++ {
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
-		keys := []string{key, index, call}
-		if call == "" {
-			keys = keys[:2]
+		args := append(claimScript.evalArgs(9), key, indexArg)
+		if args[2] = 2; call != "" {
+			args, args[2] = append(args, call), 3
 		}
-		args := claimScript.evalArgs(6, keys...)
-		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, calls)
+		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
 		res, err := s.eval(ctx, claimScript, args).Result()
 		if err != nil {
 			return claimReply{}, s.layoutError(err)

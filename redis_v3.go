@@ -35,6 +35,9 @@ var (
 // (claim.lua).
 type v3Layout struct {
 	index, calls string
+	// indexArg and callsArg are index and calls boxed once, for the
+	// arguments of claim.lua (see nameArgs).
+	indexArg, callsArg any
 	// ls is the index's level and split point as the last reply said
 	// (an empty index's before any), level<<24 | split: the next call
 	// packs by them. On a Cluster, slots holds each slot's, made at the
@@ -59,6 +62,7 @@ const v3MaxHold = time.Hour
 // it reads the markers others left in the v3 index.
 func newV3Layout(s *redisStore) *v3Layout {
 	l := &v3Layout{index: v3IndexKey(s.prefix, false, 0), calls: v3CallBase(s.prefix, false, 0)}
+	l.indexArg, l.callsArg = l.index, l.calls
 	l.ls.Store(v3StartLevel << 24)
 	return l
 }
@@ -88,6 +92,16 @@ func (s *redisStore) v3Names(key string) (index, calls string) {
 	}
 	slot := keySlot(key)
 	return v3IndexKey(s.prefix, true, slot), v3CallBase(s.prefix, true, slot)
+}
+
+// nameArgs returns index and calls, which v3Names gave, as script
+// arguments: boxed once for the store on one server, where they are the
+// same for every key, and boxed now on a Cluster.
+func (s *redisStore) nameArgs(index, calls string) (any, any) {
+	if !s.compact.cluster {
+		return s.v3.indexArg, s.v3.callsArg
+	}
+	return index, calls
 }
 
 // v3CallID is the call id of attempt: itself when it is one (11
