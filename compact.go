@@ -51,8 +51,8 @@ func WithoutMarkers() Option {
 // call still holds. Completing one with a value, or recording a
 // Checkpoint, first moves it to a record of its own (one round trip more).
 // Without it (the default) BeginBatch keeps each claim in a record of its
-// own. It has no effect on a Keeper made WithoutMarkers, or on a store that
-// keeps no compact claims. Applies to BeginBatch.
+// own. It has no effect on a Keeper made WithoutMarkers. Applies to
+// BeginBatch.
 func WithCompactClaims() Option {
 	return Option{name: "WithCompactClaims", to: toBatch, set: func(s *settings) { s.compact = true }}
 }
