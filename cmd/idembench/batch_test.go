@@ -31,6 +31,8 @@ var batchFields = []string{
 	"baseline_lost_ids", "baseline_duplicates", "baseline_errors", "baseline_batches", "baseline_round_trips_per_batch",
 	"baseline_commands_per_op", "baseline_client_cpu_usec_per_op", "baseline_used_memory_per_id",
 	"baseline_used_memory_bytes", "baseline_keys_added", "baseline_duration_s", "ratios",
+	"rate", "messages_per_batch", "redis_cpu_usec_per_sec", "arrived", "taken", "fell_behind",
+	"baseline_messages_per_batch", "baseline_redis_cpu_usec_per_sec", "baseline_arrived", "baseline_taken", "baseline_fell_behind",
 }
 
 // expectedFailures returns, for ids 0 to n-1 under -fail share and -seed
@@ -246,6 +248,14 @@ func TestBatchFlags(t *testing.T) {
 		{"-workload", "batch", "-marker-retention", "1m", "-markers=false"},
 		{"-workload", "batch", "-marker-retention", "1m", "-retention", "2m"},
 		{"-workload", "batch", "-marker-retention", "1m", "-prefill", "10"},
+		{"-rate", "100"},
+		{"-workload", "mixed", "-rate", "100"},
+		{"-workload", "first", "-rate", "0"},
+		{"-mode", "http", "-rate", "100"},
+		{"-workload", "batch", "-rate", "-1"},
+		{"-workload", "batch", "-rate", "NaN"},
+		{"-workload", "batch", "-rate", "+Inf"},
+		{"-workload", "batch", "-rate", "x"},
 	} {
 		var stdout, stderr bytes.Buffer
 		assert.Equal(t, 2, run(context.Background(), args, &stdout, &stderr), "%q", args)
@@ -254,6 +264,14 @@ func TestBatchFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 2, run(context.Background(), []string{"-workload", "batch", "-messages", "100", "-d", "1s"}, &stdout, &stderr))
 	assert.Contains(t, stderr.String(), "choose one")
+	stdout.Reset()
+	stderr.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"-workload", "replay", "-rate", "100"}, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "-rate: goes with -workload batch")
+	stdout.Reset()
+	stderr.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"-workload", "batch", "-rate", "-5"}, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "-rate -5: want messages a second")
 }
 
 // TestStreamIsTheSameOnBothSides checks the stream of one caller: the same

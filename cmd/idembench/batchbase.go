@@ -57,10 +57,15 @@ func newConsumerBaseline(o *options, scope string, lease time.Duration, c baseCl
 
 // consume handles the caller's next batch as the hand-written consumer
 // does: one round trip for the one-phase consumer, two for the two-phase one
-// (one when no message was new).
+// (one when no message was new). Under -rate it first waits for a message
+// to arrive, as consumeOp does.
 func (b *consumerBaseline) consume(ctx context.Context, wk *worker) {
 	s := wk.stream
-	msgs := s.nextBatch(wk.w.o)
+	msgs, ok := s.nextCall(ctx, wk.w.o, wk.end)
+	if !ok {
+		wk.stats.done.Add(-1) // no call: runSlice counts one
+		return
+	}
 	start := time.Now()
 	// Every command of a pipeline carries its own error: Pipelined's is
 	// the first of them.

@@ -95,6 +95,13 @@ func setup(ctx context.Context, o *options, stdout, stderr io.Writer) (_ *harnes
 	if err := h.makeSides(ctx, k, baseClient, stdout); err != nil {
 		return nil, err
 	}
+	h.closers = append(h.closers, func() {
+		for _, s := range []*side{h.idem, h.base} {
+			if s != nil {
+				s.closePacing()
+			}
+		}
+	})
 	if o.workload == "replay" {
 		if !o.json {
 			fmt.Fprintf(stdout, "completing %d keys for the replay run...\n", o.keys)

@@ -14,11 +14,16 @@ const defaultBatch = 100
 
 // consumeOp runs the caller's next batch through idem.Consume, and has the
 // messages it did not acknowledge because their handler failed (or was in
-// progress elsewhere) come again. Each message counts as one operation; the
+// progress elsewhere) come again. Under -rate it first waits for a message
+// to arrive, and makes no call if the slice ends before one does. Each message counts as one operation; the
 // latency recorded is the batch's.
 func (w *workload) consumeOp(ctx context.Context, wk *worker) {
 	s := wk.stream
-	msgs := s.nextBatch(w.o)
+	msgs, ok := s.nextCall(ctx, w.o, wk.end)
+	if !ok {
+		wk.stats.done.Add(-1) // no call: runSlice counts one
+		return
+	}
 	start := time.Now()
 	scope := w.scope
 	if w.o.scopePerCaller {

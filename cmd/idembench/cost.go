@@ -130,3 +130,13 @@ func (c *cost) perOp(ops int64) costPerOp {
 	}
 	return p
 }
+
+// processPerSec returns the server's process CPU time (INFO cpu) over the
+// side's phases, in µs per second of d, the side's measured time; 0 where
+// the server could not say.
+func (c *cost) processPerSec(d time.Duration) float64 {
+	if !c.redis || d <= 0 {
+		return 0
+	}
+	return float64(c.processUsec) / d.Seconds()
+}

@@ -22,6 +22,7 @@
 //	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx
 //	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx2
 //	idembench -redis redis://127.0.0.1:6379 -workload batch -batch 500 -dup 0.2 -c 4 -messages 1000000 -baseline setnx2 -fail 0.01
+//	idembench -redis redis://127.0.0.1:6379 -workload batch -baseline setnx2 -rate 4000 -c 3 -d 20s
 //
 // With -autopipeline, idem's commands go through go-redis's AutoPipeliner,
 // with two batches in flight and a 200µs flush delay unless -ap-batches and
@@ -82,6 +83,27 @@
 // after the run minus before, less the connections, over the ids each side
 // delivered in the last D of its run. Run for a -d of several times D, so
 // that as many markers expire as arrive: the steady state of a consumer.
+//
+// With -rate N, the consumer of -workload batch is paced, not saturated, as
+// one that keeps up with a queue at a steady rate is: messages arrive at N
+// a second across the callers, each caller's at N/c a second, evenly
+// spaced (and the callers' arrivals interleaved, so that all of them are
+// evenly spaced at N a second), and each call (idem.Consume, or the
+// baseline's pipelines) takes every message that arrived for its caller
+// and was not taken, at least one (it waits for the next to arrive if none
+// has), at most -batch; the messages not acknowledged before count as
+// arrived, and come on top, as they do unpaced. -dup redelivers that share
+// of the messages of the calls in all, carried from call to call. Both
+// sides are paced alike, and messages arrive only while a side's slice
+// runs: at the start of each slice each caller's arrival clock starts
+// again, so that the side that waited has no backlog (what arrived at the
+// end of a slice and was not taken is dropped). A run of -messages then
+// goes in slices of time, as a run of -d does. The report gives each
+// side's mean messages per call (messages / batches) and Redis CPU per
+// second of its measured time (the INFO cpu delta over its slices' wall
+// time), and warns when a side took fewer than 95% of the messages that
+// arrived during its slices: it was saturated, and its figures are not
+// those of a paced consumer.
 //
 // -side idem or -side baseline runs one side of -workload batch alone, and
 // -on-measure PROG runs PROG start just before the first measured slice and
@@ -182,9 +204,11 @@
 // baseline's for each figure both measured. With -workload batch it also
 // carries batches, round_trips_per_batch, messages, fail, seed, ids,
 // lost_ids, handler_failures, redelivered, used_memory_per_id,
-// used_memory_bytes, keys_added and memory_method, and with a baseline the
-// same prefixed with baseline_ (baseline_lost_ids, baseline_duplicates,
-// baseline_round_trips_per_batch, baseline_used_memory_per_id, ...). With
+// used_memory_bytes, keys_added and memory_method, with -rate rate,
+// messages_per_batch, redis_cpu_usec_per_sec, arrived, taken and
+// fell_behind, and with a baseline the same prefixed with baseline_
+// (baseline_lost_ids, baseline_duplicates, baseline_round_trips_per_batch,
+// baseline_used_memory_per_id, baseline_fell_behind, ...). With
 // -cache N the Keeper keeps N completed results in the process
 // (idem.WithReplayCache), and cache_hits and cache_hit_rate (hits over the
 // calls that looked in the cache) say how many operations it answered
@@ -205,6 +229,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -324,6 +349,9 @@ type options struct {
 	// flag is (set["scope-shards"]); scopePerCaller is -scope-per-caller.
 	scopeShards    int
 	scopePerCaller bool
+	// rate is -rate: messages a second across all callers, 0 for a run
+	// not paced.
+	rate float64
 	// side is -side: "" for both sides, or sideIdem or sideBaseline;
 	// onMeasure is -on-measure.
 	side      string
@@ -379,6 +407,7 @@ func (o *options) flagSet(dup *share, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&o.messages, "messages", 0, "with -workload batch: end the run when each side has delivered this many new message ids (and what it did not acknowledge, again), in slices of a number of batches, instead of after -d")
 	fs.Float64Var(&o.fail, "fail", 0, "with -workload batch: share of handler calls, 0 to 0.5, that fail transiently (the same calls on both sides: a hash of -seed, the id and the attempt picks them); a message not acknowledged comes again in its caller's next batch")
 	fs.Uint64Var(&o.seed, "seed", 1, "with -workload batch: the seed of the stream's redeliveries and of -fail's choice")
+	fs.Float64Var(&o.rate, "rate", 0, "with -workload batch: pace the consumer, so that it is not saturated: messages arrive at this many a second across all callers (each caller's at -rate/-c a second, evenly spaced, and only while its side's slice runs), and each call takes every message that arrived for it and was not taken (a message not acknowledged counts as arrived), at least one, waiting for it, at most -batch; the report gives the mean messages per call and Redis CPU per second, and warns when a side fell behind the rate. 0 (the default): not paced, each call takes -batch messages at once, as fast as it can")
 	fs.BoolVar(&o.markers, "markers", true, "with -workload batch: keep each handled message as a compact marker (false: idem.WithoutMarkers, a record a message)")
 	fs.Int64Var(&o.prefill, "prefill", 0, fmt.Sprintf("with -workload batch: before the clock starts, handle this many distinct ids (not measured) on each side, by the path of the measured run (idem.Consume; the baseline's pipelines), in batches of -batch or %d if larger, from -c callers or twice the cores if more, with progress on stderr; the measured stream then finds them remembered, as a consumer that has run for long does. Its ids are counted among the ids remembered in the memory per id, and in no other figure", prefillMinBatch))
 	fs.DurationVar(&o.markerRetention, "marker-retention", 0, "with -workload batch: the steady state of memory. idem's markers are kept this long (idem.WithMarkerRetention; at least the lease, 30s), and so are its records and the baseline's keys (-retention is set to it); run for -d of several times as long, so that as many markers expire as arrive. The memory per id is then per live id: used_memory after the run minus before, less the connections, over the ids the side delivered in the last marker retention before its last slice ended (the markers, or baseline keys, still live; those that expired and were not yet swept or evicted count in the bytes, not in the ids). The report says when the run lasted less than twice the marker retention, which is not yet steady")
@@ -451,7 +480,7 @@ func (o *options) check(dup share) error {
 const workloadBatch = "batch"
 
 // batchFlags are the flags that go with -workload batch only.
-var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "markers", "prefill", "marker-retention", "side"}
+var batchFlags = []string{"batch", "messages", "fail", "seed", "baseline-db", "markers", "prefill", "marker-retention", "side", "rate"}
 
 // checkBatch checks -batch, and what goes with -workload batch, and fills in
 // its defaults.
@@ -493,6 +522,8 @@ func checkBatch(o *options) error {
 		return fmt.Errorf("-side %q: want idem or baseline", o.side)
 	case o.side != "" && o.baseline == "":
 		return errors.New("-side: goes with -baseline (without it, only idem's side runs)")
+	case !(o.rate >= 0) || math.IsInf(o.rate, 0):
+		return fmt.Errorf("-rate %v: want messages a second, 0 (not paced) or more", o.rate)
 	}
 	if err := checkMarkerRetention(o); err != nil {
 		return err

@@ -100,6 +100,22 @@ type Result struct {
 	MarkerRetentionSec float64 `json:"marker_retention_s"`
 	// Side is -side: empty when both sides ran.
 	Side string `json:"side,omitempty"`
+	// The figures of -rate, 0 without it. Rate is -rate: messages a
+	// second across all callers. MessagesPerBatch is the messages a call
+	// took, on average: Ops over Batches. RedisCPUUsecPerSec is the
+	// server's process CPU time (INFO cpu) over the side's slices per
+	// second of their wall time (DurationSec), 0 where the server has no
+	// INFO cpu (miniredis). Arrived counts the stream's messages that
+	// arrived during the side's slices (the messages not acknowledged,
+	// which come again, are not among them), Taken those the calls took;
+	// FellBehind is set when Taken is below 95% of Arrived: the side was
+	// saturated, and its figures are not those of a paced consumer.
+	Rate               float64 `json:"rate"`
+	MessagesPerBatch   float64 `json:"messages_per_batch"`
+	RedisCPUUsecPerSec float64 `json:"redis_cpu_usec_per_sec"`
+	Arrived            int64   `json:"arrived"`
+	Taken              int64   `json:"taken"`
+	FellBehind         bool    `json:"fell_behind"`
 
 	// CacheEntries is -cache, 0 without a replay cache. CacheHits counts
 	// the operations its cache answered without Redis; CacheHitRate is
@@ -140,13 +156,20 @@ type Result struct {
 	BaselineUsedMemoryBytes    int64   `json:"baseline_used_memory_bytes"`
 	BaselineKeysAdded          int64   `json:"baseline_keys_added"`
 	BaselineMemoryIDs          int64   `json:"baseline_memory_ids"`
+	// The baseline's figures of -rate, 0 without it.
+	BaselineMessagesPerBatch   float64 `json:"baseline_messages_per_batch"`
+	BaselineRedisCPUUsecPerSec float64 `json:"baseline_redis_cpu_usec_per_sec"`
+	BaselineArrived            int64   `json:"baseline_arrived"`
+	BaselineTaken              int64   `json:"baseline_taken"`
+	BaselineFellBehind         bool    `json:"baseline_fell_behind"`
 	// Ratio is idem's ops/s over the baseline's.
 	Ratio float64 `json:"ratio"`
 	// Ratios holds idem's figure over the baseline's, by the name of the
 	// figure (ops_per_sec, redis_usec_per_op, redis_cpu_usec_per_op,
 	// client_cpu_usec_per_op, allocs_per_op, commands_per_op, and with
-	// -workload batch round_trips_per_batch and used_memory_per_id): the
-	// figures both sides measured, the baseline's above 0.
+	// -workload batch round_trips_per_batch and used_memory_per_id, and
+	// with -rate redis_cpu_usec_per_sec): the figures both sides measured,
+	// the baseline's above 0.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
 
 	// redisMeasured is whether the Redis CPU figures could be read.
@@ -198,6 +221,12 @@ func (h *harness) result() *Result {
 		}
 		res.MarkerRetentionSec = o.markerRetention.Seconds()
 		res.Side = o.side
+		if o.rate > 0 {
+			res.Rate = o.rate
+			res.MessagesPerBatch, res.RedisCPUUsecPerSec = pacedFigures(h.idem, res.Ops, res.Batches)
+			res.Arrived, res.Taken = pacedCounts(h.idem)
+			res.FellBehind = behind(res.Arrived, res.Taken)
+		}
 	}
 	res.errorSamples = s.samples()
 	res.CacheEntries = o.cache
@@ -234,6 +263,11 @@ func (h *harness) baselineResult(res *Result) {
 		res.BaselineRoundTripsPerBatch = perBatch(h.baseCnt, res.BaselineBatches)
 		res.BaselineUsedMemoryPerID, res.BaselineUsedMemoryBytes, res.BaselineKeysAdded = h.baseMemory.perID(), h.baseMemory.bytes, h.baseMemory.keys
 		res.BaselineMemoryIDs, res.BaselinePrefillSec = h.baseMemory.ids, b.prefillTime.Seconds()
+		if h.o.rate > 0 {
+			res.BaselineMessagesPerBatch, res.BaselineRedisCPUUsecPerSec = pacedFigures(b, res.BaselineOps, res.BaselineBatches)
+			res.BaselineArrived, res.BaselineTaken = pacedCounts(b)
+			res.BaselineFellBehind = behind(res.BaselineArrived, res.BaselineTaken)
+		}
 	}
 	if res.BaselineOpsPerSec > 0 {
 		res.Ratio = res.OpsPerSec / res.BaselineOpsPerSec
@@ -248,6 +282,7 @@ func (h *harness) baselineResult(res *Result) {
 	if res.redisMeasured {
 		ratio("redis_usec_per_op", res.RedisUsecPerOp, res.BaselineRedisUsecPerOp)
 		ratio("redis_cpu_usec_per_op", res.RedisCPUUsecPerOp, res.BaselineRedisCPUUsecPerOp)
+		ratio("redis_cpu_usec_per_sec", res.RedisCPUUsecPerSec, res.BaselineRedisCPUUsecPerSec)
 	}
 	ratio("client_cpu_usec_per_op", res.ClientCPUUsecPerOp, res.BaselineClientCPUUsecPerOp)
 	ratio("allocs_per_op", res.AllocsPerOp, res.BaselineAllocsPerOp)
@@ -267,6 +302,29 @@ func perBatch(cnt *counter, batches int64) float64 {
 		return 0
 	}
 	return float64(cnt.roundTrips.Load()) / float64(batches)
+}
+
+// pacedFigures returns, for a side of a run under -rate, the messages a
+// call took on average, of ops messages in batches calls, and the
+// server's process CPU (INFO cpu) in µs per second of the side's measured
+// time, 0 where it was not measured.
+func pacedFigures(s *side, ops, batches int64) (perBatch, redisCPUPerSec float64) {
+	if batches > 0 {
+		perBatch = float64(ops) / float64(batches)
+	}
+	return perBatch, s.cost.processPerSec(s.stats.elapsed)
+}
+
+// pacedCounts returns the stream's messages that arrived for the callers of
+// a side under -rate during its slices, and those its calls took.
+func pacedCounts(s *side) (arrived, taken int64) {
+	for _, st := range s.streams {
+		if st.pace != nil {
+			arrived += st.pace.arrivedSum
+			taken += st.pace.takenSum
+		}
+	}
+	return arrived, taken
 }
 
 // batchIDs returns the new ids a batch side delivered, those whose handler
@@ -312,6 +370,9 @@ func printHeader(w io.Writer, o *options, server string) {
 		if o.side != "" {
 			workload += ", only the " + o.side + " side runs"
 		}
+		if o.rate > 0 {
+			workload += ", " + pacedAt(o.rate, o.concurrency)
+		}
 	}
 	fmt.Fprintf(w, "idembench: %s, mode %s, workload %s, %d callers, %s, %d-byte results, dup %.2f, %s, coalescing %v\n",
 		server, o.mode, workload, o.concurrency, length, o.body, o.dup, client, o.coalesce)
@@ -348,7 +409,12 @@ func printBatchText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "          %s\n", messagesLine(r.Ops, r.DurationSec, r.Executions, r.Replays, r.Redelivered, r.HandlerFailures, r.InProgress, r.Errors-r.BaselineErrors))
 	fmt.Fprintf(w, "          ids: %d delivered, %d lost; duplicates executed: %d\n", r.IDs, r.LostIDs, r.Duplicates)
 	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.RedisUsecPerOp, r.RedisCPUUsecPerOp, r.ClientCPUUsecPerOp, r.AllocsPerOp))
-	fmt.Fprintf(w, "          batches of %d messages: %d batches, %.2f round trips/batch\n", r.BatchSize, r.Batches, r.RoundTripsPerBatch)
+	if r.Rate > 0 {
+		fmt.Fprintf(w, "          batches of at most %d messages: %d batches, %.2f round trips/batch\n", r.BatchSize, r.Batches, r.RoundTripsPerBatch)
+		printPaced(w, r, "idem", r.MessagesPerBatch, r.RedisCPUUsecPerSec, r.DurationSec, r.Arrived, r.Taken, r.FellBehind)
+	} else {
+		fmt.Fprintf(w, "          batches of %d messages: %d batches, %.2f round trips/batch\n", r.BatchSize, r.Batches, r.RoundTripsPerBatch)
+	}
 	if r.Baseline == "" {
 		printPrefill(w, r)
 		if r.MemoryMethod != "" {
@@ -362,6 +428,9 @@ func printBatchText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "          ids: %d delivered, %d lost; duplicates executed: %d\n", r.BaselineIDs, r.BaselineLostIDs, r.BaselineDuplicates)
 	fmt.Fprintf(w, "          %s\n", costLine(r, "message", r.BaselineRedisUsecPerOp, r.BaselineRedisCPUUsecPerOp, r.BaselineClientCPUUsecPerOp, r.BaselineAllocsPerOp))
 	fmt.Fprintf(w, "          %d batches, %.2f round trips/batch; the same stream, by the same callers, in alternating slices\n", r.BaselineBatches, r.BaselineRoundTripsPerBatch)
+	if r.Rate > 0 {
+		printPaced(w, r, r.Baseline, r.BaselineMessagesPerBatch, r.BaselineRedisCPUUsecPerSec, r.BaselineDurationSec, r.BaselineArrived, r.BaselineTaken, r.BaselineFellBehind)
+	}
 	printPrefill(w, r)
 	if r.UsedMemoryPerID > 0 {
 		fmt.Fprintf(w, "memory    idem %s, %s %s: %s\n", memoryFigure(r.UsedMemoryPerID, r.MemoryIDs, r.KeysAdded),
@@ -376,10 +445,39 @@ func printBatchText(w io.Writer, r *Result) {
 	if v, ok := r.Ratios["round_trips_per_batch"]; ok {
 		fmt.Fprintf(w, "; round trips/batch %.2fx", v)
 	}
+	if v, ok := r.Ratios["redis_cpu_usec_per_sec"]; ok {
+		fmt.Fprintf(w, "; Redis CPU/s %.2fx (paced)", v)
+	}
 	if v, ok := r.Ratios["used_memory_per_id"]; ok {
 		fmt.Fprintf(w, "; used_memory/id %.2fx", v)
 	}
 	fmt.Fprintln(w)
+}
+
+// pacedAt says at what rate a run is paced, across all callers and a
+// caller.
+func pacedAt(perSec float64, callers int) string {
+	return fmt.Sprintf("paced at %g messages/s (%.4g/s a caller)", perSec, perSec/float64(callers))
+}
+
+// printPaced prints the figures of one side of a run under -rate: its mean
+// batch, its Redis CPU per second, the messages that arrived and those
+// taken; and a warning when it fell behind the rate.
+func printPaced(w io.Writer, r *Result, name string, perBatch, cpuPerSec, seconds float64, arrived, taken int64, fellBehind bool) {
+	cpu := "Redis CPU/s: n/a (no INFO cpu)"
+	if r.redisMeasured {
+		cpu = fmt.Sprintf("Redis CPU %.2f ms/s (%.2f%% of a core; INFO cpu over %.1fs)", cpuPerSec/1000, cpuPerSec/1e4, seconds)
+	}
+	fmt.Fprintf(w, "          %s: %.2f messages/call (mean); %s; %d of the %d messages that arrived taken\n",
+		pacedAt(r.Rate, r.Concurrency), perBatch, cpu, taken, arrived)
+	if fellBehind {
+		share := 0.0
+		if arrived > 0 {
+			share = 100 * float64(taken) / float64(arrived)
+		}
+		fmt.Fprintf(w, "          WARNING: %s fell behind the rate: it took %.1f%% of the messages that arrived (under %.0f%%): it was saturated, and these are not the figures of a paced consumer\n",
+			name, share, 100*behindShare)
+	}
 }
 
 // printPrefill says what -prefill did, if anything.

@@ -75,7 +75,7 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 	}
 	slice := o.duration
 	if h.base != nil {
-		slice = min(time.Second, max(o.duration/4, 100*time.Millisecond))
+		slice = sliceOf(o.duration)
 	}
 	var progress *progressLine
 	if !o.json && o.duration > 3*time.Second && isTerminal(stdout) {
@@ -109,6 +109,12 @@ func (h *harness) measure(ctx context.Context, stdout io.Writer) error {
 	return nil
 }
 
+// sliceOf is how long each side's slices last in a run of two sides whose
+// sides each run for d: a quarter of d, from 100ms to 1s.
+func sliceOf(d time.Duration) time.Duration {
+	return min(time.Second, max(d/4, 100*time.Millisecond))
+}
+
 // countSlices is how many slices of each side a run of -messages takes,
 // about.
 const countSlices = 20
@@ -116,12 +122,23 @@ const countSlices = 20
 // measureCount is the timed part of a run of -messages: slices of idem's
 // side and the baseline's in turn, each of a number of batches per caller, so
 // that the i-th slice of both sides carries the same batches of the stream;
-// until every caller of both sides has delivered all it had to.
+// until every caller of both sides has delivered all it had to. Under
+// -rate, whose batches are as large as what arrived, the slices are of
+// time, as a run of -d's are, sized on the time the ids take to arrive; one
+// slice, until the stream is delivered, without a baseline.
 func (h *harness) measureCount(ctx context.Context) {
 	o := h.o
 	perCaller := (uint64(o.messages) + uint64(o.concurrency) - 1) / uint64(o.concurrency)
 	batches := 1 + perCaller/uint64(max(o.batch-redelivered(o), 1))
 	sl := span{batches: int(max(1, (batches+countSlices-1)/countSlices))}
+	if o.rate > 0 {
+		sl = span{}
+		if len(h.sides()) > 1 {
+			// The hour bounds the conversion; a slice is a second at most.
+			arrive := min(float64(o.messages)/o.rate, 3600)
+			sl.d = sliceOf(time.Duration(arrive * float64(time.Second)))
+		}
+	}
 	for ctx.Err() == nil {
 		ran := false
 		for _, sd := range h.sides() {
@@ -174,15 +191,24 @@ func (h *harness) phase(ctx context.Context, s *side, sl span, progress *progres
 // runSlice runs s's op on w's callers for the span sl, into s's stats.
 func runSlice(ctx context.Context, w *workload, sl span, s *side, progress *progressLine) {
 	var stop atomic.Bool
+	end := make(chan struct{})
 	var wg sync.WaitGroup
 	locals := make([]*localStats, w.o.concurrency)
 	start := time.Now()
+	for _, st := range s.streams {
+		if st.pace != nil {
+			// The arrivals start again: none came while the slice did
+			// not run.
+			st.pace.restart(start)
+		}
+	}
 	for i := range locals {
 		locals[i] = &localStats{}
 		wg.Add(1)
 		go func(i int, ls *localStats) {
 			defer wg.Done()
 			wk := w.newWorker(ls)
+			wk.end = end
 			if s.streams != nil {
 				wk.stream = s.streams[i]
 			}
@@ -228,10 +254,17 @@ loop:
 		}
 	}
 	stop.Store(true)
+	close(end)
 	<-finished
-	s.stats.elapsed += time.Since(start)
+	now := time.Now()
+	s.stats.elapsed += now.Sub(start)
 	for _, ls := range locals {
 		s.stats.merge(ls)
+	}
+	for _, st := range s.streams {
+		if st.pace != nil {
+			st.pace.settle(now, st.hasNew())
+		}
 	}
 }
 
@@ -286,6 +319,9 @@ type worker struct {
 	// stream is the caller's share of the queue in -workload batch, nil
 	// otherwise.
 	stream *stream
+	// end is closed when the slice under way ends, so that a caller
+	// waiting for a message to arrive (-rate) stops waiting.
+	end <-chan struct{}
 }
 
 func (w *workload) newWorker(s *localStats) *worker {

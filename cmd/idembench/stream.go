@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"time"
 )
 
 // message is one message of -workload batch's queue: its id, and its key, the
@@ -28,7 +29,9 @@ func messageKey(m message) string { return m.key }
 // did not acknowledge come back at the head of its caller's next batch, on
 // top of the stream's, as a queue redelivers what was not acknowledged; once
 // the stream has no new id left, batches of those alone follow until none is
-// left.
+// left. Under -rate a batch holds, in place of -batch, the messages that
+// arrived (see pacer and pacedBatch), of which -dup redeliver, carried from
+// batch to batch.
 //
 // A stream is used by one goroutine at a time: the caller's, and the
 // handlers Consume runs for it one after another.
@@ -63,6 +66,14 @@ type stream struct {
 	ran    *bitset
 	// handlerFailures counts the handler calls that failed.
 	handlerFailures int64
+	// pace is the caller's arrival clock under -rate, nil without it;
+	// timer and sleeper wait for its next arrival (pacedBatch), and owed
+	// is the share of a redelivery that paced batches carry
+	// (pacedRedeliveries).
+	pace    *pacer
+	timer   *time.Timer
+	sleeper *preciseSleeper
+	owed    float64
 }
 
 func newStream(o *options, index int, ran *bitset) *stream {
@@ -74,6 +85,9 @@ func newStream(o *options, index int, ran *bitset) *stream {
 		ran:      ran,
 	}
 	s.handle = s.handleMessage
+	if o.rate > 0 {
+		s.pace = newPacer(o.rate, index, o.concurrency)
+	}
 	return s
 }
 
@@ -99,14 +113,31 @@ func (s *stream) hasNew() bool {
 // acknowledged before, then the stream's next batch, if it has one (see
 // stream).
 func (s *stream) nextBatch(o *options) []message {
+	return s.fill(o, o.batch, redelivered(o))
+}
+
+// nextCall returns the caller's next batch: nextBatch's, or under -rate
+// pacedBatch's, which waits for a message to arrive unless the slice ends
+// (end is closed) or ctx is done first; then ok is false and there is no
+// batch.
+func (s *stream) nextCall(ctx context.Context, o *options, end <-chan struct{}) (msgs []message, ok bool) {
+	if s.pace == nil {
+		return s.nextBatch(o), true
+	}
+	return s.pacedBatch(ctx, o, end)
+}
+
+// fill returns the messages not acknowledged before, then, if the stream
+// has a new id left, n messages of the stream: r of them (none in its
+// first batch) ids of its earlier batches, the rest new ids, as many as it
+// has left.
+func (s *stream) fill(o *options, n, r int) []message {
 	s.msgs = append(s.msgs[:0], s.pending...)
 	s.pending = s.pending[:0]
 	if !s.hasNew() {
 		return s.msgs
 	}
-	n := o.batch
 	if len(s.recent) > 0 {
-		r := redelivered(o)
 		for range r {
 			s.msgs = append(s.msgs, s.message(s.recent[s.rng.IntN(len(s.recent))]))
 		}
