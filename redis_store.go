@@ -520,7 +520,9 @@ func isBase64URL(s string) bool {
 // It also reads the prefix's record, which is otherwise read on the first
 // call, and writes it where there is none: a Keeper of another layout or
 // placement (WithScopeShards) than the prefix's is refused then, with an
-// error that wraps ErrInvalidConfig.
+// error that wraps ErrInvalidConfig. Its other errors are a call's:
+// ErrUnavailable when a server did not take a script or the prefix's record
+// could not be read or written, and the caller's own cancellation.
 func (k *Keeper) LoadScripts(ctx context.Context) error {
 	rs, err := k.onRedis("LoadScripts")
 	if err != nil {
