@@ -65,10 +65,8 @@ func checkID(id string) (Record, error) {
 	if len(id) != idLen {
 		return r, fmt.Errorf("%w: record id %q: %d characters, not %d", ErrInvalidKey, id, len(id), idLen)
 	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return r, fmt.Errorf("%w: record id %q: not base64url", ErrInvalidKey, id)
-		}
+	if !isBase64URL(id) {
+		return r, fmt.Errorf("%w: record id %q: not base64url", ErrInvalidKey, id)
 	}
 	return r, nil
 }

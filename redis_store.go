@@ -191,9 +191,10 @@ func (s *redisStore) Claim(ctx context.Context, id string, req claimRequest) (cl
 		// The record key, its index key and, once the script has named it,
 		// the call record of its entry: every key the script reads.
 		args := append(claimScript.evalArgs(9), key, indexArg)
-		if args[2] = 2; call != "" {
-			args, args[2] = append(args, call), 3
+		if call != "" {
+			args = append(args, call)
 		}
+		args[2] = len(args) - 3 // the number of keys
 		args = append(args, req.Fingerprint, req.Attempt, s.boxes.millis(boxLease, req.Lease), s.boxes.millis(boxKeep, req.Keep), d8, callsArg)
 		res, err := s.eval(ctx, claimScript, args).Result()
 		if err != nil {

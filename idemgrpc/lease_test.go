@@ -33,7 +33,7 @@ type stall struct {
 }
 
 // on is the stall's redistest.ScriptHook.On.
-func (s *stall) on(ctx context.Context, name string, send func() error) error {
+func (s *stall) on(ctx context.Context, name string, _ redis.Cmder, send func() error) error {
 	switch name {
 	case "extend":
 		s.hung.Add(1)

@@ -159,10 +159,10 @@ func cgProblemType(body []byte) string {
 // cgOn is what a test does with each call of one of idem's scripts on its
 // way to Redis, by the script's name (see redistest.ScriptHook): send it,
 // or fail it unsent.
-type cgOn func(ctx context.Context, name string, send func() error) error
+type cgOn func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error
 
 // cgSend sends every call as it came.
-func cgSend(_ context.Context, _ string, send func() error) error { return send() }
+func cgSend(_ context.Context, _ string, _ redis.Cmder, send func() error) error { return send() }
 
 // cgKeeper is a Keeper on b with the given lease, and the count of its
 // renewals that succeeded; every call of one of its scripts goes through
@@ -170,7 +170,7 @@ func cgSend(_ context.Context, _ string, send func() error) error { return send(
 func cgKeeper(t *testing.T, b *redistest.Backend, lease time.Duration, on cgOn, opts ...idem.Option) (*idem.Keeper, *cgCounts) {
 	t.Helper()
 	counts := &cgCounts{}
-	b.Client.AddHook(cmdHook{on: counts.count})
+	b.Client.AddHook(redistest.ScriptHook{On: counts.count})
 	if on != nil {
 		b.Client.AddHook(redistest.ScriptHook{On: on})
 	}
@@ -186,11 +186,11 @@ type cgCounts struct {
 	extends atomic.Int64
 }
 
-// count is a cmdHook's on: it sends every call and counts the renewals that
-// succeeded.
-func (c *cgCounts) count(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+// count is a ScriptHook's On: it sends every call and counts the renewals
+// that succeeded.
+func (c *cgCounts) count(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 	err := send()
-	if name == "extend" && err == nil && cmd.Val() == int64(1) {
+	if c2, ok := cmd.(*redis.Cmd); ok && name == "extend" && err == nil && c2.Val() == int64(1) {
 		c.extends.Add(1)
 	}
 	return err
@@ -462,10 +462,10 @@ func TestHandlerOutlivesClient(t *testing.T) {
 // answered it (after). A claim answered NOSCRIPT, which the store sends
 // again by EVAL at once, is not yet answered.
 func cgGone(next cgOn) cgOn {
-	return func(ctx context.Context, name string, send func() error) error {
+	return func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		l, _ := ctx.Value(cgLeaveKey{}).(*cgLeave)
 		if l == nil || name != "claim" || !l.fired.CompareAndSwap(false, true) {
-			return next(ctx, name, send)
+			return next(ctx, name, cmd, send)
 		}
 		switch l.how {
 		case "fail":
@@ -474,7 +474,7 @@ func cgGone(next cgOn) cgOn {
 		case "before":
 			l.cancel()
 		case "after":
-			err := next(ctx, name, send)
+			err := next(ctx, name, cmd, send)
 			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				l.fired.Store(false) // the EVAL that follows is the first claim
 			} else {
@@ -482,7 +482,7 @@ func cgGone(next cgOn) cgOn {
 			}
 			return err
 		}
-		return next(ctx, name, send)
+		return next(ctx, name, cmd, send)
 	}
 }
 
@@ -540,11 +540,11 @@ func TestClientGoneWhileStoreFails(t *testing.T) {
 // cgFail fails every claim (claim.lua), unsent, as an unreachable Redis
 // would, while failing is set, and goes on with next otherwise.
 func cgFail(failing *atomic.Bool, next cgOn) cgOn {
-	return func(ctx context.Context, name string, send func() error) error {
+	return func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		if name == "claim" && failing.Load() {
 			return errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
 		}
-		return next(ctx, name, send)
+		return next(ctx, name, cmd, send)
 	}
 }
 
@@ -602,8 +602,8 @@ func TestClientGoneWhileWaiting(t *testing.T) {
 // cgSplitRenewals is a go-redis hook that sends the renewals (extend.lua)
 // through renew and every other call where it was going: the handlers'
 // process renews on time while the requests' own calls meet the faults.
-func cgSplitRenewals(renew *redis.Client) cmdHook {
-	return cmdHook{on: func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+func cgSplitRenewals(renew *redis.Client) redistest.ScriptHook {
+	return redistest.ScriptHook{On: func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		if name != "extend" {
 			return send()
 		}

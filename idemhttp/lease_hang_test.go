@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,7 @@ type stallRenewals struct {
 func newStallRenewals(t *testing.T, b *redistest.Backend) *stallRenewals {
 	s := &stallRenewals{release: make(chan struct{})}
 	t.Cleanup(func() { close(s.release) })
-	b.Client.AddHook(redistest.ScriptHook{On: func(ctx context.Context, name string, send func() error) error {
+	b.Client.AddHook(redistest.ScriptHook{On: func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		if name != "extend" {
 			return send()
 		}

@@ -47,9 +47,9 @@ func BenchmarkMiddlewareFirstRequestRedis(b *testing.B) {
 // claim's other arguments still name the request's own record id: they
 // look it up in the index of compact claims, which stays empty (nothing
 // here claims compactly). The benchmark's calls come one at a time.
-func freshKeys() cmdHook {
+func freshKeys() redistest.ScriptHook {
 	var n atomic.Int64
-	return cmdHook{on: func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
+	return redistest.ScriptHook{On: func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		if name != "claim" && name != "complete" {
 			return send()
 		}

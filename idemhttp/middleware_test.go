@@ -879,11 +879,12 @@ func testClientGoneStores(t *testing.T, newEnv func(testing.TB) *redistest.Backe
 // leave its lease unrenewed: the call is answered 1, extend.lua's "renewed",
 // and never sent.
 func dropRenewals(env *redistest.Backend) {
-	env.Client.AddHook(cmdHook{on: func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error {
-		if name != "extend" {
+	env.Client.AddHook(redistest.ScriptHook{On: func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
+		c, ok := cmd.(*redis.Cmd)
+		if name != "extend" || !ok {
 			return send()
 		}
-		cmd.SetVal(int64(1))
+		c.SetVal(int64(1))
 		return nil
 	}})
 }
@@ -1040,45 +1041,9 @@ func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(int)             {}
 
-// cmdHook is a go-redis hook that hands each call of one of idem's scripts
-// sent alone (EVALSHA, or EVAL after NOSCRIPT) to on, with the script's
-// name (the base name of its file in lua/, see internal/scriptname) and the
-// command: on may send it (send), send it through another client, change
-// its arguments first, or answer it itself (cmd.SetVal) without sending
-// it. An error on returns is the command's. Every other command, and every
-// pipeline, goes as it came. redistest.ScriptHook does the same without
-// the command, for the tests that need only delay or fail a call.
-type cmdHook struct {
-	on func(ctx context.Context, name string, cmd *redis.Cmd, send func() error) error
-}
-
-// DialHook implements redis.Hook.
-func (h cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// ProcessHook implements redis.Hook.
-func (h cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := scriptname.Of(cmd.Args())
-		c, ok := cmd.(*redis.Cmd)
-		if name == "" || !ok {
-			return next(ctx, cmd)
-		}
-		err := h.on(ctx, name, c, func() error { return next(ctx, cmd) })
-		if err != nil && cmd.Err() == nil {
-			cmd.SetErr(err)
-		}
-		return err
-	}
-}
-
-// ProcessPipelineHook implements redis.Hook.
-func (h cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // memoReplies is a go-redis hook for benchmarks of the middleware's own
 // cost: until freeze is called it sends every command and keeps the last
-// reply Redis gave each of idem's scripts (by name, see cmdHook); after,
+// reply Redis gave each of idem's scripts (by name, see redistest.ScriptHook); after,
 // it answers every call of a script it kept a reply of with that reply,
 // without sending it, and counts the commands that still reached Redis
 // (none should: memoKeeper fails the benchmark otherwise).

@@ -21,7 +21,7 @@ func TestScriptHook(t *testing.T) {
 	scriptname.Register(sc.Hash(), "incr")
 	var seen []string
 	refuse := errors.New("connection reset by peer")
-	b.Client.AddHook(ScriptHook{On: func(ctx context.Context, name string, send func() error) error {
+	b.Client.AddHook(ScriptHook{On: func(ctx context.Context, name string, cmd redis.Cmder, send func() error) error {
 		seen = append(seen, name)
 		if len(seen) == 3 {
 			return refuse
