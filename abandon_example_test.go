@@ -10,9 +10,9 @@ import (
 
 // The process that held a claim was killed after it charged the card; its
 // lease would block the key until it ran out. The operator, shown the
-// record, abandons the claim by the token shown: the retry takes the key
-// over at once, told it is recovered, with the checkpoint.
-func ExampleKeeper_Abandon() {
+// record, abandons the claim by the id and token shown: the retry takes the
+// key over at once, told it is recovered, with the checkpoint.
+func ExampleKeeper_AbandonRecord() {
 	client, done := newClient()
 	defer done()
 	keeper, _ := idem.NewRedis(client)
@@ -26,7 +26,7 @@ func ExampleKeeper_Abandon() {
 
 	shown, _ := keeper.Inspect(ctx, "tenant-42", "order-1004")
 	fmt.Println("shown:", shown.State, "attempt", shown.Attempt, "checkpoints", shown.Checkpoints)
-	rec, _ := keeper.Abandon(ctx, "tenant-42", "order-1004", shown.Token)
+	rec, _ := keeper.AbandonRecord(ctx, shown.ID, shown.Token)
 	fmt.Println("abandoned:", rec.Token == shown.Token && rec.LeaseLeft <= 0)
 
 	retry, _ := keeper.Begin(ctx, "tenant-42", "order-1004")
@@ -39,9 +39,9 @@ func ExampleKeeper_Abandon() {
 	// retry: recovered true attempt 2 charged ch_1
 }
 
-// ForgetToken removes a record only if it is the one the operator was shown:
-// a claim made since is left alone.
-func ExampleKeeper_ForgetToken() {
+// ForgetRecord removes a record only if it is the one the operator was
+// shown: a claim made since is left alone.
+func ExampleKeeper_ForgetRecord() {
 	client, done := newClient()
 	defer done()
 	keeper, _ := idem.NewRedis(client)
@@ -49,11 +49,11 @@ func ExampleKeeper_ForgetToken() {
 	_, _ = idem.Do(ctx, keeper, "tenant-42", "order-1005", func(ctx context.Context) (string, error) { return "paid", nil })
 	shown, _ := keeper.Inspect(ctx, "tenant-42", "order-1005")
 
-	gone, _ := keeper.ForgetToken(ctx, "tenant-42", "order-1005", shown.Token, false)
+	gone, _ := keeper.ForgetRecord(ctx, shown.ID, shown.Token, false)
 	fmt.Println("forgot:", gone.State)
 	_, _ = keeper.Begin(ctx, "tenant-42", "order-1005") // the customer uses the key again
 
-	again, err := keeper.ForgetToken(ctx, "tenant-42", "order-1005", shown.Token, true) // confirmed late, or resent
+	again, err := keeper.ForgetRecord(ctx, shown.ID, shown.Token, true) // confirmed late, or resent
 	fmt.Println("again:", again.State, err)
 	now, _ := keeper.Inspect(ctx, "tenant-42", "order-1005")
 	fmt.Println("now:", now.State)

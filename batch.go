@@ -8,17 +8,17 @@ import (
 	"time"
 )
 
-// ErrDuplicate reports a key given more than once to one batch (BeginBatch,
-// Consume). Only its first place is claimed; the later places are answered
-// with an error wrapping ErrDuplicate, and BatchResult.First (or
-// MessageResult.First) names the first place.
+// ErrDuplicate reports a key given more than once to one batch of Consume.
+// Only its first place is claimed; the later places are answered with an
+// error wrapping ErrDuplicate, and MessageResult.First names the first
+// place.
 var ErrDuplicate = errors.New("idem: key repeated in the batch")
 
-// BatchResult is BeginBatch's answer for one key.
-type BatchResult struct {
+// batchResult is batchBegin's answer for one key.
+type batchResult struct {
 	// Outcome is what Begin would have answered for the key alone, when Err
 	// is nil: a Claim (run the operation, then settle it, alone or with
-	// CompleteBatch or ReleaseBatch), or the stored result (Replayed).
+	// completeClaims or releaseClaims), or the stored result (Replayed).
 	Outcome Outcome
 	// Err is the error Begin would have answered for the key alone:
 	// ErrInvalidKey (the store was not asked), an *InProgressError,
@@ -31,7 +31,7 @@ type BatchResult struct {
 	First int
 }
 
-// BeginBatch claims the keys of a batch under scope at once, and answers
+// batchBegin claims the keys of a batch under scope at once, and answers
 // each key as Begin would, in the order of keys: a claim (with its token,
 // attempt count, Recovered flag and the checkpoints it took over), the stored
 // result, or why not. It costs one round trip per Redis node, however
@@ -49,24 +49,24 @@ type BatchResult struct {
 // answers the coalesced callers ErrInProgress while a batch holds their key.
 //
 // Nothing keeps the leases alive: settle the claims within the lease, or
-// renew them (ExtendBatch, or each Claim's KeepAlive). Consume does all of
+// renew them (extendClaims, or each Claim's KeepAlive). Consume does all of
 // that for a batch of messages.
 //
 // Options that apply: WithFingerprints. The error is non-nil only when
 // nothing was asked: an option that does not apply or does not fit
 // (ErrInvalidConfig), or ctx already done.
-func (k *Keeper) BeginBatch(ctx context.Context, scope string, keys []string, opts ...Option) ([]BatchResult, error) {
-	s, err := k.batchSettings(opts, toBatch, "BeginBatch", len(keys))
+func (k *Keeper) batchBegin(ctx context.Context, scope string, keys []string, opts ...Option) ([]batchResult, error) {
+	s, err := k.batchSettings(opts, toBatch, "batchBegin", len(keys))
 	if err != nil {
 		return nil, err
 	}
 	return k.beginBatch(ctx, scope, keys, s.fingerprints, s.compact && k.markers, k.policy.lease, false)
 }
 
-// WithFingerprints binds each key of a batch call (BeginBatch, Consume) to a
-// digest of its request or message, as WithFingerprint does for one call:
-// fps[i] is that of the i-th key or message, nil for none. It must hold one
-// fingerprint per key. Default: none. Applies to BeginBatch and Consume.
+// WithFingerprints binds each message of a Consume call to a digest of its
+// content, as WithFingerprint does for one call: fps[i] is that of the
+// i-th message, nil for none. It must hold one fingerprint per message.
+// Default: none. Applies to Consume.
 func WithFingerprints(fps [][]byte) Option {
 	return Option{name: "WithFingerprints", to: toBatch, set: func(s *settings) { s.fingerprints = fps }}
 }
@@ -95,17 +95,17 @@ func (k *Keeper) batchSettings(opts []Option, what target, who string, n int) (s
 	return s, nil
 }
 
-// beginBatch is BeginBatch once the options are read; fps is nil or holds
+// beginBatch is batchBegin once the options are read; fps is nil or holds
 // one fingerprint per key; compact asks the store to keep the new claims
 // compactly; lease is the claims' lease. consume tells the Observer a
 // marker past the result's retention as Consume answers it: a replay
 // (ResultReplayed, Marker), not ResultExpired, since for a message it is
 // the ordinary answer of a repeat, not a result lost.
-func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool, lease time.Duration, consume bool) ([]BatchResult, error) {
+func (k *Keeper) beginBatch(ctx context.Context, scope string, keys []string, fps [][]byte, compact bool, lease time.Duration, consume bool) ([]batchResult, error) {
 	if ctx.Err() != nil {
 		return nil, canceled(ctx, "claim")
 	}
-	results := make([]BatchResult, len(keys))
+	results := make([]batchResult, len(keys))
 	req, places := k.batchRequest(scope, keys, fps, results)
 	req.Compact, req.Lease, req.Keep = compact, lease, lease+k.policy.retention
 	started := k.now()
@@ -173,7 +173,7 @@ func (k *Keeper) claimBatch(ctx context.Context, req batchClaimRequest) []batchC
 // batchRequest is the store's request for keys: the record of each valid key,
 // once. places[j] is the place in keys of the record req.IDs[j]. It answers
 // invalid and repeated keys in results.
-func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []BatchResult) (req batchClaimRequest, places []int) {
+func (k *Keeper) batchRequest(scope string, keys []string, fps [][]byte, results []batchResult) (req batchClaimRequest, places []int) {
 	req = batchClaimRequest{
 		IDs:             make([]string, 0, len(keys)),
 		Attempt:         newAttemptID(),
@@ -256,8 +256,8 @@ func putFirstPlaces(m map[string]int) {
 	firstMaps.Put(m)
 }
 
-// Completion is one result for CompleteBatch.
-type Completion struct {
+// completion is one result for completeClaims.
+type completion struct {
 	// Claim is the claim to complete; it must come from this Keeper.
 	Claim *Claim
 	// Value is the result, replayed to later Begin calls as Claim.Complete's.
@@ -267,14 +267,14 @@ type Completion struct {
 	Retention time.Duration
 }
 
-// CompleteBatch completes each claim with its value, as Claim.Complete
+// completeClaims completes each claim with its value, as Claim.Complete
 // would, and answers each in the order given: nil, ErrLeaseLost (the claim
 // is no longer the holder; nothing written), ErrCorrupt, ErrUnavailable, or
 // ErrInvalidConfig for an item with a nil Claim, a Claim of another Keeper
 // or a retention over MaxDuration (that item is not sent). It costs one round
 // trip per Redis node. A claim
 // completed twice keeps its first result.
-func (k *Keeper) CompleteBatch(ctx context.Context, items []Completion) []error {
+func (k *Keeper) completeClaims(ctx context.Context, items []completion) []error {
 	s := make([]settlement, len(items))
 	for i, it := range items {
 		s[i] = settlement{claim: it.Claim, kind: kindBytes, body: it.Value, retention: it.Retention}
@@ -369,21 +369,21 @@ func sealBatch(kind byte, body []byte) []byte {
 	return seal(kind, body)
 }
 
-// ReleaseBatch gives up each claim, as Claim.Release would, and answers each
+// releaseClaims gives up each claim, as Claim.Release would, and answers each
 // in the order given: nil, ErrLeaseLost, ErrCorrupt, ErrUnavailable, or
 // ErrInvalidConfig for a nil Claim or one of another Keeper (not sent). It
 // costs one round trip per Redis node.
-func (k *Keeper) ReleaseBatch(ctx context.Context, claims []*Claim) []error {
+func (k *Keeper) releaseClaims(ctx context.Context, claims []*Claim) []error {
 	_, errs := k.settleBatch(ctx, nil, claims)
 	return errs
 }
 
-// ExtendBatch renews the lease of each claim for the Keeper's lease from
+// extendClaims renews the lease of each claim for the Keeper's lease from
 // now, as Claim.Extend would, and answers each in the order given: nil,
 // ErrLeaseLost, ErrCorrupt, ErrUnavailable, or ErrInvalidConfig for a nil
 // Claim or one of another Keeper (not sent). It costs one round trip per Redis
 // node.
-func (k *Keeper) ExtendBatch(ctx context.Context, claims []*Claim) []error {
+func (k *Keeper) extendClaims(ctx context.Context, claims []*Claim) []error {
 	errs := make([]error, len(claims))
 	fences, sent := k.fences(claims, errs)
 	started := k.now()

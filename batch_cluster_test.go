@@ -165,10 +165,10 @@ func TestBatchCluster(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, StateCompleted, r.State)
 		assert.True(t, r.Compact)
-		_, err = k.ForgetToken(ctx, "m", batch[0], r.Token, false)
+		_, err = k.forgetToken(ctx, "m", batch[0], r.Token, false)
 		require.NoError(t, err)
 		held := compactClaims(t, k, "held-on-a-cluster")
-		_, err = k.Abandon(ctx, "s", "held-on-a-cluster", held[0].Token())
+		_, err = k.abandonKey(ctx, "s", "held-on-a-cluster", held[0].Token())
 		require.NoError(t, err)
 		out, err := k.Begin(ctx, "s", "held-on-a-cluster")
 		require.NoError(t, err)
@@ -218,7 +218,7 @@ func TestBatchCluster(t *testing.T) {
 			keys = append(keys, fmt.Sprint("down-", i))
 		}
 		down.Stop()
-		res, err := k.BeginBatch(ctx, "s", keys)
+		res, err := k.batchBegin(ctx, "s", keys)
 		require.NoError(t, err)
 		var lost, claimed int
 		for i, r := range res {

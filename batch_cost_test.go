@@ -66,15 +66,15 @@ func TestBatchRoundTrips(t *testing.T) {
 // returns the round trips of each step, as count counts them.
 func batchSteps(t *testing.T, k *Keeper, batch []string, count func(func()) int64) map[string]int64 {
 	ctx := context.Background()
-	var res []BatchResult
+	var res []batchResult
 	steps := map[string]int64{}
 	steps["claim"] = count(func() {
 		var err error
-		res, err = k.BeginBatch(ctx, "s", batch)
+		res, err = k.batchBegin(ctx, "s", batch)
 		require.NoError(t, err)
 	})
 	var claims []*Claim
-	var items []Completion
+	var items []completion
 	replayed := 0
 	for _, r := range res {
 		require.NoError(t, r.Err)
@@ -83,16 +83,16 @@ func batchSteps(t *testing.T, k *Keeper, batch []string, count func(func()) int6
 			continue
 		}
 		claims = append(claims, r.Outcome.Claim)
-		items = append(items, Completion{Claim: r.Outcome.Claim})
+		items = append(items, completion{Claim: r.Outcome.Claim})
 	}
 	require.Equal(t, len(batch)/5, replayed)
 	steps["renew"] = count(func() {
-		for _, err := range k.ExtendBatch(ctx, claims) {
+		for _, err := range k.extendClaims(ctx, claims) {
 			require.NoError(t, err)
 		}
 	})
 	steps["complete"] = count(func() {
-		for _, err := range k.CompleteBatch(ctx, items) {
+		for _, err := range k.completeClaims(ctx, items) {
 			require.NoError(t, err)
 		}
 	})

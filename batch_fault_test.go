@@ -52,7 +52,7 @@ func TestBatchStepsAnswerTheSameWhenSentTwice(t *testing.T) {
 			require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 			twice.on.Store(true)
 			keys := []string{"empty", "value", "release", "one-value", "one-extend", "one-release", "one-checkpoint", "extend"}
-			res, err := k.BeginBatch(ctx, "s", keys, WithCompactClaims())
+			res, err := k.batchBegin(ctx, "s", keys, withCompactClaims())
 			require.NoError(t, err)
 			cl := map[string]*Claim{}
 			for i, r := range res {
@@ -66,19 +66,19 @@ func TestBatchStepsAnswerTheSameWhenSentTwice(t *testing.T) {
 			for i, key := range keys {
 				all[i] = cl[key]
 			}
-			for i, err := range k.ExtendBatch(ctx, all) {
+			for i, err := range k.extendClaims(ctx, all) {
 				assert.NoError(t, err, "ExtendBatch of %s", keys[i])
 			}
-			errs := k.CompleteBatch(ctx, []Completion{{Claim: cl["empty"]}, {Claim: cl["value"], Value: []byte("v")}})
+			errs := k.completeClaims(ctx, []completion{{Claim: cl["empty"]}, {Claim: cl["value"], Value: []byte("v")}})
 			assert.NoError(t, errs[0], "CompleteBatch with an empty result")
 			assert.NoError(t, errs[1], "CompleteBatch with a value, sent twice: the value is stored (see below), and a step that stored it must not answer otherwise")
-			assert.NoError(t, k.ReleaseBatch(ctx, []*Claim{cl["release"]})[0], "ReleaseBatch")
+			assert.NoError(t, k.releaseClaims(ctx, []*Claim{cl["release"]})[0], "ReleaseBatch")
 			assert.NoError(t, cl["one-value"].Complete(ctx, []byte("w"), 0), "Claim.Complete with a value, sent twice")
 			assert.NoError(t, cl["one-extend"].Extend(ctx), "Claim.Extend")
 			assert.NoError(t, cl["one-release"].Release(ctx), "Claim.Release")
 			assert.NoError(t, cl["one-checkpoint"].Checkpoint(ctx, "step", []byte("1")), "Claim.Checkpoint")
 			assert.NoError(t, cl["one-checkpoint"].Complete(ctx, nil, 0), "Claim.Complete after a checkpoint")
-			assert.NoError(t, k.ExtendBatch(ctx, []*Claim{cl["extend"]})[0], "ExtendBatch of the last one held")
+			assert.NoError(t, k.extendClaims(ctx, []*Claim{cl["extend"]})[0], "ExtendBatch of the last one held")
 
 			var fails atomic.Int32
 			out, err := Consume(ctx, k, "s", msgs("final"), msgID, func(context.Context, msg) error {
@@ -150,11 +150,11 @@ func TestBatchStepsOnAFullOrReadOnlyRedisAreUnavailable(t *testing.T) {
 					ks := keys[:5]
 					var o []Option
 					if compact {
-						o = append(o, WithCompactClaims())
+						o = append(o, withCompactClaims())
 					} else {
 						ks = keys[5:]
 					}
-					res, err := k.BeginBatch(ctx, "s", ks, o...)
+					res, err := k.batchBegin(ctx, "s", ks, o...)
 					require.NoError(t, err)
 					for i, r := range res {
 						require.NoError(t, r.Err)
@@ -180,19 +180,19 @@ func TestBatchStepsOnAFullOrReadOnlyRedisAreUnavailable(t *testing.T) {
 					assert.NotErrorIs(t, err, ErrCorrupt, what)
 					assert.NotErrorIs(t, err, ErrLeaseLost, what)
 				}
-				res, err := k.BeginBatch(ctx, "s", []string{"new1", "new2"}, WithCompactClaims())
+				res, err := k.batchBegin(ctx, "s", []string{"new1", "new2"}, withCompactClaims())
 				require.NoError(t, err)
 				for _, r := range res {
 					unavailable("BeginBatch", r.Err)
 				}
 				all := []*Claim{claims["c1"], claims["c2"], claims["r1"], claims["r2"]}
-				for _, err := range k.ExtendBatch(ctx, all) {
+				for _, err := range k.extendClaims(ctx, all) {
 					unavailable("ExtendBatch", err)
 				}
-				for _, err := range k.CompleteBatch(ctx, []Completion{{Claim: claims["c1"]}, {Claim: claims["c2"], Value: []byte("v")}, {Claim: claims["r1"]}}) {
+				for _, err := range k.completeClaims(ctx, []completion{{Claim: claims["c1"]}, {Claim: claims["c2"], Value: []byte("v")}, {Claim: claims["r1"]}}) {
 					unavailable("CompleteBatch", err)
 				}
-				for _, err := range k.ReleaseBatch(ctx, []*Claim{claims["c3"], claims["r2"]}) {
+				for _, err := range k.releaseClaims(ctx, []*Claim{claims["c3"], claims["r2"]}) {
 					unavailable("ReleaseBatch", err)
 				}
 				unavailable("Claim.Checkpoint of a compact claim", claims["c4"].Checkpoint(ctx, "step", []byte("1")))
@@ -205,11 +205,11 @@ func TestBatchStepsOnAFullOrReadOnlyRedisAreUnavailable(t *testing.T) {
 					sw.toReplica.Store(false)
 				}
 				for _, key := range keys {
-					assert.NoError(t, k.ExtendBatch(ctx, []*Claim{claims[key]})[0], "%s is still held once Redis takes writes again", key)
+					assert.NoError(t, k.extendClaims(ctx, []*Claim{claims[key]})[0], "%s is still held once Redis takes writes again", key)
 				}
-				errs := k.CompleteBatch(ctx, []Completion{{Claim: claims["c1"]}, {Claim: claims["c2"], Value: []byte("v")}, {Claim: claims["r1"]}})
+				errs := k.completeClaims(ctx, []completion{{Claim: claims["c1"]}, {Claim: claims["c2"], Value: []byte("v")}, {Claim: claims["r1"]}})
 				assert.Equal(t, []error{nil, nil, nil}, errs)
-				assert.Equal(t, []error{nil, nil}, k.ReleaseBatch(ctx, []*Claim{claims["c3"], claims["r2"]}))
+				assert.Equal(t, []error{nil, nil}, k.releaseClaims(ctx, []*Claim{claims["c3"], claims["r2"]}))
 				assert.NoError(t, claims["c4"].Checkpoint(ctx, "step", []byte("1")))
 				assert.NoError(t, claims["c5"].Complete(ctx, []byte("w"), 0))
 			})
@@ -236,7 +236,7 @@ func batchClaimOnReadOnlyReplica(t *testing.T, opts ...Option) {
 	_, err := k.Begin(ctx, "s", "single")
 	require.ErrorIs(t, err, ErrUnavailable, "a single claim on the replica: unavailable")
 
-	res, err := k.BeginBatch(ctx, "s", []string{"b1", "b2"})
+	res, err := k.batchBegin(ctx, "s", []string{"b1", "b2"})
 	require.NoError(t, err)
 	for i, r := range res {
 		assert.ErrorIs(t, r.Err, ErrUnavailable, "key %d: a batch claim on the replica must be unavailable, got %v", i, r.Err)
@@ -284,7 +284,7 @@ func batchClaimUnderOOM(t *testing.T, opts ...Option) {
 	require.NoError(t, err, "a single claim of a completed key is still replayed")
 	require.True(t, single.Replayed)
 
-	res, err := k.BeginBatch(ctx, "s", []string{"new-batch", "done"})
+	res, err := k.batchBegin(ctx, "s", []string{"new-batch", "done"})
 	require.NoError(t, err)
 	assert.ErrorIs(t, res[0].Err, ErrUnavailable, "new key in a batch under OOM: want unavailable, got %v", res[0].Err)
 	assert.NotErrorIs(t, res[0].Err, ErrCorrupt)

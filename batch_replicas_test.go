@@ -32,20 +32,20 @@ func TestBatchWithReplicas(t *testing.T) {
 			for i := range keys {
 				keys[i] = fmt.Sprint(name, "-", i)
 			}
-			res, err := k.BeginBatch(ctx, "s", keys)
+			res, err := k.batchBegin(ctx, "s", keys)
 			require.NoError(t, err)
-			var items []Completion
+			var items []completion
 			var claims []*Claim
 			for _, r := range res {
 				require.NoError(t, r.Err)
 				claims = append(claims, r.Outcome.Claim)
-				items = append(items, Completion{Claim: r.Outcome.Claim, Value: []byte("v")})
+				items = append(items, completion{Claim: r.Outcome.Claim, Value: []byte("v")})
 			}
 			require.NoError(t, claims[0].Checkpoint(ctx, "step", nil))
-			for _, err := range k.ExtendBatch(ctx, claims) {
+			for _, err := range k.extendClaims(ctx, claims) {
 				require.NoError(t, err)
 			}
-			for _, err := range k.CompleteBatch(ctx, items) {
+			for _, err := range k.completeClaims(ctx, items) {
 				require.NoError(t, err)
 			}
 			v, err := rc.Get(ctx, k.store.(*redisStore).RecordKey("s", keys[len(keys)-1])).Result()
@@ -71,10 +71,10 @@ func TestBatchWithReplicas(t *testing.T) {
 	}
 
 	one := replicatedKeeper(t, mc, WithReplicas(1, 300*time.Millisecond))
-	got, err := one.BeginBatch(ctx, "s", []string{"late-a", "late-b"})
+	got, err := one.batchBegin(ctx, "s", []string{"late-a", "late-b"})
 	require.NoError(t, err)
 	replica.Pause(t)
-	errs := one.CompleteBatch(ctx, []Completion{{Claim: got[0].Outcome.Claim}, {Claim: got[1].Outcome.Claim}})
+	errs := one.completeClaims(ctx, []completion{{Claim: got[0].Outcome.Claim}, {Claim: got[1].Outcome.Claim}})
 	replica.Resume(t)
 	for _, err := range errs {
 		var re *ReplicationError

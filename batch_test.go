@@ -70,7 +70,7 @@ func errClass(err error) string {
 	return err.Error()
 }
 
-func cpString(cps []Checkpoint) string {
+func cpString(cps []recoveryPoint) string {
 	var b strings.Builder
 	for _, cp := range cps {
 		fmt.Fprintf(&b, "%s=%s;", cp.Name, cp.Value)
@@ -86,7 +86,7 @@ func (p *twinPath) outcomeAnswer(key string, out Outcome, err error) answer {
 		return answer{What: "replayed", Value: string(out.Value), TokenOwn: out.Token == p.token[key]}
 	}
 	c := out.Claim
-	a := answer{What: "claimed", Attempt: c.Attempt(), Recovered: c.Recovered(), Checkpoints: cpString(c.Checkpoints()), TokenUp: c.Token() > p.token[key]}
+	a := answer{What: "claimed", Attempt: c.Attempt(), Recovered: c.Recovered(), Checkpoints: cpString(c.allCheckpoints()), TokenUp: c.Token() > p.token[key]}
 	p.token[key] = c.Token()
 	if old := p.held[key]; old != nil {
 		p.stale[key] = old
@@ -105,7 +105,7 @@ func (p *twinPath) claim(t *testing.T, keys []string, fps [][]byte) []answer {
 		}
 		return out
 	}
-	res, err := p.k.BeginBatch(ctx, p.scope, keys, WithFingerprints(fps))
+	res, err := p.k.batchBegin(ctx, p.scope, keys, WithFingerprints(fps))
 	require.NoError(t, err)
 	for i, r := range res {
 		assert.Equal(t, i, r.First)
@@ -136,15 +136,15 @@ func (p *twinPath) settle(keys []string, from map[string]*Claim, step string, va
 			}
 		}
 	case step == "complete":
-		items := make([]Completion, len(claims))
+		items := make([]completion, len(claims))
 		for i, c := range claims {
-			items[i] = Completion{Claim: c, Value: value}
+			items[i] = completion{Claim: c, Value: value}
 		}
-		errs = p.k.CompleteBatch(ctx, items)
+		errs = p.k.completeClaims(ctx, items)
 	case step == "release":
-		errs = p.k.ReleaseBatch(ctx, claims)
+		errs = p.k.releaseClaims(ctx, claims)
 	case step == "extend":
-		errs = p.k.ExtendBatch(ctx, claims)
+		errs = p.k.extendClaims(ctx, claims)
 	}
 	out := make([]answer, len(keys))
 	for i, err := range errs {
@@ -310,10 +310,10 @@ func TestBatchDuplicatesAreAnsweredInProcess(t *testing.T) {
 		ctx := context.Background()
 		require.NoError(t, k.store.(*redisStore).LoadScripts(ctx))
 		keys := []string{"m1", "m2", "m1", "", "m2", "m1", "m3"}
-		var res []BatchResult
+		var res []batchResult
 		assert.EqualValues(t, 1, cnt.Count(func() {
 			var err error
-			res, err = k.BeginBatch(ctx, "s", keys)
+			res, err = k.batchBegin(ctx, "s", keys)
 			require.NoError(t, err)
 		}), "one script call for the distinct keys")
 		for i, want := range []struct {
@@ -361,7 +361,7 @@ func TestBatchPartialFailures(t *testing.T) {
 
 		keys := []string{"new1", "busy", "done", "fp", "junk", "list", "bad\x00key", "new2"}
 		fps := [][]byte{nil, nil, nil, []byte("b"), nil, nil, nil, nil}
-		res, err := k.BeginBatch(ctx, "s", keys, WithFingerprints(fps))
+		res, err := k.batchBegin(ctx, "s", keys, WithFingerprints(fps))
 		require.NoError(t, err)
 		assert.NotNil(t, res[0].Outcome.Claim)
 		var ip *InProgressError
@@ -390,7 +390,7 @@ func TestBatchLeaseLostMidBatch(t *testing.T) {
 		k := newKeeper(t, b, WithLease(time.Minute))
 		ctx := context.Background()
 		keys := []string{"a", "b", "c", "d"}
-		res, err := k.BeginBatch(ctx, "s", keys)
+		res, err := k.batchBegin(ctx, "s", keys)
 		require.NoError(t, err)
 		claims := make([]*Claim, len(keys))
 		for i, r := range res {
@@ -409,13 +409,13 @@ func TestBatchLeaseLostMidBatch(t *testing.T) {
 			require.Greater(t, out.Claim.Token(), claims[i].Token())
 			taken[i] = out.Claim
 		}
-		errs := k.ExtendBatch(ctx, claims)
+		errs := k.extendClaims(ctx, claims)
 		assert.Equal(t, []string{"ok", "lease-lost", "ok", "lease-lost"}, classes(errs))
-		items := make([]Completion, len(claims))
+		items := make([]completion, len(claims))
 		for i, c := range claims {
-			items[i] = Completion{Claim: c, Value: []byte("stale holder " + keys[i])}
+			items[i] = completion{Claim: c, Value: []byte("stale holder " + keys[i])}
 		}
-		errs = k.CompleteBatch(ctx, items)
+		errs = k.completeClaims(ctx, items)
 		assert.Equal(t, []string{"ok", "lease-lost", "ok", "lease-lost"}, classes(errs))
 		for i, c := range taken {
 			require.NoError(t, c.Complete(ctx, []byte("new holder"), 0))
@@ -423,7 +423,7 @@ func TestBatchLeaseLostMidBatch(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, "new holder", string(out.Value))
 		}
-		assert.Equal(t, []string{"lease-lost", "lease-lost", "lease-lost", "lease-lost"}, classes(k.ReleaseBatch(ctx, claims)))
+		assert.Equal(t, []string{"lease-lost", "lease-lost", "lease-lost", "lease-lost"}, classes(k.releaseClaims(ctx, claims)))
 	})
 }
 
@@ -492,9 +492,9 @@ func TestBatchUnderLostReplies(t *testing.T) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("lost-%d-%d", call, i)
 		}
-		res, err := k.BeginBatch(ctx, "s", keys)
+		res, err := k.batchBegin(ctx, "s", keys)
 		require.NoError(t, err)
-		var items []Completion
+		var items []completion
 		for i, r := range res {
 			if errors.Is(r.Err, ErrUnavailable) {
 				continue // every try lost: the outcome is unknown, as for Begin
@@ -504,10 +504,10 @@ func TestBatchUnderLostReplies(t *testing.T) {
 			require.NotNil(t, c, "%s", keys[i])
 			assert.Equal(t, 1, c.Attempt(), "%s", keys[i])
 			assert.False(t, c.Recovered(), "%s", keys[i])
-			items = append(items, Completion{Claim: c, Value: []byte(keys[i])})
+			items = append(items, completion{Claim: c, Value: []byte(keys[i])})
 			answered++
 		}
-		for i, err := range k.CompleteBatch(ctx, items) {
+		for i, err := range k.completeClaims(ctx, items) {
 			if !errors.Is(err, ErrUnavailable) {
 				require.NoError(t, err, "%s", items[i].Claim.id)
 			}
@@ -587,7 +587,7 @@ func FuzzBatchMatchesSingleKey(f *testing.F) {
 		case err == nil:
 			r, err := s.Claim(ctx, ids[2], claimRequest{Attempt: "other", Lease: time.Minute, Keep: time.Minute})
 			if err == nil && r.Status == statusClaimed {
-				assert.Equal(t, Checkpoint{"step", []byte("v")}, r.Checkpoints[len(r.Checkpoints)-1], "checkpoint on %q", value)
+				assert.Equal(t, recoveryPoint{"step", []byte("v")}, r.Checkpoints[len(r.Checkpoints)-1], "checkpoint on %q", value)
 			}
 		case errors.Is(err, ErrCorrupt):
 			require.Equal(t, value, got, "checkpoint on %q overwrote it", value)
@@ -618,17 +618,17 @@ func TestBatchOnOtherClients(t *testing.T) {
 			for i := range keys {
 				keys[i] = fmt.Sprint(name, "-", i)
 			}
-			res, err := k.BeginBatch(ctx, "s", keys)
+			res, err := k.batchBegin(ctx, "s", keys)
 			require.NoError(t, err)
-			items := make([]Completion, len(res))
+			items := make([]completion, len(res))
 			for i, r := range res {
 				require.NoError(t, r.Err, keys[i])
-				items[i] = Completion{Claim: r.Outcome.Claim, Value: []byte(keys[i])}
+				items[i] = completion{Claim: r.Outcome.Claim, Value: []byte(keys[i])}
 			}
-			for _, err := range k.CompleteBatch(ctx, items) {
+			for _, err := range k.completeClaims(ctx, items) {
 				require.NoError(t, err)
 			}
-			res, err = k.BeginBatch(ctx, "s", keys)
+			res, err = k.batchBegin(ctx, "s", keys)
 			require.NoError(t, err)
 			for i, r := range res {
 				require.NoError(t, r.Err, keys[i])

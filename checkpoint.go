@@ -24,9 +24,9 @@ const (
 // MaxCheckpoints.
 var ErrInvalidCheckpoint = errors.New("idem: invalid checkpoint")
 
-// Checkpoint is a recovery point: a step of an operation that has happened,
+// recoveryPoint is a checkpoint: a step of an operation that has happened,
 // named, with a small value (an id the step produced, say).
-type Checkpoint struct {
+type recoveryPoint struct {
 	// Name names the step: 1 to MaxCheckpointName bytes, any bytes.
 	Name string
 	// Value is what the step left to remember, at most MaxCheckpointValue
@@ -94,7 +94,7 @@ func (c *Claim) checkpoint(ctx context.Context, name string, value []byte) error
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.checkpoints = append(withoutCheckpoint(c.checkpoints, name), Checkpoint{Name: name, Value: slices.Clone(value)})
+	c.checkpoints = append(withoutCheckpoint(c.checkpoints, name), recoveryPoint{Name: name, Value: slices.Clone(value)})
 	return nil
 }
 
@@ -116,12 +116,12 @@ func (c *Claim) checkCheckpoint(name string, value []byte) error {
 	return nil
 }
 
-// Checkpoints returns the record's recovery points, oldest first: those an
+// allCheckpoints returns the record's recovery points, oldest first: those an
 // earlier attempt recorded (when this claim took the key over, Recovered, or
 // after a release), then those this claim recorded. Empty for a fresh key.
 // The slice is the caller's; the values must not be changed. Nil for a nil
 // Claim.
-func (c *Claim) Checkpoints() []Checkpoint {
+func (c *Claim) allCheckpoints() []recoveryPoint {
 	if c == nil {
 		return nil
 	}
@@ -131,7 +131,7 @@ func (c *Claim) Checkpoints() []Checkpoint {
 }
 
 // Checkpointed returns the value of the checkpoint name and true, if the
-// record holds one (see Checkpoints); nil and false otherwise, and for a
+// record holds one; nil and false otherwise, and for a
 // nil Claim.
 func (c *Claim) Checkpointed(name string) ([]byte, bool) {
 	if c == nil {
@@ -148,8 +148,8 @@ func (c *Claim) Checkpointed(name string) ([]byte, bool) {
 }
 
 // withoutCheckpoint returns cps without the checkpoint name, in a new slice.
-func withoutCheckpoint(cps []Checkpoint, name string) []Checkpoint {
-	out := make([]Checkpoint, 0, len(cps)+1)
+func withoutCheckpoint(cps []recoveryPoint, name string) []recoveryPoint {
+	out := make([]recoveryPoint, 0, len(cps)+1)
 	for _, cp := range cps {
 		if cp.Name != name {
 			out = append(out, cp)

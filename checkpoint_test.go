@@ -102,8 +102,8 @@ func TestCheckpointsAreFenced(t *testing.T) {
 		require.NoError(t, cur.Claim.Checkpoint(ctx, "two", []byte("new")))
 
 		assert.ErrorIs(t, old.Claim.Checkpoint(ctx, "three", []byte("stale")), ErrLeaseLost)
-		assert.Equal(t, []Checkpoint{{"one", []byte("old")}}, old.Claim.Checkpoints(), "a refused checkpoint is not kept")
-		assert.Equal(t, []Checkpoint{{"one", []byte("old")}, {"two", []byte("new")}}, cur.Claim.Checkpoints())
+		assert.Equal(t, []recoveryPoint{{"one", []byte("old")}}, old.Claim.allCheckpoints(), "a refused checkpoint is not kept")
+		assert.Equal(t, []recoveryPoint{{"one", []byte("old")}, {"two", []byte("new")}}, cur.Claim.allCheckpoints())
 
 		require.NoError(t, cur.Claim.Complete(ctx, []byte("done"), 0))
 		assert.ErrorIs(t, cur.Claim.Checkpoint(ctx, "late", nil), ErrLeaseLost, "a completed record takes no checkpoint")
@@ -139,7 +139,7 @@ func TestCheckpointsKeptByReleaseAndExtend(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, again.Claim.Recovered())
 		assert.Equal(t, 2, again.Claim.Attempt())
-		assert.Equal(t, []Checkpoint{{"ship", []byte("sh_1")}, {"charge", []byte("ch_2")}}, again.Claim.Checkpoints())
+		assert.Equal(t, []recoveryPoint{{"ship", []byte("sh_1")}, {"charge", []byte("ch_2")}}, again.Claim.allCheckpoints())
 
 		// A released record without checkpoints is free for any request, as before.
 		plain, err := k.Begin(ctx, "s", "plain", fpA)
@@ -159,7 +159,7 @@ func TestCheckpointLimits(t *testing.T) {
 		out, err := k.Begin(ctx, "s", "k")
 		require.NoError(t, err)
 		c := out.Claim
-		for name, cp := range map[string]Checkpoint{
+		for name, cp := range map[string]recoveryPoint{
 			"empty name":      {"", nil},
 			"name too long":   {strings.Repeat("n", MaxCheckpointName+1), nil},
 			"value too large": {"v", make([]byte, MaxCheckpointValue+1)},
@@ -178,7 +178,7 @@ func TestCheckpointLimits(t *testing.T) {
 		// The store refuses too many by itself.
 		s := k.store.(*redisStore)
 		assert.ErrorIs(t, s.Checkpoint(ctx, claimFence{ID: c.id, Token: c.Token()}, "one too many", nil, 0), ErrInvalidCheckpoint)
-		assert.Len(t, c.Checkpoints(), MaxCheckpoints)
+		assert.Len(t, c.allCheckpoints(), MaxCheckpoints)
 
 		canceled, cancel := context.WithCancel(ctx)
 		cancel()
@@ -209,7 +209,7 @@ func TestCheckpointRetriedCallIsIdempotent(t *testing.T) {
 		// A retried claim of the same attempt answers the same checkpoints.
 		again, err := s.Claim(ctx, "rec", claimRequest{Attempt: "a1", Lease: time.Minute, Keep: time.Hour})
 		require.NoError(t, err)
-		assert.Equal(t, []Checkpoint{{"step", []byte("v")}}, again.Checkpoints)
+		assert.Equal(t, []recoveryPoint{{"step", []byte("v")}}, again.Checkpoints)
 	})
 }
 

@@ -23,7 +23,7 @@ type Claim struct {
 	attempt   int
 	recovered bool
 	// scope and key are what the claim was asked for with (Begin, Do,
-	// BeginBatch); claimedAt is when, by the Keeper's clock, and inRequest
+	// batchBegin); claimedAt is when, by the Keeper's clock, and inRequest
 	// whether for a layer's request (Event.InRequest), for the Observer.
 	scope, key string
 	claimedAt  time.Time
@@ -50,13 +50,13 @@ type Claim struct {
 	// made it (Consume's WithLease). Read-only.
 	lease time.Duration
 	// marks is set for a claim of a call that claims compactly (Consume,
-	// BeginBatch with WithCompactClaims), compact or not (a takeover, a
+	// batchBegin with withCompactClaims), compact or not (a takeover, a
 	// claim after a release is a record): its completion with an empty
 	// result is remembered for the marker retention. Read-only.
 	marks bool
 	// checkpoints are the record's recovery points as this claim knows them:
 	// those it took over, then those it recorded (see Checkpoint).
-	checkpoints []Checkpoint
+	checkpoints []recoveryPoint
 }
 
 // Token returns the fencing token: it strictly increases every time the key
@@ -85,9 +85,9 @@ func (c *Claim) Attempt() int {
 func (c *Claim) Recovered() bool { return c != nil && c.recovered }
 
 // Scope returns the scope the claim was made under, as the caller gave it
-// to Begin, Do, BeginBatch or Consume; under the HTTP middleware, the
-// tenant its scope function named, and under the gRPC interceptor, the
-// full method, a space and the tenant. "" for a nil Claim.
+// to Begin, Do or Consume; under the HTTP middleware, the tenant named by
+// its scope function, and under the gRPC interceptor, the full method, a
+// space and the tenant. "" for a nil Claim.
 func (c *Claim) Scope() string {
 	if c == nil {
 		return ""

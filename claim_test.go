@@ -36,7 +36,7 @@ func TestClaimScopeAndKey(t *testing.T) {
 	assert.Equal(t, "order-2", key)
 
 	keys := []string{"m-1", "m-2", "m-1", "m-3"}
-	res, err := k.BeginBatch(ctx, "orders", keys)
+	res, err := k.batchBegin(ctx, "orders", keys)
 	require.NoError(t, err)
 	for i, r := range res {
 		if i == 2 {
@@ -81,7 +81,7 @@ func TestNilClaim(t *testing.T) {
 	assert.False(t, c.Recovered())
 	assert.Empty(t, c.Scope())
 	assert.Empty(t, c.Key())
-	assert.Nil(t, c.Checkpoints())
+	assert.Nil(t, c.allCheckpoints())
 	v, done := c.Checkpointed("charged")
 	assert.Nil(t, v)
 	assert.False(t, done)

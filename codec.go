@@ -76,7 +76,7 @@ const (
 )
 
 // markerEnvelope is the result a record keeps when a claim of a call that
-// claims compactly (Consume, BeginBatch with WithCompactClaims) was kept in
+// claims compactly (Consume, batchBegin with withCompactClaims) was kept in
 // a record of its own (a takeover, a claim after a release) and completes
 // with an empty result: the record answers as a marker does, as completed
 // with an empty result until the retention ends at until, then as one whose

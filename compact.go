@@ -17,15 +17,13 @@ import (
 // message unless WithMarkerRetention says otherwise: 7 days.
 const DefaultMarkerRetention = 7 * 24 * time.Hour
 
-// WithMarkerRetention sets how long a message handled by Consume (or a
-// claim made by BeginBatch with WithCompactClaims and completed with an
-// empty result) is remembered: for that long a redelivery is answered
-// "handled before" (MessageReplayed) instead of running again. Such a
-// message leaves a marker, about 22 bytes in Redis,
-// instead of a record. For as long as the retention, Begin and Do answer
-// such a key as completed with an empty result; after the retention and
-// within the marker retention they answer ErrResultExpired: the operation
-// ran, its result is not kept. It must be at least the retention and at
+// WithMarkerRetention sets how long a message handled by Consume is
+// remembered: for that long a redelivery is answered "handled before"
+// (MessageReplayed) instead of running again. Such a message leaves a
+// marker, about 22 bytes in Redis, instead of a record. For as long as the
+// retention, Begin and Do answer such a key as completed with an empty
+// result; after the retention and within the marker retention they answer
+// ErrResultExpired: the operation ran, its result is not kept. It must be at least the retention and at
 // most MaxDuration. Default: 7 days (DefaultMarkerRetention), or the
 // retention if that is longer. Applies to a Keeper.
 func WithMarkerRetention(d time.Duration) Option {
@@ -43,17 +41,16 @@ func WithoutMarkers() Option {
 	return Option{name: "WithoutMarkers", to: toKeeper | toStore, set: func(s *settings) { s.noMarkers = true }}
 }
 
-// WithCompactClaims makes BeginBatch claim the keys compactly, as Consume
+// withCompactClaims makes batchBegin claim the keys compactly, as Consume
 // does: a claim of a key that has no record is kept as an entry in an index
 // and a place in one record of the call, and completing it with an empty
 // result leaves a marker (see WithMarkerRetention) instead of a record.
 // Claims made so share one lease: renewing one renews every one of them the
 // call still holds. Completing one with a value, or recording a
 // Checkpoint, first moves it to a record of its own (one round trip more).
-// Without it (the default) BeginBatch keeps each claim in a record of its
-// own. It has no effect on a Keeper made WithoutMarkers. Applies to
-// BeginBatch.
-func WithCompactClaims() Option {
+// Without it (the default) batchBegin keeps each claim in a record of its
+// own. It has no effect on a Keeper made WithoutMarkers.
+func withCompactClaims() Option {
 	return Option{name: "WithCompactClaims", to: toBatch, set: func(s *settings) { s.compact = true }}
 }
 

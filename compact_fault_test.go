@@ -38,7 +38,7 @@ func TestCompactClaimHeldPastTheIndexKeepStaysHeld(t *testing.T) {
 				require.Less(t, try, 5, "the machine never renewed on time")
 				k := newKeeper(t, b, WithPrefix(fmt.Sprintf("held%d:", try)), WithLease(lease), WithRetention(lease), WithMarkerRetention(lease))
 				ctx := context.Background()
-				res, err := k.BeginBatch(ctx, "s", []string{"x"}, WithCompactClaims())
+				res, err := k.batchBegin(ctx, "s", []string{"x"}, withCompactClaims())
 				require.NoError(t, err)
 				c := res[0].Outcome.Claim
 				require.NotNil(t, c)
@@ -46,7 +46,7 @@ func TestCompactClaimHeldPastTheIndexKeepStaysHeld(t *testing.T) {
 				// Held for 4 leases, well past the index's keep of 2.
 				for i := 0; i < 12; i++ {
 					b.Advance(lease / 3)
-					if err := k.ExtendBatch(ctx, []*Claim{c})[0]; err != nil {
+					if err := k.extendClaims(ctx, []*Claim{c})[0]; err != nil {
 						onTime = false
 						break
 					}
@@ -72,7 +72,7 @@ func TestCompactClaimHeldPastTheIndexKeepStaysHeld(t *testing.T) {
 				prefix := fmt.Sprintf("heldm%d:", try)
 				k := newKeeper(t, b, WithPrefix(prefix), WithLease(lease), WithRetention(lease), WithMarkerRetention(markerRet))
 				ctx := context.Background()
-				res, err := k.BeginBatch(ctx, "s", []string{"y"}, WithCompactClaims())
+				res, err := k.batchBegin(ctx, "s", []string{"y"}, withCompactClaims())
 				require.NoError(t, err)
 				c := res[0].Outcome.Claim
 				require.NotNil(t, c)
@@ -81,13 +81,13 @@ func TestCompactClaimHeldPastTheIndexKeepStaysHeld(t *testing.T) {
 				// lease + marker retention has mostly gone.
 				for i := 0; i < 6; i++ {
 					b.Advance(lease / 3)
-					if err := k.ExtendBatch(ctx, []*Claim{c})[0]; err != nil {
+					if err := k.extendClaims(ctx, []*Claim{c})[0]; err != nil {
 						onTime = false
 						break
 					}
 				}
 				sent := time.Now()
-				require.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: c}})[0])
+				require.NoError(t, k.completeClaims(ctx, []completion{{Claim: c}})[0])
 				// Past the index's keep from the claim (lease + marker
 				// retention), within the marker retention from the completion.
 				b.Advance(markerRet * 3 / 4)
@@ -179,7 +179,7 @@ func TestCompactCheckpointWithLostReplyKeepsTheClaim(t *testing.T) {
 		k, err := NewRedis(c, WithLease(time.Minute))
 		require.NoError(t, err)
 		ctx := context.Background()
-		res, err := k.BeginBatch(ctx, "s", []string{"a", "b"}, WithCompactClaims())
+		res, err := k.batchBegin(ctx, "s", []string{"a", "b"}, withCompactClaims())
 		require.NoError(t, err)
 		a, bc := res[0].Outcome.Claim, res[1].Outcome.Claim
 		require.NotNil(t, a)
@@ -191,8 +191,8 @@ func TestCompactCheckpointWithLostReplyKeepsTheClaim(t *testing.T) {
 		require.Equal(t, int64(1), lost.dropped.Load())
 
 		assert.NoError(t, a.Extend(ctx), "renewing the claim after a checkpoint whose reply was lost: the claim is still held")
-		assert.NoError(t, k.ExtendBatch(ctx, []*Claim{a, bc})[0], "ExtendBatch of it")
-		assert.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: a}})[0], "completing it with an empty result (what Consume stores)")
+		assert.NoError(t, k.extendClaims(ctx, []*Claim{a, bc})[0], "ExtendBatch of it")
+		assert.NoError(t, k.completeClaims(ctx, []completion{{Claim: a}})[0], "completing it with an empty result (what Consume stores)")
 		out, err := newKeeper(t, b).Begin(ctx, "s", "a")
 		if assert.NoError(t, err, "the key answers its stored result") {
 			assert.True(t, out.Replayed, "the key's result is stored")
@@ -214,12 +214,12 @@ func TestCompactClaimCompletedTwiceKeepsItsFirstResult(t *testing.T) {
 			for first, v1 := range values {
 				for second, v2 := range values {
 					key := first + "-then-" + second
-					res, err := k.BeginBatch(ctx, "s", []string{key}, WithCompactClaims())
+					res, err := k.batchBegin(ctx, "s", []string{key}, withCompactClaims())
 					require.NoError(t, err)
 					c := res[0].Outcome.Claim
 					require.NotNil(t, c)
-					require.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: c, Value: v1}})[0], key)
-					assert.NoError(t, k.CompleteBatch(ctx, []Completion{{Claim: c, Value: v2}})[0], "%s: completed again", key)
+					require.NoError(t, k.completeClaims(ctx, []completion{{Claim: c, Value: v1}})[0], key)
+					assert.NoError(t, k.completeClaims(ctx, []completion{{Claim: c, Value: v2}})[0], "%s: completed again", key)
 					out, err := k.Begin(ctx, "s", key)
 					if assert.NoError(t, err, key) && assert.True(t, out.Replayed, key) {
 						assert.Equal(t, string(v1), string(out.Value), "%s: the first result is kept", key)
@@ -241,7 +241,7 @@ func TestCompactCompletionWithValueAfterScriptFlush(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		k := newKeeper(t, b, WithPrefix("flushed-move:"))
 		ctx := context.Background()
-		res, err := k.BeginBatch(ctx, "s", []string{"a", "b"}, WithCompactClaims())
+		res, err := k.batchBegin(ctx, "s", []string{"a", "b"}, withCompactClaims())
 		require.NoError(t, err)
 		a, bc := res[0].Outcome.Claim, res[1].Outcome.Claim
 		require.NotNil(t, a)
@@ -250,7 +250,7 @@ func TestCompactCompletionWithValueAfterScriptFlush(t *testing.T) {
 
 		require.NoError(t, b.Client.ScriptFlush(ctx).Err())
 		require.NoError(t, b.Client.ScriptLoad(ctx, batchCompleteScript.src).Err())
-		errs := k.CompleteBatch(ctx, []Completion{{Claim: a, Value: []byte("va")}, {Claim: bc, Value: []byte("vb")}})
+		errs := k.completeClaims(ctx, []completion{{Claim: a, Value: []byte("va")}, {Claim: bc, Value: []byte("vb")}})
 		for i, err := range errs {
 			assert.NoError(t, err, "completion %d", i)
 		}

@@ -41,15 +41,15 @@ func TestCompactCompletionKeepsItsRetention(t *testing.T) {
 			key := map[bool]string{false: "record", true: "compact"}[compact]
 			var opts []Option
 			if compact {
-				opts = append(opts, WithCompactClaims())
+				opts = append(opts, withCompactClaims())
 			}
-			res, err := k.BeginBatch(ctx, "s", []string{key}, opts...)
+			res, err := k.batchBegin(ctx, "s", []string{key}, opts...)
 			require.NoError(t, err)
 			require.NoError(t, res[0].Err)
 			c := res[0].Outcome.Claim
 			require.NotNil(t, c)
 			t.Logf("%s: ref %d", key, c.ref)
-			errs := k.CompleteBatch(ctx, []Completion{{Claim: c, Value: nil, Retention: 10 * time.Second}})
+			errs := k.completeClaims(ctx, []completion{{Claim: c, Value: nil, Retention: 10 * time.Second}})
 			require.NoError(t, errs[0])
 		}
 
@@ -277,7 +277,7 @@ func TestMarkerLostReplies(t *testing.T) {
 
 		// A batch claimed twice answers the first run's claims: a claim of
 		// the call that holds them (10), which extends and completes.
-		rs, err := k.BeginBatch(ctx, "s", []string{"e", "f"}, WithCompactClaims())
+		rs, err := k.batchBegin(ctx, "s", []string{"e", "f"}, withCompactClaims())
 		require.NoError(t, err)
 		for _, x := range rs {
 			require.NoError(t, x.Err)
@@ -285,10 +285,10 @@ func TestMarkerLostReplies(t *testing.T) {
 			assert.Equal(t, 1, x.Outcome.Claim.Attempt())
 			assert.Positive(t, x.Outcome.Claim.fence().Ref, "a compact claim")
 		}
-		for _, err := range k.ExtendBatch(ctx, []*Claim{rs[0].Outcome.Claim, rs[1].Outcome.Claim}) {
+		for _, err := range k.extendClaims(ctx, []*Claim{rs[0].Outcome.Claim, rs[1].Outcome.Claim}) {
 			assert.NoError(t, err)
 		}
-		for _, err := range k.CompleteBatch(ctx, []Completion{{Claim: rs[0].Outcome.Claim}, {Claim: rs[1].Outcome.Claim, Value: []byte("v")}}) {
+		for _, err := range k.completeClaims(ctx, []completion{{Claim: rs[0].Outcome.Claim}, {Claim: rs[1].Outcome.Claim, Value: []byte("v")}}) {
 			assert.NoError(t, err)
 		}
 		out, err := k.Begin(ctx, "s", "f")
@@ -632,7 +632,7 @@ func TestConsumeRemembersARetriedMessageForTheMarkerRetention(t *testing.T) {
 			require.Equal(t, MessageRetry, res[0].Status)
 		},
 		"its consumer died": func(t *testing.T, b *redistest.Backend, k *Keeper) {
-			res, err := k.BeginBatch(context.Background(), "s", []string{"m1"}, WithCompactClaims())
+			res, err := k.batchBegin(context.Background(), "s", []string{"m1"}, withCompactClaims())
 			require.NoError(t, err)
 			require.NotNil(t, res[0].Outcome.Claim) // and never settled
 			b.Advance(retention + 10*time.Millisecond)

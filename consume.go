@@ -9,7 +9,7 @@ import (
 
 // Consume handles a batch of messages at most once each per key, for a
 // consumer of a queue that delivers at least once: it claims the keys of the
-// whole batch at once (BeginBatch), runs handle for each message it claimed,
+// whole batch at once, runs handle for each message it claimed,
 // keeps the batch's leases alive while the handlers run, stores or releases
 // each outcome, and answers, for each message in the order of msgs, whether
 // to acknowledge it and why. docs/consumers.md says how it goes about each
@@ -111,7 +111,7 @@ func (k *Keeper) consume(ctx, stop context.Context, scope string, keys []string,
 // of a batch reached the store: every key sent to it was answered
 // ErrUnavailable. Nil when one was answered otherwise, or when none was
 // sent (every key invalid).
-func unreachableStore(claims []BatchResult) error {
+func unreachableStore(claims []batchResult) error {
 	var first error
 	for i, r := range claims {
 		switch {
@@ -270,9 +270,9 @@ func (s MessageStatus) String() string {
 	return fmt.Sprintf("MessageStatus(%d)", uint8(s))
 }
 
-// unclaimedResult is the result of a message whose key BeginBatch did not
+// unclaimedResult is the result of a message whose key batchBegin did not
 // claim.
-func unclaimedResult(r BatchResult) MessageResult {
+func unclaimedResult(r batchResult) MessageResult {
 	m := MessageResult{Err: r.Err, First: r.First}
 	switch {
 	case r.Err == nil:

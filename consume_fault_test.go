@@ -1059,9 +1059,9 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 	keys := e.pick(r, 4+r.IntN(8))
 	var opts []Option
 	if compact {
-		opts = append(opts, WithCompactClaims())
+		opts = append(opts, withCompactClaims())
 	}
-	res, err := k.BeginBatch(ctx, cfScope, keys, opts...)
+	res, err := k.batchBegin(ctx, cfScope, keys, opts...)
 	if err != nil {
 		e.led.violation("BeginBatch: %v", err)
 		return
@@ -1085,14 +1085,14 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 			heldKeys = append(heldKeys, keys[i])
 		}
 	}
-	var items []Completion
+	var items []completion
 	var itemKeys []string
 	var give []*Claim
 	for j, c := range held {
 		// The worker honours its lease: it renews a claim with less than
 		// half of it left before its work, and gives up one it cannot.
 		if time.Until(c.localLeaseEnd()) < e.lease/2 {
-			if err := k.ExtendBatch(ctx, []*Claim{c})[0]; err != nil {
+			if err := k.extendClaims(ctx, []*Claim{c})[0]; err != nil {
 				if !typedErr(err) {
 					e.led.violation("%s: ExtendBatch answered an untyped error: %v", heldKeys[j], err)
 				}
@@ -1112,7 +1112,7 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 		if r.IntN(2) == 0 {
 			v = []byte("v:" + heldKeys[j] + ":" + strconv.FormatInt(c.Token(), 10))
 		}
-		items = append(items, Completion{Claim: c, Value: v})
+		items = append(items, completion{Claim: c, Value: v})
 		itemKeys = append(itemKeys, heldKeys[j])
 	}
 	if len(items) > 0 {
@@ -1120,13 +1120,13 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 		for j, it := range items {
 			renew[j] = it.Claim
 		}
-		for j, err := range k.ExtendBatch(ctx, renew) {
+		for j, err := range k.extendClaims(ctx, renew) {
 			e.led.count("extend batch: " + cfKind(err))
 			if !typedErr(err) {
 				e.led.violation("%s: ExtendBatch answered an untyped error: %v", itemKeys[j], err)
 			}
 		}
-		for j, err := range k.CompleteBatch(ctx, items) {
+		for j, err := range k.completeClaims(ctx, items) {
 			e.led.count("complete batch: " + cfKind(err))
 			if !typedErr(err) {
 				e.led.violation("%s: CompleteBatch answered an untyped error: %v", itemKeys[j], err)
@@ -1137,7 +1137,7 @@ func (e *cfEnv) batchRound(k *Keeper, r *rand.Rand, compact bool) {
 		}
 	}
 	if len(give) > 0 {
-		for _, err := range k.ReleaseBatch(ctx, give) {
+		for _, err := range k.releaseClaims(ctx, give) {
 			e.led.count("release batch: " + cfKind(err))
 			if !typedErr(err) {
 				e.led.violation("ReleaseBatch answered an untyped error: %v", err)

@@ -208,9 +208,9 @@ func TestLinearizabilityBatches(t *testing.T) {
 						case x < 6:
 							bopts := []Option{WithFingerprints(fps)}
 							if r.IntN(3) > 0 {
-								bopts = append(bopts, WithCompactClaims())
+								bopts = append(bopts, withCompactClaims())
 							}
-							res, err := k.BeginBatch(ctx, scope, sub, bopts...)
+							res, err := k.batchBegin(ctx, scope, sub, bopts...)
 							if !assert.NoError(t, err) {
 								return
 							}
@@ -221,23 +221,23 @@ func TestLinearizabilityBatches(t *testing.T) {
 								}
 							}
 						case x < 9:
-							var items []Completion
+							var items []completion
 							for _, c := range someHeld() {
 								var v []byte
 								if r.IntN(2) == 0 {
 									v = []byte(fmt.Sprintf("c%d-%d", cl, i))
 								}
-								items = append(items, Completion{Claim: c, Value: v})
+								items = append(items, completion{Claim: c, Value: v})
 							}
-							for _, err := range k.CompleteBatch(ctx, items) {
+							for _, err := range k.completeClaims(ctx, items) {
 								note("CompleteBatch", err)
 							}
 						case x < 11:
-							for _, err := range k.ReleaseBatch(ctx, someHeld()) {
+							for _, err := range k.releaseClaims(ctx, someHeld()) {
 								note("ReleaseBatch", err)
 							}
 						case x < 13:
-							for _, err := range k.ExtendBatch(ctx, someHeld()) {
+							for _, err := range k.extendClaims(ctx, someHeld()) {
 								note("ExtendBatch", err)
 							}
 						case x < 15:

@@ -92,7 +92,7 @@ const (
 	heldLost
 )
 
-func newConsumption(k *Keeper, claims []BatchResult, lease time.Duration, s *settings) *consumption {
+func newConsumption(k *Keeper, claims []batchResult, lease time.Duration, s *settings) *consumption {
 	b := &consumption{
 		k: k, lease: lease, every: max(lease/3, time.Millisecond), results: make([]MessageResult, len(claims)),
 		settleDelay: defaultSettleDelay, settleCount: defaultSettleCount, returned: make(chan struct{}, 1),
@@ -154,7 +154,7 @@ var errRanOut = fmt.Errorf("%w: the lease ran out without renewal", ErrLeaseLost
 
 // renewLate renews, before any handler starts, the claims whose answer came
 // so late that less than a third of their lease is left, in one
-// ExtendBatch waiting no longer than the lease left; a claim whose lease has
+// extendClaims waiting no longer than the lease left; a claim whose lease has
 // run out already, by this process's clock, is lost: its handler never
 // starts.
 func (b *consumption) renewLate(ctx context.Context) {
@@ -171,7 +171,7 @@ func (b *consumption) renewLate(ctx context.Context) {
 	b.extend(ctx, late)
 }
 
-// extend renews the leases of hs in one ExtendBatch, bounded by the first of
+// extend renews the leases of hs in one extendClaims, bounded by the first of
 // their lease ends, and marks lost those the store says are; it reports
 // whether a renewal failed otherwise (the store did not answer in time).
 func (b *consumption) extend(ctx context.Context, hs []*heldMessage) (failed bool) {
@@ -187,7 +187,7 @@ func (b *consumption) extend(ctx context.Context, hs []*heldMessage) (failed boo
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, first.Sub(b.k.now()))
-	errs := b.k.ExtendBatch(rctx, claims)
+	errs := b.k.extendClaims(rctx, claims)
 	cancel()
 	for j, err := range errs {
 		switch {
@@ -746,7 +746,7 @@ func (b *consumption) renew(ctx context.Context) (stop func()) {
 	}
 }
 
-// renewOnce renews, in one ExtendBatch, the leases of the messages not yet
+// renewOnce renews, in one extendClaims, the leases of the messages not yet
 // settled nor lost, then settles those whose handlers returned; it returns
 // when to renew next.
 func (b *consumption) renewOnce(ctx context.Context) time.Duration {

@@ -545,7 +545,7 @@ func runConsumeSoak(t *testing.T, c, clean redis.Scripter, n int64, limit time.D
 			keys[i] = soakKey(id)
 		}
 		claims.Add(int64(len(keys)))
-		res, err := k.BeginBatch(context.Background(), scope, keys, WithCompactClaims())
+		res, err := k.batchBegin(context.Background(), scope, keys, withCompactClaims())
 		if err != nil {
 			led.violate("BeginBatch: %v", err)
 			return

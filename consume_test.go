@@ -361,7 +361,7 @@ func TestConsumeRefusesMisuse(t *testing.T) {
 		},
 		"WithFingerprint": func() error { _, err := Consume(ctx, k, "s", msgs("a"), msgID, ok, WithFingerprint(nil)); return err },
 		"WithConcurrency to BeginBatch": func() error {
-			_, err := k.BeginBatch(ctx, "s", []string{"a"}, WithConcurrency(2))
+			_, err := k.batchBegin(ctx, "s", []string{"a"}, WithConcurrency(2))
 			return err
 		},
 		"WithFingerprints to Begin": func() error {
@@ -374,12 +374,12 @@ func TestConsumeRefusesMisuse(t *testing.T) {
 	out, err := k.Begin(ctx, "s", "a")
 	require.NoError(t, err)
 	assert.Equal(t, 1, out.Claim.Attempt(), "nothing was claimed by the refused calls")
-	errs := k.CompleteBatch(ctx, []Completion{{Claim: nil}, {Claim: out.Claim, Retention: MaxDuration + time.Hour}})
+	errs := k.completeClaims(ctx, []completion{{Claim: nil}, {Claim: out.Claim, Retention: MaxDuration + time.Hour}})
 	assert.ErrorIs(t, errs[0], ErrInvalidConfig)
 	assert.ErrorIs(t, errs[1], ErrInvalidConfig)
 	otherKeeper := newKeeper(t, b)
-	assert.ErrorIs(t, otherKeeper.ReleaseBatch(ctx, []*Claim{out.Claim})[0], ErrInvalidConfig)
-	assert.ErrorIs(t, otherKeeper.ExtendBatch(ctx, []*Claim{out.Claim})[0], ErrInvalidConfig)
+	assert.ErrorIs(t, otherKeeper.releaseClaims(ctx, []*Claim{out.Claim})[0], ErrInvalidConfig)
+	assert.ErrorIs(t, otherKeeper.extendClaims(ctx, []*Claim{out.Claim})[0], ErrInvalidConfig)
 	require.NoError(t, out.Claim.Release(ctx))
 }
 
@@ -582,10 +582,10 @@ func TestConsumeEmptyBatch(t *testing.T) {
 		res, err := Consume(context.Background(), k, "s", nil, msgID, func(context.Context, msg) error { return nil })
 		require.NoError(t, err)
 		assert.Empty(t, res)
-		got, err := k.BeginBatch(context.Background(), "s", nil)
+		got, err := k.batchBegin(context.Background(), "s", nil)
 		require.NoError(t, err)
 		assert.Empty(t, got)
-		assert.Empty(t, k.CompleteBatch(context.Background(), nil))
+		assert.Empty(t, k.completeClaims(context.Background(), nil))
 	}), "nothing to ask Redis")
 }
 

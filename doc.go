@@ -10,9 +10,8 @@
 //
 // Do is the generic entry point for any caller (queue consumers, webhook
 // handlers); Keeper.Begin with Claim.Complete and Claim.Release is the
-// lower-level form for callers that need the steps apart. Consume and the
-// batch calls (Keeper.BeginBatch) serve message consumers in one round trip
-// per batch; Claim.Checkpoint records recovery points that an attempt which
+// lower-level form for callers that need the steps apart. Consume serves
+// message consumers in one round trip per batch; Claim.Checkpoint records recovery points that an attempt which
 // takes over an abandoned claim receives. An Observer (WithObserver) is told
 // of every step. The HTTP middleware is package idemhttp.
 //

@@ -114,7 +114,8 @@ func ExampleClaim_Checkpoint() {
 		fmt.Println("attempt", attempt)
 		v, err := idem.Do(ctx, keeper, "shop", "order-7", func(ctx context.Context) (string, error) {
 			c, _ := idem.ClaimFromContext(ctx)
-			fmt.Printf("  recovered %v, checkpoints %d\n", c.Recovered(), len(c.Checkpoints()))
+			_, charged := c.Checkpointed("charged")
+			fmt.Printf("  recovered %v, charged %v\n", c.Recovered(), charged)
 			return fulfil(ctx, c, false)
 		})
 		fmt.Printf("  -> %q, %v\n", v, err)
@@ -124,53 +125,10 @@ func ExampleClaim_Checkpoint() {
 	//   charging the card
 	//   -> the process died
 	// attempt 2
-	//   recovered true, checkpoints 1
+	//   recovered true, charged true
 	//   -> "", shipping service unavailable
 	// attempt 3
-	//   recovered false, checkpoints 1
+	//   recovered false, charged true
 	//   shipping, paid by ch_1
 	//   -> "shipped", <nil>
-}
-
-// BeginBatch answers each key of a batch as Begin would, in one round trip;
-// CompleteBatch stores the results of the claimed ones in one more.
-func ExampleKeeper_BeginBatch() {
-	client, done := newClient()
-	defer done()
-	keeper, err := idem.NewRedis(client)
-	if err != nil {
-		panic(err)
-	}
-	ctx := context.Background()
-	out, err := keeper.Begin(ctx, "s", "k2")
-	if err != nil {
-		panic(err)
-	}
-	if err := out.Claim.Complete(ctx, []byte("done before"), 0); err != nil {
-		panic(err)
-	}
-
-	results, err := keeper.BeginBatch(ctx, "s", []string{"k1", "k2", "k1", ""})
-	if err != nil {
-		panic(err)
-	}
-	var settled []idem.Completion
-	for i, r := range results {
-		switch {
-		case r.Err != nil:
-			fmt.Printf("%d: %v\n", i, r.Err)
-		case r.Outcome.Replayed:
-			fmt.Printf("%d: replayed %q\n", i, r.Outcome.Value)
-		default:
-			fmt.Printf("%d: claimed, attempt %d\n", i, r.Outcome.Claim.Attempt())
-			settled = append(settled, idem.Completion{Claim: r.Outcome.Claim, Value: []byte("result")})
-		}
-	}
-	fmt.Println(keeper.CompleteBatch(ctx, settled))
-	// Output:
-	// 0: claimed, attempt 1
-	// 1: replayed "done before"
-	// 2: idem: key repeated in the batch: place 2 repeats the key of place 0
-	// 3: idem: invalid key: empty
-	// [<nil>]
 }

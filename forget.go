@@ -56,7 +56,8 @@ func (e *ForgetRefusedError) Unwrap() error {
 // the key runs the operation as if it had never been seen: attempt 1, a
 // new token, Recovered false. It is meant for an operator (a customer must
 // be able to use a key again), not for an application's paths; an
-// operator who was shown a record names its token with ForgetToken.
+// operator who was shown a record names it and its token with
+// ForgetRecord.
 //
 // It reads the record and removes it by the token it read: a claim made
 // after that read is never touched. It returns the record as it was when
@@ -83,20 +84,8 @@ func (k *Keeper) Forget(ctx context.Context, scope, key string, force bool) (Rec
 	return r, err
 }
 
-// ForgetToken removes the record of (scope, key) if it is the record of
-// token, the fencing token an operator was shown (Record.Token), in one
-// atomic step: compare and delete. A record of another token, a claim made
-// since the operator looked, or the key completed by another attempt, is
-// never touched, and neither is one made before go-redis sends a call whose
-// reply was lost again. It returns the record as it was when removed, or,
-// when there was nothing of token to remove (no record, or one of another
-// token), a Record in StateAbsent and no error: Inspect tells what is at the
-// key then. Otherwise it is Forget, whose documentation says what force
-// removes and what is lost.
-//
-// Errors: those of Forget, and ErrInvalidConfig for a token no claim gets
-// (less than 1, or more than 2^53-1); the store is not touched then.
-func (k *Keeper) ForgetToken(ctx context.Context, scope, key string, token int64, force bool) (Record, error) {
+// forgetToken is ForgetRecord for the record of (scope, key).
+func (k *Keeper) forgetToken(ctx context.Context, scope, key string, token int64, force bool) (Record, error) {
 	started := k.startStep()
 	var r Record
 	err := checkToken("forget", token)
@@ -116,7 +105,7 @@ func checkToken(op string, token int64) error {
 }
 
 // forget removes the record of (scope, key) of token, or of the token it
-// reads first when token is 0; see Forget and ForgetToken.
+// reads first when token is 0; see Forget and ForgetRecord.
 func (k *Keeper) forget(ctx context.Context, scope, key string, token int64, force bool) (Record, error) {
 	if err := ValidateKey(key); err != nil {
 		return Record{}, err

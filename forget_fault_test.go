@@ -145,7 +145,7 @@ func (l *opLedger) runningKey(r *rand.Rand) string {
 // claimLocked records a claim a worker got; l.mu is held.
 func (l *opLedger) claimLocked(key string, c *Claim) {
 	cs := claimSeen{key: key, token: c.Token(), attempt: c.Attempt(), recovered: c.Recovered()}
-	for _, cp := range c.Checkpoints() {
+	for _, cp := range c.allCheckpoints() {
 		cs.checkpoints = append(cs.checkpoints, cp.Name)
 	}
 	l.claims[key] = append(l.claims[key], cs)
@@ -520,7 +520,7 @@ func operate(l *opLedger, operator *Keeper, r *rand.Rand, scope, key string, see
 		// An abandoned claim is left for the next attempt to take over
 		// (checkAbandoned checks that it does): abandoned again, never
 		// forgotten.
-		got, err := operator.Abandon(ctx, scope, key, seen.Token)
+		got, err := operator.abandonKey(ctx, scope, key, seen.Token)
 		switch {
 		case err != nil:
 			l.count("abandon: failed")
@@ -544,19 +544,19 @@ func operate(l *opLedger, operator *Keeper, r *rand.Rand, scope, key string, see
 		}
 	case dead:
 		done := l.forgetting(key)
-		got, err := operator.ForgetToken(ctx, scope, key, seen.Token, true)
+		got, err := operator.forgetToken(ctx, scope, key, seen.Token, true)
 		done()
 		countForget(l, key, seen, got, err, true)
 	case seen.State == StatePending:
 		// A claim not known dead: a healthy holder, or one whose claim
 		// answer was lost. Without force.
 		done := l.forgetting(key)
-		got, err := operator.ForgetToken(ctx, scope, key, seen.Token, false)
+		got, err := operator.forgetToken(ctx, scope, key, seen.Token, false)
 		done()
 		countForget(l, key, seen, got, err, false)
 	case seen.State == StateCompleted || seen.State == StateReleased:
 		done := l.forgetting(key)
-		got, err := operator.ForgetToken(ctx, scope, key, seen.Token, false)
+		got, err := operator.forgetToken(ctx, scope, key, seen.Token, false)
 		done()
 		countForget(l, key, seen, got, err, false)
 	}

@@ -317,15 +317,15 @@ func withCheckpoints(r claimReply, rest []any) (claimReply, error) {
 
 // parseCheckpoints reads the checkpoints that follow a pending record's
 // header: LEN ":" NAME LEN ":" VALUE, for each, oldest first.
-func parseCheckpoints(tail string) ([]Checkpoint, error) {
-	var cps []Checkpoint
+func parseCheckpoints(tail string) ([]recoveryPoint, error) {
+	var cps []recoveryPoint
 	for tail != "" {
 		name, rest, ok1 := cutField(tail)
 		value, rest, ok2 := cutField(rest)
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("%w: checkpoints unreadable", ErrCorrupt)
 		}
-		cps = append(cps, Checkpoint{Name: name, Value: []byte(value)})
+		cps = append(cps, recoveryPoint{Name: name, Value: []byte(value)})
 		tail = rest
 	}
 	return cps, nil

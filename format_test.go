@@ -95,7 +95,7 @@ var formatV1 = []struct {
 		require.NotNil(t, out.Claim)
 		assert.True(t, out.Claim.Recovered())
 		assert.Equal(t, 3, out.Claim.Attempt())
-		assert.Equal(t, []Checkpoint{{"charged", []byte("ch_1")}, {"shipped", []byte{}}}, out.Claim.Checkpoints())
+		assert.Equal(t, []recoveryPoint{{"charged", []byte("ch_1")}, {"shipped", []byte{}}}, out.Claim.allCheckpoints())
 	}},
 	{"released with checkpoints", "i1R1700000000000000:1:0:0::" + fingerprintDigest([]byte("body")) + ":7:charged4:ch_1", func(t *testing.T, k *Keeper, key string) {
 		_, err := k.Begin(context.Background(), "s", key, WithFingerprint([]byte("other")))

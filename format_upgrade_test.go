@@ -227,12 +227,12 @@ func writeEveryFormat(t *testing.T, ctx context.Context, k *Keeper) {
 	require.NoError(t, c.Release(ctx))
 	require.NoError(t, begin("bytes").Complete(ctx, []byte("raw"), k.Retention()))
 	c = begin("abandoned")
-	_, err = k.Abandon(ctx, "s", "abandoned", c.Token())
+	_, err = k.abandonKey(ctx, "s", "abandoned", c.Token())
 	require.NoError(t, err)
 	_, err = k.Forget(ctx, "s", "do-value", true)
 	require.NoError(t, err)
 
-	res, err := k.BeginBatch(ctx, "b", []string{"m1", "m2", "m3", "m4"}, WithCompactClaims())
+	res, err := k.batchBegin(ctx, "b", []string{"m1", "m2", "m3", "m4"}, withCompactClaims())
 	require.NoError(t, err)
 	for _, r := range res {
 		require.NoError(t, r.Err)

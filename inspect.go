@@ -137,8 +137,8 @@ type Record struct {
 	Checkpoints []CheckpointInfo
 	// Compact is set when the key has no record of its own but a compact
 	// claim (StatePending, StateReleased) or a marker (StateCompleted) in
-	// the store's index: a claim of Consume, or of BeginBatch with
-	// WithCompactClaims (see WithMarkerRetention). Its Attempt is 1, it has
+	// the store's index: a claim of Consume (see WithMarkerRetention). Its
+	// Attempt is 1, it has
 	// no checkpoints, and a marker's result is empty (StoredBytes, Size 0);
 	// ExpiresIn is how long Redis keeps the record of the call that made it,
 	// the longest a marker can answer. In a Scan, a Record with Compact set

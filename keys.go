@@ -84,8 +84,8 @@ func defaultScopeShards(store recordStore) int {
 // it to that: the first Keeper that writes under a prefix records
 // its n there (in the key prefix + "layout"), and a Keeper made with
 // another n is refused before it writes anything, with an error that wraps
-// ErrInvalidConfig and names both: Do, Begin, Inspect, Forget and Abandon
-// return it, BeginBatch and Consume answer each key or message with it
+// ErrInvalidConfig and names both: Do, Begin, Inspect and Forget
+// return it, Consume answers each message with it
 // (Consume runs no handler and acknowledges nothing), and
 // Keeper.LoadScripts returns it. To turn
 // the option on, or change n, where a prefix is in use, give the new

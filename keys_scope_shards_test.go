@@ -114,7 +114,7 @@ func TestScopeShardsOperators(t *testing.T) {
 
 		// Abandon ends the lease of that claim, which the next Begin takes
 		// over; its record is listed by Scan under its placed id and key.
-		_, err = k.Abandon(ctx, "q", "m-1", out.Claim.Token())
+		_, err = k.abandonKey(ctx, "q", "m-1", out.Claim.Token())
 		require.NoError(t, err)
 		again, err := k.Begin(ctx, "q", "m-1")
 		require.NoError(t, err)
@@ -145,7 +145,7 @@ func TestScopeShardsOperators(t *testing.T) {
 		n, err := b.Client.Exists(ctx, s.key(k.RecordID("q", "new"))).Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), n, "Do's record under the placed key")
-		batch, err := k.BeginBatch(ctx, "q", []string{"r-1", "r-2"})
+		batch, err := k.batchBegin(ctx, "q", []string{"r-1", "r-2"})
 		require.NoError(t, err)
 		for i, r := range batch {
 			require.NotNil(t, r.Outcome.Claim, "BeginBatch %d", i)
@@ -407,7 +407,7 @@ func TestClusterDefaultPlacement(t *testing.T) {
 	out, err = k.Begin(ctx, "orders", "m-1")
 	require.NoError(t, err)
 	require.NotNil(t, out.Claim, "forgotten, m-1 is claimed again")
-	_, err = k.Abandon(ctx, "orders", "m-1", out.Claim.Token())
+	_, err = k.abandonKey(ctx, "orders", "m-1", out.Claim.Token())
 	require.NoError(t, err)
 
 	// What Do and Begin write, Consume finds: m-1's abandoned claim is

@@ -202,21 +202,21 @@ func mixRun(t testing.TB, w *mixWorld, ops []byte) {
 			keys, idx := md.batch(arg)
 			var bopts []Option
 			if arg&0x40 != 0 {
-				bopts = append(bopts, WithCompactClaims())
+				bopts = append(bopts, withCompactClaims())
 			}
-			res, err := w.k.BeginBatch(ctx, md.scope, keys, bopts...)
+			res, err := w.k.batchBegin(ctx, md.scope, keys, bopts...)
 			require.NoError(t, err)
-			var items []Completion
+			var items []completion
 			var claimed []int
 			for j, r := range res {
 				md.expected(t, "BeginBatch", r.Err)
 				if r.Err == nil && r.Outcome.Claim != nil {
 					md.run(idx[j], "BeginBatch")
-					items = append(items, Completion{Claim: r.Outcome.Claim})
+					items = append(items, completion{Claim: r.Outcome.Claim})
 					claimed = append(claimed, idx[j])
 				}
 			}
-			for _, err := range w.k.CompleteBatch(ctx, items) {
+			for _, err := range w.k.completeClaims(ctx, items) {
 				require.NoError(t, err)
 			}
 			for _, i := range claimed {

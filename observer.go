@@ -7,7 +7,7 @@ import (
 )
 
 // Observer is told of every step a Keeper takes: each claim (Begin, Do,
-// BeginBatch), completion, release, lease extension, lease loss, checkpoint,
+// Consume), completion, release, lease extension, lease loss, checkpoint,
 // inspection and forget, once per call; of every request a layer on
 // top of the Keeper answers (idemhttp, idemgrpc), through a Request; and
 // of what a consumer runner (StreamConsumer, idemjetstream) does on its
@@ -26,20 +26,31 @@ type ObserverFunc func(ctx context.Context, ev Event)
 // Observe implements Observer.
 func (f ObserverFunc) Observe(ctx context.Context, ev Event) { f(ctx, ev) }
 
-// WithObserver sets the Observer of a Keeper's steps; see Observers to set
-// several. Default: none. Applies to a Keeper.
-func WithObserver(o Observer) Option {
-	return Option{name: "WithObserver", to: toKeeper, set: func(s *settings) { s.observer = o }}
+// WithObserver sets the Observers of a Keeper's steps: each event is told
+// to each of obs in turn, nil ones skipped. Default: none. Applies to a
+// Keeper.
+func WithObserver(obs ...Observer) Option {
+	return Option{name: "WithObserver", to: toKeeper, set: func(s *settings) { s.observer = observers(obs) }}
 }
 
-// Observers returns an Observer that tells each of obs in turn; nil ones
-// are skipped.
-func Observers(obs ...Observer) Observer {
+// observers returns an Observer that tells each of obs in turn, or nil when
+// none of obs is set.
+func observers(obs []Observer) Observer {
+	var set []Observer
+	for _, o := range obs {
+		if o != nil {
+			set = append(set, o)
+		}
+	}
+	switch len(set) {
+	case 0:
+		return nil
+	case 1:
+		return set[0]
+	}
 	return ObserverFunc(func(ctx context.Context, ev Event) {
-		for _, o := range obs {
-			if o != nil {
-				o.Observe(ctx, ev)
-			}
+		for _, o := range set {
+			o.Observe(ctx, ev)
 		}
 	})
 }
@@ -73,7 +84,7 @@ const (
 	// outcome as Result, the answer as Status, and the whole request as
 	// Took.
 	StepRequest
-	// StepAbandon: Keeper.Abandon ended the lease of a claim known dead
+	// StepAbandon: Keeper.AbandonRecord ended the lease of a claim known dead
 	// (ResultDone, also when there was nothing of its token to abandon).
 	StepAbandon
 	// StepStream: a consumer of a broker's stream (a StreamConsumer, or a

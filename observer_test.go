@@ -241,7 +241,7 @@ func TestBatchTellsEveryKey(t *testing.T) {
 		assert.Len(t, claims, 4)
 
 		fps := WithFingerprints([][]byte{[]byte("a"), []byte("b")})
-		_, err = k.BeginBatch(ctx, "orders", []string{"m-3", "m-3"}, fps)
+		_, err = k.batchBegin(ctx, "orders", []string{"m-3", "m-3"}, fps)
 		require.NoError(t, err)
 		var got []string
 		for _, ev := range rec.take() {
@@ -316,7 +316,7 @@ func TestObserverSeesOperators(t *testing.T) {
 	assert.Equal(t, ResultInProgress, ev.Result, "a live lease")
 	assert.Positive(t, ev.LeaseLeft)
 
-	_, err = k.Abandon(ctx, "s", "op", c.Token())
+	_, err = k.abandonKey(ctx, "s", "op", c.Token())
 	require.NoError(t, err)
 	ev = last(StepAbandon)
 	assert.Equal(t, ResultDone, ev.Result)
@@ -335,7 +335,7 @@ func TestObserverSeesOperators(t *testing.T) {
 	ev = last(StepForget)
 	assert.Equal(t, ResultDone, ev.Result)
 
-	_, err = k.Abandon(ctx, "s", "op", 0)
+	_, err = k.abandonKey(ctx, "s", "op", 0)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Equal(t, ResultInvalid, last(StepAbandon).Result)
 }

@@ -21,7 +21,7 @@ const (
 	toKeeper target = 1 << iota
 	toStore
 	toCall
-	toBatch   // BeginBatch and Consume
+	toBatch   // batchBegin and Consume
 	toConsume // Consume only
 	toStream  // a StreamConsumer
 )
@@ -51,7 +51,7 @@ type settings struct {
 	scopeShardsSet bool
 	waitSet        bool
 	info           *CallInfo
-	// A batch call (batch.go, consume.go). compact is WithCompactClaims.
+	// A batch call (batch.go, consume.go). compact is withCompactClaims.
 	fingerprints [][]byte
 	concurrency  int
 	compact      bool

@@ -7,9 +7,8 @@ import (
 )
 
 // The records by id: what an operator or a tool does with the records Scan
-// lists, which it knows by their id (Record.ID) alone, the raw keys not
-// being stored. Each does what Inspect, ForgetToken or Abandon does for a
-// key, on the record id; the Keeper's placement (WithScopeShards) plays no
+// lists or Inspect shows, which it knows by their id (Record.ID), the raw
+// keys not being stored; the Keeper's placement (WithScopeShards) plays no
 // part, the id saying where the record is.
 
 // InspectRecord reads the record id (Record.ID, as Scan or Inspect reported
@@ -25,10 +24,20 @@ func (k *Keeper) InspectRecord(ctx context.Context, id string) (Record, error) {
 	return r, err
 }
 
-// ForgetRecord removes the record id if it is the record of token, as
-// ForgetToken removes the record of a key, with ForgetToken's answers and
-// errors; an id no Keeper makes is refused with ErrInvalidKey, the store
-// not touched.
+// ForgetRecord removes the record id if it is the record of token: the id
+// and fencing token an operator was shown (Record.ID and Record.Token, by
+// Inspect, Scan or idemctl), in one atomic step: compare and delete. A record of another token, a claim made
+// since the operator looked, or the key completed by another attempt, is
+// never touched, and neither is one made before go-redis sends a call whose
+// reply was lost again. It returns the record as it was when removed, or,
+// when there was nothing of token to remove (no record, or one of another
+// token), a Record in StateAbsent and no error: Inspect tells what is at the
+// key then. Otherwise it is Forget, whose documentation says what force
+// removes and what is lost.
+//
+// Errors: those of Forget, ErrInvalidKey for an id no Keeper makes, and
+// ErrInvalidConfig for a token no claim gets
+// (less than 1, or more than 2^53-1); the store is not touched then.
 func (k *Keeper) ForgetRecord(ctx context.Context, id string, token int64, force bool) (Record, error) {
 	started := k.startStep()
 	r, err := checkID(id)
@@ -42,9 +51,44 @@ func (k *Keeper) ForgetRecord(ctx context.Context, id string, token int64, force
 	return r, err
 }
 
-// AbandonRecord ends the lease of the pending claim of token on the record
-// id, as Abandon does for a key, with Abandon's answers and errors; an id
-// no Keeper makes is refused with ErrInvalidKey, the store not touched.
+// AbandonRecord ends the lease of the claim whose fencing token is token on
+// the record id (Record.ID and Record.Token, as Inspect, Scan or idemctl
+// showed them), and keeps its record, so that the next claim of the key takes it over at once, as it
+// would once the lease ran out: Claim.Recovered is true, Attempt counts on,
+// and the claim is handed the checkpoints the holder recorded
+// (Claim.Checkpointed), its fingerprint still binding the key to its request.
+// It is the tool for a holder known to be dead (its process was killed, its
+// machine lost) whose lease would otherwise block the key until it runs
+// out; Forget is for erasing a record.
+//
+// It returns the record as it is after the call:
+//
+//   - StatePending, Token == token, LeaseLeft <= 0: the lease is over (this
+//     call ended it, or it had run out); the next claim takes the key over;
+//   - anything else: nothing was changed: the key was completed (its result
+//     replays), released, taken over by a claim made since the operator
+//     looked (another Token: that claim is left alone), or has no record
+//     (StateAbsent).
+//
+// None of these is an error. AbandonRecord is safe to call again, and safe when
+// go-redis sends it again after a lost reply: the second run finds the lease
+// already over, or the claim made since, and changes nothing.
+//
+// A holder that is in fact alive is not told at once. Until another attempt
+// claims the key, its next renewal gives it its lease back (the key is in
+// progress again). Once another attempt has claimed the key, the holder's
+// next renewal, Complete, Release or Checkpoint gets ErrLeaseLost and writes
+// nothing, and Do and KeepAlive cancel its operation's context then: until
+// that renewal, at most a third of the holder's lease, both may run.
+// Abandon only a claim whose holder is known to be dead. The Keeper's
+// Observer is told of each one (StepAbandon).
+//
+// Errors: ErrInvalidKey for an id no Keeper makes (the store is not
+// touched), ErrInvalidConfig for a
+// token no claim gets (less than 1, or more than 2^53-1; the store is not
+// touched), ErrCorrupt (the value at the key is not a record this version
+// can read; it is not changed), ErrUnavailable, the caller's own
+// cancellation (as for Begin).
 func (k *Keeper) AbandonRecord(ctx context.Context, id string, token int64) (Record, error) {
 	started := k.startStep()
 	r, err := checkID(id)

@@ -230,7 +230,7 @@ func (r *Record) setResult(restLen int64, restHead string) error {
 
 // Forget implements recordStore with one script, one round trip. id is a record
 // id (Record.ID, or what the Keeper makes of a scope and key). Its contract
-// is Keeper.ForgetToken's; an id that is not one is refused with
+// is Keeper.ForgetRecord's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
 func (s *redisStore) Forget(ctx context.Context, id string, token int64, force bool) (Record, error) {
 	if err := checkRecordID(id); err != nil {
@@ -274,7 +274,7 @@ func (s *redisStore) Forget(ctx context.Context, id string, token int64, force b
 
 // Abandon implements recordStore with one script, one round trip. id is a
 // record id (Record.ID, or what the Keeper makes of a scope and key). Its
-// contract is Keeper.Abandon's; an id that is not one is refused with
+// contract is Keeper.AbandonRecord's; an id that is not one is refused with
 // ErrInvalidKey, and a token no claim gets with ErrInvalidConfig.
 func (s *redisStore) Abandon(ctx context.Context, id string, token int64) (Record, error) {
 	if err := checkRecordID(id); err != nil {

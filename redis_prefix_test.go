@@ -62,7 +62,7 @@ func TestPlacementOfAnotherKeeperIsRefused(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidConfig, "Do")
 		_, err = placed.Begin(ctx, "orders", "new")
 		assert.ErrorIs(t, err, ErrInvalidConfig, "Begin")
-		batch, err := placed.BeginBatch(ctx, "orders", []string{"m1", "new"})
+		batch, err := placed.batchBegin(ctx, "orders", []string{"m1", "new"})
 		require.NoError(t, err, "BeginBatch answers per key")
 		for i, r := range batch {
 			assert.ErrorIs(t, r.Err, ErrInvalidConfig, "BeginBatch %d", i)
@@ -72,7 +72,7 @@ func TestPlacementOfAnotherKeeperIsRefused(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidConfig, "Inspect")
 		_, err = placed.Forget(ctx, "orders", "m1", true)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "Forget")
-		_, err = placed.Abandon(ctx, "orders", "m1", 1)
+		_, err = placed.abandonKey(ctx, "orders", "m1", 1)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "Abandon")
 		assert.Equal(t, before, redisContents(t, b.Client), "the refused Keeper wrote nothing")
 

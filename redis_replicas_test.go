@@ -255,9 +255,9 @@ func TestCompactClaimResentWaitsForReplicas(t *testing.T) {
 			keys := []string{fmt.Sprint("a", compact), fmt.Sprint("b", compact), fmt.Sprint("c", compact)}
 			var opts []Option
 			if compact {
-				opts = append(opts, WithCompactClaims())
+				opts = append(opts, withCompactClaims())
 			}
-			res, err := k.BeginBatch(ctx, "s", keys, opts...)
+			res, err := k.batchBegin(ctx, "s", keys, opts...)
 			require.NoError(t, err)
 			for i, r := range res {
 				var re *ReplicationError

@@ -40,11 +40,11 @@ func TestCompletedRecordShortForm(t *testing.T) {
 		assert.Equal(t, want, raw("single"))
 		assert.Len(t, want, 36+2+2, "header of 36 bytes with a fingerprint")
 
-		res, err := k.BeginBatch(ctx, "s", []string{"batch"})
+		res, err := k.batchBegin(ctx, "s", []string{"batch"})
 		require.NoError(t, err)
 		c := res[0].Outcome.Claim
 		require.NotNil(t, c)
-		for _, err := range k.CompleteBatch(ctx, []Completion{{Claim: c, Value: []byte("ok")}}) {
+		for _, err := range k.completeClaims(ctx, []completion{{Claim: c, Value: []byte("ok")}}) {
 			require.NoError(t, err)
 		}
 		assert.Equal(t, "i1C::"+strconv.FormatInt(c.Token(), 36)+":1:0:\x01bok", raw("batch"))

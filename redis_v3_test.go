@@ -527,7 +527,7 @@ func TestV3RecordsOfTheirOwnAreTakenOver(t *testing.T) {
 		assert.Equal(t, 2, r.Attempt)
 		assert.Greater(t, r.Token, lapsed.Token)
 		assert.Zero(t, r.Ref, "held in its record")
-		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("one")}}, r.Checkpoints)
+		assert.Equal(t, []recoveryPoint{{Name: "step", Value: []byte("one")}}, r.Checkpoints)
 		r = out[1].Reply
 		assert.Equal(t, statusClaimed, r.Status, "the released record is claimed again")
 		assert.False(t, r.Recovered)
@@ -596,7 +596,7 @@ func TestV3CheckpointMovesTheClaim(t *testing.T) {
 		assert.Equal(t, statusClaimed, r.Status, "the second's lease ran out: taken over")
 		assert.True(t, r.Recovered)
 		assert.Equal(t, 2, r.Attempt)
-		assert.Equal(t, []Checkpoint{{Name: "step", Value: []byte("1")}, {Name: "next", Value: []byte("2")}}, r.Checkpoints)
+		assert.Equal(t, []recoveryPoint{{Name: "step", Value: []byte("1")}, {Name: "next", Value: []byte("2")}}, r.Checkpoints)
 		done, _ = s.SettleBatch(ctx, markersOf(t, b, first[1:], time.Minute, 2*time.Minute), nil, lease)
 		assert.ErrorIs(t, done[0], ErrLeaseLost, "the old holder is fenced off")
 		assert.ErrorIs(t, s.Checkpoint(ctx, first[1], "late", nil, time.Minute), ErrLeaseLost)
@@ -705,14 +705,14 @@ func TestV3OnAClusterAndARing(t *testing.T) {
 		}
 
 		// A claim whose lease ran out is taken over, recovered.
-		rs, err := k.BeginBatch(ctx, "s", []string{"x0", "x1", "x2", "x3"}, WithCompactClaims())
+		rs, err := k.batchBegin(ctx, "s", []string{"x0", "x1", "x2", "x3"}, withCompactClaims())
 		require.NoError(t, err)
 		for _, r := range rs {
 			require.NoError(t, r.Err)
 			require.NotNil(t, r.Outcome.Claim)
 		}
 		expireLeaseOf(t, s, k.RecordID("s", "x2"))
-		again, err := k.BeginBatch(ctx, "s", []string{"x2"}, WithCompactClaims())
+		again, err := k.batchBegin(ctx, "s", []string{"x2"}, withCompactClaims())
 		require.NoError(t, err)
 		require.NotNil(t, again[0].Outcome.Claim)
 		assert.True(t, again[0].Outcome.Claim.Recovered())

@@ -25,7 +25,7 @@ import (
 // from the cache for up to maxAge: choose maxAge as the longest such delay
 // you accept (docs/core.md). Claims, operations in progress, mismatches,
 // errors and another fingerprint than the entry's always go to the store;
-// BeginBatch and Consume neither read nor fill the cache.
+// Consume neither reads nor fills the cache.
 //
 // maxEntries and maxBytes must be at least 1, and maxAge more than 0;
 // otherwise NewRedis refuses them with ErrInvalidConfig. The bounds are

@@ -149,7 +149,7 @@ type claimReply struct {
 	Value []byte
 	// Checkpoints are the recovery points an earlier attempt recorded in the
 	// record (statusClaimed), oldest first; nil when there are none.
-	Checkpoints []Checkpoint
+	Checkpoints []recoveryPoint
 	// Ref is, for a claim a store made compactly (batchClaimRequest.
 	// Compact), the store's own reference to it, greater than zero, which
 	// the Keeper hands back in claimFence.Ref; zero for a claim kept in a record

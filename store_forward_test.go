@@ -187,7 +187,7 @@ func storeTranscript(t *testing.T, k *Keeper) []string {
 	handle := func(ctx context.Context, m msg) error {
 		c, _ := ClaimFromContext(ctx)
 		mu.Lock()
-		handled = append(handled, fmt.Sprintf("handle %s: attempt=%d recovered=%v checkpoints=%d", m.ID, c.Attempt(), c.Recovered(), len(c.Checkpoints())))
+		handled = append(handled, fmt.Sprintf("handle %s: attempt=%d recovered=%v checkpoints=%d", m.ID, c.Attempt(), c.Recovered(), len(c.allCheckpoints())))
 		mu.Unlock()
 		if m.ID == "bad" {
 			if _, done := c.Checkpointed("step"); !done {
@@ -213,17 +213,17 @@ func storeTranscript(t *testing.T, k *Keeper) []string {
 	}
 
 	// BeginBatch with compact claims, and each batch step.
-	got, err := k.BeginBatch(ctx, "s", []string{"b1", "b2", "b3"}, WithCompactClaims())
+	got, err := k.batchBegin(ctx, "s", []string{"b1", "b2", "b3"}, withCompactClaims())
 	require.NoError(t, err)
 	claims := make([]*Claim, len(got))
 	for i, r := range got {
 		claims[i] = r.Outcome.Claim
 		note("begin batch %d: claimed=%v err=%v", i, claims[i] != nil, r.Err)
 	}
-	note("extend batch: %v", k.ExtendBatch(ctx, claims))
+	note("extend batch: %v", k.extendClaims(ctx, claims))
 	note("checkpoint b3: %v", claims[2].Checkpoint(ctx, "step", []byte("22")))
-	note("release batch: %v", k.ReleaseBatch(ctx, claims[1:2]))
-	note("complete batch: %v", k.CompleteBatch(ctx, []Completion{{Claim: claims[0]}, {Claim: claims[2], Value: []byte("v3")}}))
+	note("release batch: %v", k.releaseClaims(ctx, claims[1:2]))
+	note("complete batch: %v", k.completeClaims(ctx, []completion{{Claim: claims[0]}, {Claim: claims[2], Value: []byte("v3")}}))
 	for _, key := range []string{"b1", "b2", "b3"} {
 		r, err := k.Inspect(ctx, "s", key)
 		record("inspect "+key, r, err)
@@ -234,17 +234,17 @@ func storeTranscript(t *testing.T, k *Keeper) []string {
 	held, err := k.Begin(ctx, "s", "held")
 	require.NoError(t, err)
 	require.NoError(t, held.Claim.Checkpoint(ctx, "step", []byte("333")))
-	r, err := k.Abandon(ctx, "s", "held", held.Claim.Token())
+	r, err := k.abandonKey(ctx, "s", "held", held.Claim.Token())
 	record("abandon held", r, err)
 	again, err := k.Begin(ctx, "s", "held")
 	require.NoError(t, err)
-	note("begin held again: attempt=%d recovered=%v checkpoints=%v", again.Claim.Attempt(), again.Claim.Recovered(), again.Claim.Checkpoints())
+	note("begin held again: attempt=%d recovered=%v checkpoints=%v", again.Claim.Attempt(), again.Claim.Recovered(), again.Claim.allCheckpoints())
 	require.NoError(t, again.Claim.Complete(ctx, []byte("done"), 0))
 
 	// Forget, without and with a token, then the keys are absent.
 	r, err = k.Forget(ctx, "s", "do", false)
 	record("forget do", r, err)
-	r, err = k.ForgetToken(ctx, "s", "held", again.Claim.Token(), false)
+	r, err = k.forgetToken(ctx, "s", "held", again.Claim.Token(), false)
 	record("forget held", r, err)
 	for _, key := range []string{"do", "held"} {
 		r, err := k.Inspect(ctx, "s", key)

@@ -36,7 +36,7 @@ func TestStreamConsumerDeadLettersAndTakesOver(t *testing.T) {
 		got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead", Streams: []string{"s", ">"}, Count: 1}).Result()
 		require.NoError(t, err)
 		require.Len(t, got[0].Messages, 1)
-		out, err := k.BeginBatch(ctx, "s g", []string{"dead-held"})
+		out, err := k.batchBegin(ctx, "s g", []string{"dead-held"})
 		require.NoError(t, err)
 		require.NotNil(t, out[0].Outcome.Claim)
 		add("") // an invalid key

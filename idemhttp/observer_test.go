@@ -59,7 +59,7 @@ func TestSlogOneDebugLinePerRequest(t *testing.T) {
 			defer mu.Unlock()
 			steps = append(steps, ev)
 		})
-		k, err := idem.NewRedis(b.Client, idem.WithObserver(idem.Observers(idem.SlogObserver(logger, nil), all)))
+		k, err := idem.NewRedis(b.Client, idem.WithObserver(idem.SlogObserver(logger, nil), all))
 		require.NoError(t, err)
 		guard, err := New(k)
 		require.NoError(t, err)

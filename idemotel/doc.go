@@ -51,7 +51,7 @@
 //
 // TraceAttrs gives idem.SlogObserver the trace and span ids of a call:
 //
-//	idem.WithObserver(idem.Observers(obs, idem.SlogObserver(logger, idemotel.TraceAttrs)))
+//	idem.WithObserver(obs, idem.SlogObserver(logger, idemotel.TraceAttrs))
 //
 // Prometheus users get the metrics through OpenTelemetry's Prometheus
 // exporter (go.opentelemetry.io/otel/exporters/prometheus) as a Reader of

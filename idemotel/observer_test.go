@@ -24,7 +24,7 @@ func TestObserverRecordsEveryStep(t *testing.T) {
 		ctx := context.Background()
 		tm := newTelemetry(t)
 		last := &lastID{}
-		observer := idem.WithObserver(idem.Observers(tm.obs, last))
+		observer := idem.WithObserver(tm.obs, last)
 		k, err := idem.NewRedis(b.Client, observer, idem.WithLease(time.Minute), idem.WithRetention(time.Minute))
 		require.NoError(t, err)
 		// A lease short enough for KeepAlive to renew it during a Do.

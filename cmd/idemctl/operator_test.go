@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,9 +316,18 @@ func TestCompactClaimsAndMarkers(t *testing.T) {
 		_, err = idem.Consume(ctx, k, "t", []string{"m1", "m2"}, func(s string) string { return s },
 			func(context.Context, string) error { return nil })
 		require.NoError(t, err)
-		res, err := k.BeginBatch(ctx, "t", []string{"held"}, idem.WithCompactClaims())
-		require.NoError(t, err)
-		require.NotNil(t, res[0].Outcome.Claim)
+		// "held": a Consume whose handler is still running holds a compact
+		// claim of it.
+		running, release, consumed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			_, err := idem.Consume(ctx, k, "t", []string{"held"}, func(s string) string { return s },
+				func(context.Context, string) error { close(running); <-release; return nil })
+			consumed <- err
+		}()
+		<-running
+		var once sync.Once
+		done := func() { once.Do(func() { close(release) }) }
+		defer done()
 
 		r := ctl("-redis", url(b), "inspect", "-scope", "t", "m1")
 		require.Equal(t, 0, r.code, r.stderr)
@@ -341,6 +351,8 @@ func TestCompactClaimsAndMarkers(t *testing.T) {
 		require.Len(t, rows, 1)
 		assert.Equal(t, 1, rows[0].Claims)
 		assert.Empty(t, rows[0].ID)
+		done()
+		require.NoError(t, <-consumed)
 
 		r = ctl("-redis", url(b), "forget", "-yes", "-scope", "t", "m1")
 		require.Equal(t, 0, r.code, r.stderr)
