@@ -80,7 +80,7 @@ func TestCoalescingOneClaimForARetryStorm(t *testing.T) {
 				switch {
 				case errors.As(err, &ip):
 					assert.Greater(t, ip.RetryAfter, time.Duration(0))
-					assert.LessOrEqual(t, ip.RetryAfter, k.Lease())
+					assert.LessOrEqual(t, ip.RetryAfter, k.policy.lease)
 					busy.Add(1)
 				case err != nil:
 					assert.NoError(t, err, "Do")

@@ -225,7 +225,7 @@ func writeEveryFormat(t *testing.T, ctx context.Context, k *Keeper) {
 	c = begin("released")
 	require.NoError(t, c.Checkpoint(ctx, "step", []byte("one")))
 	require.NoError(t, c.Release(ctx))
-	require.NoError(t, begin("bytes").Complete(ctx, []byte("raw"), k.Retention()))
+	require.NoError(t, begin("bytes").Complete(ctx, []byte("raw"), k.policy.retention))
 	c = begin("abandoned")
 	_, err = k.abandonKey(ctx, "s", "abandoned", c.Token())
 	require.NoError(t, err)
@@ -237,8 +237,8 @@ func writeEveryFormat(t *testing.T, ctx context.Context, k *Keeper) {
 	for _, r := range res {
 		require.NoError(t, r.Err)
 	}
-	require.NoError(t, res[0].Outcome.Claim.Complete(ctx, nil, k.Retention()))
-	require.NoError(t, res[1].Outcome.Claim.Complete(ctx, []byte("value"), k.Retention()))
+	require.NoError(t, res[0].Outcome.Claim.Complete(ctx, nil, k.policy.retention))
+	require.NoError(t, res[1].Outcome.Claim.Complete(ctx, []byte("value"), k.policy.retention))
 	require.NoError(t, res[2].Outcome.Claim.Release(ctx))
 	require.NoError(t, res[3].Outcome.Claim.Checkpoint(ctx, "step", []byte("one")))
 

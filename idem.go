@@ -100,15 +100,6 @@ func buildKeeper(store recordStore, s *settings) (*Keeper, error) {
 	return k, nil
 }
 
-// Lease returns the lease a claim gets.
-func (k *Keeper) Lease() time.Duration { return k.policy.lease }
-
-// Retention returns how long completed results are kept.
-func (k *Keeper) Retention() time.Duration { return k.policy.retention }
-
-// ErrorRetention returns how long stored errors are kept.
-func (k *Keeper) ErrorRetention() time.Duration { return k.policy.errorRetention }
-
 // Outcome is the answer of Begin when the operation may not be refused: either
 // the caller now holds a Claim and must run the operation, or the operation
 // had completed and Value holds its stored result.

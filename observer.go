@@ -9,12 +9,11 @@ import (
 // Observer is told of every step a Keeper takes: each claim (Begin, Do,
 // Consume), completion, release, lease extension, lease loss, checkpoint,
 // inspection and forget, once per call; of every request a layer on
-// top of the Keeper answers (idemhttp, idemgrpc), through a Request; and
-// of what a consumer runner (StreamConsumer, idemjetstream) does on its
+// top of the Keeper answers (idemhttp, idemgrpc: StepRequest); and of
+// what a consumer runner (StreamConsumer, idemjetstream) does on its
 // broker: dead letters, removed consumer names, its backlog (StepStream,
-// StepBacklog). It
-// runs on the caller's goroutine, so it must be quick and safe for
-// concurrent use. Set it with WithObserver; without one, nothing is
+// StepBacklog). It runs on the caller's goroutine, so it must be quick and
+// safe for concurrent use. Set it with WithObserver; without one, nothing is
 // measured or reported.
 type Observer interface {
 	Observe(ctx context.Context, ev Event)
@@ -263,12 +262,6 @@ type Event struct {
 	InRequest bool
 }
 
-// Observer returns the Keeper's Observer (WithObserver), or nil when it has
-// none. A runner on top of the Keeper (idemjetstream) reports its own
-// steps to it (StepStream, StepBacklog), so that one Observer sees all,
-// and leaves out what costs something to measure when it is nil.
-func (k *Keeper) Observer() Observer { return k.observer }
-
 // CallInfo tells the caller of Do or Begin how its call went: set it with
 // WithCallInfo.
 type CallInfo struct {
@@ -287,74 +280,6 @@ type CallInfo struct {
 // another signature. Applies to a call.
 func WithCallInfo(info *CallInfo) Option {
 	return Option{name: "WithCallInfo", to: toCall, set: func(s *settings) { s.info = info }}
-}
-
-// Request is the StepRequest event of one request that a layer on top of a
-// Keeper answers (idemhttp, idemgrpc), so that one Observer sees every step:
-// the Keeper's own as they happen, then the request's. StartRequest begins
-// it; the layer claims the request's key with Context (so that the claim's
-// steps are told InRequest), fills in Event's Scope, ID, Token, Attempt,
-// Recovered and LeaseLeft as it learns them, calls Running when the
-// operation starts, and End once it has answered. Without an Observer it
-// measures nothing and End does nothing.
-type Request struct {
-	// Event is the request's event, told to the Observer by End.
-	Event        Event
-	k            *Keeper
-	ctx          context.Context
-	started, ran time.Time
-}
-
-// StartRequest begins the StepRequest event of a request with ctx, the
-// context the Observer is given.
-func (k *Keeper) StartRequest(ctx context.Context) Request {
-	if k.observer == nil {
-		return Request{ctx: ctx}
-	}
-	ctx = context.WithValue(ctx, inRequestKey{}, true)
-	return Request{Event: Event{Step: StepRequest}, k: k, ctx: ctx, started: k.now()}
-}
-
-// Context returns the context to claim the request's key with (Begin): the
-// one StartRequest was given, marked, when there is an Observer, so that
-// the claim and every later step of it are told InRequest. Give the
-// operation a context of its own (Claim.KeepAlive's, from the request's),
-// so that calls it makes of a Keeper are not marked.
-func (r *Request) Context() context.Context { return r.ctx }
-
-// inRequestKey marks the context of a request's claim (Request.Context).
-type inRequestKey struct{}
-
-// inRequest reports whether ctx is a request's (Request.Context).
-func inRequest(ctx context.Context) bool { return ctx.Value(inRequestKey{}) != nil }
-
-// Observed reports whether End will tell an Observer: what costs something
-// to fill in (a record id) need only be filled in then.
-func (r *Request) Observed() bool { return r.k != nil }
-
-// Running marks the start of the operation: End reports how long it ran as
-// Held.
-func (r *Request) Running() {
-	if r.k != nil {
-		r.ran = r.k.now()
-	}
-}
-
-// End tells the Observer the request's outcome: result, the status it was
-// answered (an HTTP status, a gRPC code; 0 when unknown), and the error
-// behind it. Took is the whole request.
-func (r *Request) End(result Result, status int, err error) {
-	if r.k == nil {
-		return
-	}
-	ev := r.Event
-	ev.Result, ev.Status, ev.Err = result, status, err
-	now := r.k.now()
-	ev.Took = now.Sub(r.started)
-	if !r.ran.IsZero() {
-		ev.Held = now.Sub(r.ran)
-	}
-	r.k.observer.Observe(r.ctx, ev)
 }
 
 // reportRecord tells the Observer, if any, how an Inspect, a Forget or an
@@ -412,7 +337,7 @@ func (c *Claim) report(ctx context.Context, step Step, started time.Time, err er
 // ResultOf is the Result an Observer is told for err, an error of a
 // Keeper's call (Begin, Do, Complete, Release, Extend, Checkpoint, Inspect,
 // Forget): ResultDone for nil. A layer on top of a Keeper uses it to report
-// its requests (Request.End) in the Keeper's own terms.
+// its requests (StepRequest) in the Keeper's own terms.
 func ResultOf(err error) Result {
 	if err == nil {
 		return ResultDone

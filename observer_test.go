@@ -251,35 +251,6 @@ func TestBatchTellsEveryKey(t *testing.T) {
 	})
 }
 
-// A Request is told to the Observer once, at End, with what the layer
-// filled in; without an Observer it measures nothing.
-func TestRequestEvent(t *testing.T) {
-	b := redistest.Miniredis(t)
-	rec := &recorder{}
-	k := newKeeper(t, b, WithObserver(rec))
-	req := k.StartRequest(context.Background())
-	require.True(t, req.Observed())
-	req.Event.Scope, req.Event.Token = "s", 7
-	req.Running()
-	req.End(ResultDone, 201, nil)
-	evs := rec.take()
-	require.Len(t, evs, 1)
-	assert.Equal(t, Event{Step: StepRequest, Result: ResultDone, Scope: "s", Token: 7, Status: 201,
-		Took: evs[0].Took, Held: evs[0].Held}, evs[0])
-	assert.GreaterOrEqual(t, evs[0].Took, evs[0].Held)
-
-	assert.True(t, inRequest(req.Context()), "an observed request's steps are marked")
-
-	quiet := newKeeper(t, b)
-	ctx := context.Background()
-	req = quiet.StartRequest(ctx)
-	assert.False(t, req.Observed())
-	req.Running()
-	req.End(ResultDone, 201, nil) // nothing to tell, nothing measured
-	assert.Equal(t, Request{ctx: ctx}, req)
-	assert.Equal(t, ctx, req.Context(), "without an Observer, the context is the request's own")
-}
-
 // TestObserverSeesOperators: Inspect, Forget and Abandon are each reported
 // once, with the record they found and what they came to: a Forget refused
 // by a live lease is in progress, one refused by checkpoints is refused.

@@ -34,9 +34,9 @@ func TestConstructorsRefuseMisuse(t *testing.T) {
 	}
 	k, err := keeperOn(s)
 	require.NoError(t, err)
-	assert.Equal(t, DefaultLease, k.Lease())
-	assert.Equal(t, DefaultRetention, k.Retention())
-	assert.Equal(t, DefaultRetention, k.ErrorRetention())
+	assert.Equal(t, DefaultLease, k.policy.lease)
+	assert.Equal(t, DefaultRetention, k.policy.retention)
+	assert.Equal(t, DefaultRetention, k.policy.errorRetention)
 }
 
 // TestBadOptions: settings and clients that cannot work, refused by the

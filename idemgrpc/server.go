@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/integration"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -51,12 +52,13 @@ import (
 //   - The handler returned: an answer whose code the store policy accepts
 //     (WithStorePolicy; default DefaultStorePolicy) is stored, the response
 //     message (as a google.protobuf.Any) or the status with its code,
-//     message and details, for the Keeper's retention, or its
-//     ErrorRetention for an error. Any other code releases the key, so a
-//     retry runs the handler again; so does a panic (released, then the panic
-//     goes on) and a handler that returns an error after its client went
-//     away. A response that is not a proto message is stored as Internal.
-//     If the lease was lost, nothing is stored or released.
+//     message and details, for the Keeper's retention, or its error
+//     retention (idem.WithErrorRetention) for an error. Any other code
+//     releases the key, so a retry runs the handler again; so does a panic
+//     (released, then the panic goes on) and a handler that returns an
+//     error after its client went away. A response that is not a proto
+//     message is stored as Internal. If the lease was lost, nothing is
+//     stored or released.
 //   - The call repeats a finished one: the stored answer, exactly (the
 //     message, or the code, message and details), with header metadata
 //     "idempotent-replayed: true". Metadata the handler set (grpc.SetHeader,
@@ -150,7 +152,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !present && !s.required {
 		return handler(ctx, req)
 	}
-	rep := s.k.StartRequest(ctx)
+	rep := integration.StartRequest(s.k, ctx)
 	if !present || err != nil {
 		return nil, reply(&rep, idem.ResultInvalid, err, s.keyAnswer(present, err))
 	}
@@ -168,7 +170,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 // begin names the call's record, fingerprints its request and claims the
 // key. On an error it returns the call's outcome, its cause, and the answer.
-func (s *server) begin(ctx context.Context, rep *idem.Request, fullMethod, key string, req any) (idem.Outcome, idem.Result, error, error) {
+func (s *server) begin(ctx context.Context, rep *integration.Request, fullMethod, key string, req any) (idem.Outcome, idem.Result, error, error) {
 	tenant, err := s.tenant(ctx)
 	if err != nil {
 		return idem.Outcome{}, idem.ResultRefused, err, tenantAnswer(err)
@@ -231,7 +233,7 @@ func replay(ctx context.Context, out idem.Outcome) (any, idem.Result, error) {
 // reply tells the Keeper's Observer the call's outcome, result with the
 // error behind it (cause) and the code of answer, the call's error; it
 // returns answer.
-func reply(rep *idem.Request, result idem.Result, cause, answer error) error {
+func reply(rep *integration.Request, result idem.Result, cause, answer error) error {
 	rep.End(result, int(status.Code(answer)), cause)
 	return answer
 }
@@ -241,7 +243,7 @@ var errPanicked = errors.New("idemgrpc: the handler panicked; the key was releas
 
 // run runs the handler under the claim, then stores its answer or releases
 // the key, and gives the handler's answer to the client.
-func (s *server) run(ctx context.Context, rep *idem.Request, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
+func (s *server) run(ctx context.Context, rep *integration.Request, req any, handler grpc.UnaryHandler, cl *idem.Claim) (any, error) {
 	rep.Event.Token, rep.Event.Attempt, rep.Event.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 	hctx, stop := cl.KeepAlive(ctx) // its context carries cl (ClaimFromContext)
 	if errors.Is(context.Cause(hctx), idem.ErrLeaseLost) {
@@ -294,7 +296,7 @@ func (s *server) settle(ctx context.Context, cl *idem.Claim, resp any, err error
 	}
 	var retention time.Duration // the Keeper's
 	if code != codes.OK {
-		retention = s.k.ErrorRetention()
+		retention = integration.ErrorRetention(s.k)
 	}
 	// The client gets the handler's answer either way.
 	return settled(idem.ResultDone, nil, cl.Complete(cctx, value, retention))

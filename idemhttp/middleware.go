@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/integration"
 )
 
 // StatusClientClosedRequest is the status the middleware answers (and reports
@@ -191,7 +192,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	}
-	rep := m.k.StartRequest(r.Context())
+	rep := integration.StartRequest(m.k, r.Context())
 	key, body, v := m.identify(r)
 	switch {
 	case v.pass:
@@ -222,8 +223,8 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 }
 
 // begin claims the request's key in its scope with ctx (the request's
-// Request.Context), fingerprinted with its body, and gives the handler the
-// whole body again.
+// integration.Request.Context), fingerprinted with its body, and gives the
+// handler the whole body again.
 func (m *middleware) begin(ctx context.Context, r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
 	fp := m.fingerprintOf(r, body)
 	restoreBody(r, body)
@@ -288,7 +289,7 @@ func (m *middleware) bodyProblem(r *http.Request, err error) verdict {
 }
 
 // fail answers an error of Begin for the request of tenant and key.
-func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, tenant, key string, err error) {
+func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Request, rep *integration.Request, tenant, key string, err error) {
 	var busy *idem.InProgressError
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
@@ -331,7 +332,7 @@ func (m *middleware) fail(next http.Handler, w http.ResponseWriter, r *http.Requ
 
 // expired answers a key whose request completed and whose response is not
 // kept (ErrResultExpired, or a completion with nothing to replay).
-func (m *middleware) expired(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+func (m *middleware) expired(w http.ResponseWriter, r *http.Request, rep *integration.Request, err error) {
 	m.refuse(w, r, rep, idem.ResultExpired, err, problem{
 		Type: ProblemResultExpired, Title: "Response no longer kept", Status: http.StatusGone,
 		Detail: "A request with this " + m.keyName() + " ran and completed; its response is no longer kept, and it was not run again. Send a new key for a new request.",
@@ -348,7 +349,7 @@ func (m *middleware) retryAfterSeconds(leaseLeft time.Duration) int64 {
 
 // canceled answers a request whose client went away before its key could be
 // checked: nothing ran.
-func (m *middleware) canceled(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+func (m *middleware) canceled(w http.ResponseWriter, r *http.Request, rep *integration.Request, err error) {
 	m.refuse(w, r, rep, idem.ResultCanceled, err, m.canceledProblem())
 }
 
@@ -360,7 +361,7 @@ func (m *middleware) canceledProblem() problem {
 }
 
 // corrupt answers a record that cannot be read.
-func (m *middleware) corrupt(w http.ResponseWriter, r *http.Request, rep *idem.Request, err error) {
+func (m *middleware) corrupt(w http.ResponseWriter, r *http.Request, rep *integration.Request, err error) {
 	m.refuse(w, r, rep, idem.ResultCorrupt, err, problem{
 		Type: ProblemCorrupt, Title: "Idempotency record unreadable", Status: http.StatusInternalServerError,
 		Detail: "The stored record of this " + m.keyName() + " cannot be read, so the request was not run.",
@@ -369,7 +370,7 @@ func (m *middleware) corrupt(w http.ResponseWriter, r *http.Request, rep *idem.R
 
 // refuse answers p, with the error writer, and reports it: the status the
 // middleware chose, whatever the writer answers.
-func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rep *idem.Request, result idem.Result, err error, p problem) {
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, rep *integration.Request, result idem.Result, err error, p problem) {
 	defer rep.End(result, p.Status, err) // also when the user's writer panics
 	m.answer(w, r, Refusal{Status: p.Status, Type: p.Type, Title: p.Title, Detail: p.Detail, Result: result, Err: err})
 }
@@ -397,7 +398,7 @@ var bodyHeaders = []string{
 }
 
 // replay answers the stored response.
-func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rep *idem.Request, out idem.Outcome) {
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rep *integration.Request, out idem.Outcome) {
 	rep.Event.Token, rep.Event.Attempt = out.Token, out.Attempt()
 	if len(out.Value) == 0 {
 		// Completed with nothing to replay: a marker (a consumer's
@@ -461,7 +462,7 @@ var errPanicked = errors.New("idem: the handler panicked; the key was released")
 
 // run runs the handler under the claim, then stores its response or
 // releases the key.
-func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *idem.Request, cl *idem.Claim) {
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, rep *integration.Request, cl *idem.Claim) {
 	rep.Event.Token, rep.Event.Attempt, rep.Event.Recovered = cl.Token(), cl.Attempt(), cl.Recovered()
 
 	ctx, stop := cl.KeepAlive(r.Context()) // its context carries cl (ClaimFromContext)
@@ -526,7 +527,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 
 // settle stores the handler's response (status, in its stored form) under
 // the claim, or releases the key; then it reports what happened, with note.
-func (m *middleware) settle(r *http.Request, rep *idem.Request, cl *idem.Claim, status int, stored []byte, release bool, note error) {
+func (m *middleware) settle(r *http.Request, rep *integration.Request, cl *idem.Claim, status int, stored []byte, release bool, note error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancel()
 	if release {
@@ -537,11 +538,11 @@ func (m *middleware) settle(r *http.Request, rep *idem.Request, cl *idem.Claim, 
 }
 
 // retention is how long a response with status is kept: the Keeper's
-// ErrorRetention for a 4xx, its retention (0) otherwise, a stored 5xx
-// included: its request began executing.
+// error retention (WithErrorRetention) for a 4xx, its retention (0)
+// otherwise, a stored 5xx included: its request began executing.
 func (m *middleware) retention(status int) time.Duration {
 	if status >= 400 && status < 500 {
-		return m.k.ErrorRetention()
+		return integration.ErrorRetention(m.k)
 	}
 	return 0
 }
@@ -578,7 +579,7 @@ func (w *headerOnly) WriteHeader(int)             {}
 
 // settled reports result, or the lease loss or store failure that
 // prevented it, for a handler that answered status.
-func (m *middleware) settled(rep *idem.Request, result idem.Result, status int, note, err error) {
+func (m *middleware) settled(rep *integration.Request, result idem.Result, status int, note, err error) {
 	switch {
 	case errors.Is(err, idem.ErrLeaseLost):
 		result, note = idem.ResultLeaseLost, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/integration"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -101,7 +102,7 @@ func New(keeper *idem.Keeper, scope string, consumer jetstream.Consumer, handle 
 	}
 	r.lease = r.s.lease
 	if r.lease == 0 {
-		r.lease = keeper.Lease()
+		r.lease = integration.Lease(keeper)
 	}
 	r.ackWait = info.Config.AckWait
 	r.maxDeliver = info.Config.MaxDeliver
@@ -261,7 +262,7 @@ func (r *Runner) observer() idem.Observer {
 	if r.keeper == nil {
 		return nil
 	}
-	return r.keeper.Observer()
+	return integration.Observer(r.keeper)
 }
 
 // backlog reports the consumer's backlog to the Keeper's Observer when it

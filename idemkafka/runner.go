@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/integration"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -106,7 +107,7 @@ func New(keeper *idem.Keeper, scope string, opts []kgo.Opt, handle func(ctx cont
 	}
 	r.lease = r.s.lease
 	if r.lease == 0 {
-		r.lease = keeper.Lease()
+		r.lease = integration.Lease(keeper)
 	}
 	all := append(append([]kgo.Opt(nil), opts...),
 		kgo.DisableAutoCommit(),
@@ -323,7 +324,7 @@ func (r *Runner) report(err error) {
 }
 
 // observer returns the Keeper's Observer, nil when there is none.
-func (r *Runner) observer() idem.Observer { return r.keeper.Observer() }
+func (r *Runner) observer() idem.Observer { return integration.Observer(r.keeper) }
 
 // backlogEvery is how often, at most, Run reports the backlog
 // (idem.StepBacklog).

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/integration"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -297,8 +298,8 @@ func TestNewEnvOptions(t *testing.T) {
 		idem.WithLease(5*time.Second),
 		idem.WithClock(func() time.Time { userClock.Add(1); return time.Now() }),
 	)
-	assert.Equal(t, 5*time.Second, env.Keeper.Lease())
-	assert.Equal(t, idem.DefaultRetention, env.Keeper.Retention())
+	assert.Equal(t, 5*time.Second, integration.Lease(env.Keeper))
+	assert.Equal(t, idem.DefaultRetention, integration.Retention(env.Keeper))
 
 	_, err := env.Keeper.Begin(t.Context(), "acct", "order-6")
 	require.NoError(t, err)

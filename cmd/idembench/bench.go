@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/integration"
 )
 
 // bench sets a run up, runs it, and returns what it measured.
@@ -172,7 +173,7 @@ func (h *harness) makeSides(ctx context.Context, k *idem.Keeper, c client, stdou
 	case o.baseline == "":
 		return nil
 	case o.workload == workloadBatch:
-		base, err := newConsumerBaseline(o, h.w.scope, k.Lease(), c)
+		base, err := newConsumerBaseline(o, h.w.scope, integration.Lease(k), c)
 		if err != nil {
 			return err
 		}
