@@ -273,14 +273,21 @@ type call struct {
 }
 
 func (k *Keeper) callOptions(opts []Option) (call, error) {
-	s := settings{wait: k.wait}
-	if err := s.apply(toCall, "a call", opts); err != nil {
-		return call{}, err
+	c := call{wait: k.wait}
+	for i := range opts {
+		o := &opts[i]
+		if o.to == 0 {
+			continue // the zero Option
+		}
+		if o.to&toCall == 0 {
+			return call{}, fmt.Errorf("%w: %s does not apply to a call", ErrInvalidConfig, o.name)
+		}
+		o.call.setOn(&c)
 	}
-	if s.wait < 0 {
-		return call{}, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, s.wait)
+	if c.wait < 0 {
+		return call{}, fmt.Errorf("%w: wait %s is negative", ErrInvalidConfig, c.wait)
 	}
-	return call{fingerprint: s.fingerprint, wait: s.wait, info: s.info}, nil
+	return c, nil
 }
 
 func (k *Keeper) begin(ctx context.Context, id, attempt string, c *call) (Outcome, error) {

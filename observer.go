@@ -279,7 +279,7 @@ type CallInfo struct {
 // answer, so that a caller that cares can tell a replay from a run without
 // another signature. Applies to a call.
 func WithCallInfo(info *CallInfo) Option {
-	return Option{name: "WithCallInfo", to: toCall, set: func(s *settings) { s.info = info }}
+	return Option{name: "WithCallInfo", to: toCall, call: callValue{field: callInfo, info: info}}
 }
 
 // reportRecord tells the Observer, if any, how an Inspect, a Forget or an

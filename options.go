@@ -12,6 +12,39 @@ type Option struct {
 	name string
 	to   target
 	set  func(*settings)
+	// call holds the value of an option of a call, which a call reads
+	// without a settings: through set, a settings escapes to the heap.
+	call callValue
+}
+
+// callValue is the value of WithFingerprint, WithWait or WithCallInfo.
+type callValue struct {
+	field       callField
+	fingerprint []byte
+	wait        time.Duration
+	info        *CallInfo
+}
+
+// callField names the field of a callValue an option sets.
+type callField uint8
+
+const (
+	callNone callField = iota
+	callFingerprint
+	callWait
+	callInfo
+)
+
+// setOn sets v on c.
+func (v *callValue) setOn(c *call) {
+	switch v.field {
+	case callFingerprint:
+		c.fingerprint = v.fingerprint
+	case callWait:
+		c.wait = v.wait
+	case callInfo:
+		c.info = v.info
+	}
 }
 
 // target is the set of things an Option applies to.
@@ -42,15 +75,13 @@ type settings struct {
 	replicas *durability
 	// noMarkers is set by WithoutMarkers, for a Keeper and a redisStore.
 	noMarkers bool
-	// A call; wait is also a Keeper's default for its calls.
-	fingerprint []byte
-	wait        time.Duration
+	// A call; its wait is also a Keeper's default for its calls.
+	call
 	// scopeShards is WithScopeShards' n, for a Keeper, when scopeShardsSet;
 	// else the Keeper takes its store's default (see defaultScopeShards).
 	scopeShards    int
 	scopeShardsSet bool
 	waitSet        bool
-	info           *CallInfo
 	// A batch call (batch.go, consume.go). compact is withCompactClaims.
 	fingerprints [][]byte
 	concurrency  int
@@ -80,14 +111,19 @@ func defaultSettings() settings {
 // apply sets opts on s, refusing an option that does not apply to what
 // (the constructor or call named by who).
 func (s *settings) apply(what target, who string, opts []Option) error {
-	for _, o := range opts {
-		if o.set == nil {
+	for i := range opts {
+		o := &opts[i]
+		if o.to == 0 {
 			continue // the zero Option
 		}
 		if o.to&what == 0 {
 			return fmt.Errorf("%w: %s does not apply to %s", ErrInvalidConfig, o.name, who)
 		}
-		o.set(s)
+		if o.set != nil {
+			o.set(s)
+		}
+		o.call.setOn(&s.call)
+		s.waitSet = s.waitSet || o.call.field == callWait
 	}
 	return nil
 }
@@ -98,7 +134,7 @@ func (s *settings) apply(what target, who string, opts []Option) error {
 // and every call with the key matches every other call without one.
 // Applies to a call.
 func WithFingerprint(fp []byte) Option {
-	return Option{name: "WithFingerprint", to: toCall, set: func(s *settings) { s.fingerprint = fp }}
+	return Option{name: "WithFingerprint", to: toCall, call: callValue{field: callFingerprint, fingerprint: fp}}
 }
 
 // WithWait makes a call that finds the operation in progress wait for its
@@ -111,7 +147,7 @@ func WithFingerprint(fp []byte) Option {
 // Consume, whose wait is its own (see Consume); and to a StreamConsumer
 // (default there: its lease).
 func WithWait(d time.Duration) Option {
-	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, set: func(s *settings) { s.wait, s.waitSet = d, true }}
+	return Option{name: "WithWait", to: toKeeper | toCall | toConsume | toStream, call: callValue{field: callWait, wait: d}}
 }
 
 // WithClock sets the clock the Keeper reads: when a claim's lease runs out by

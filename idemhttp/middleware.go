@@ -226,7 +226,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // integration.Request.Context), fingerprinted with its body, and gives the
 // handler the whole body again.
 func (m *middleware) begin(ctx context.Context, r *http.Request, scope, key string, body []byte) (idem.Outcome, error) {
-	fp := m.fingerprintOf(r, body)
+	d := getDigester() // the fingerprint is d's: Begin reads it, keeps none of it
+	defer digesters.Put(d)
+	fp := m.fingerprintOf(d, r, body)
 	restoreBody(r, body)
 	return m.k.Begin(ctx, scope, key, idem.WithFingerprint(fp), m.waitOption)
 }

@@ -30,11 +30,9 @@ func requestFingerprint(r *http.Request, digest []byte) []byte {
 
 // fingerprintOf is the fingerprint of r's record: requestFingerprint over
 // the fingerprint function's digest of r and body, or, without a function
-// of the user's (WithFingerprint), over defaultFingerprint's, both from one
-// pooled digester.
-func (m *middleware) fingerprintOf(r *http.Request, body []byte) []byte {
-	d := getDigester()
-	defer digesters.Put(d)
+// of the user's (WithFingerprint), over defaultFingerprint's. It is d's
+// until d is used again.
+func (m *middleware) fingerprintOf(d *digester, r *http.Request, body []byte) []byte {
 	var digest []byte
 	if m.ownDigest {
 		digest = m.fingerprint(r, body)
@@ -42,7 +40,7 @@ func (m *middleware) fingerprintOf(r *http.Request, body []byte) []byte {
 		var sum [sha256.Size]byte
 		digest = append(sum[:0], d.body(r, body)...)
 	}
-	return append(make([]byte, 0, sha256.Size), d.request(r, digest)...)
+	return d.request(r, digest)
 }
 
 // digester computes fingerprints with a SHA-256 and a buffer that it keeps
