@@ -19,7 +19,7 @@ import (
 // For each message:
 //
 //   - its key claimed: handle runs, its context carrying the Claim
-//     (ClaimFromContext: fencing token, Recovered, Checkpoints). A nil error
+//     (ClaimFromContext: fencing token, Recovered, Checkpointed). A nil error
 //     completes the key, and so does a Final error, stored for the Keeper's
 //     error retention: MessageHandled, acknowledged. Any other error
 //     releases the key, so that a redelivery runs handle again:
