@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,38 +12,28 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// recorder is an Observer that keeps what it is told.
-type recorder struct {
-	mu  sync.Mutex
-	evs []idem.Event
+// told returns an Observer that sends what it is told on the channel.
+func told() (idem.Observer, chan idem.Event) {
+	evs := make(chan idem.Event, 16)
+	return idem.ObserverFunc(func(_ context.Context, ev idem.Event) { evs <- ev }), evs
 }
 
-func (r *recorder) Observe(_ context.Context, ev idem.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.evs = append(r.evs, ev)
-}
+// nobody is an Observer that ignores what it is told.
+type nobody struct{}
 
-// take returns the events told since the last take.
-func (r *recorder) take() []idem.Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	evs := r.evs
-	r.evs = nil
-	return evs
-}
+func (*nobody) Observe(context.Context, idem.Event) {}
 
 // The hooks answer what the Keeper was made with.
 func TestKeeperSettings(t *testing.T) {
 	b := redistest.Miniredis(t)
-	rec := &recorder{}
+	obs := &nobody{}
 	k, err := idem.NewRedis(b.Client, idem.WithLease(time.Minute), idem.WithRetention(time.Hour),
-		idem.WithErrorRetention(10*time.Minute), idem.WithObserver(rec))
+		idem.WithErrorRetention(10*time.Minute), idem.WithObserver(obs))
 	require.NoError(t, err)
 	assert.Equal(t, time.Minute, Lease(k))
 	assert.Equal(t, time.Hour, Retention(k))
 	assert.Equal(t, 10*time.Minute, ErrorRetention(k))
-	assert.Equal(t, idem.Observer(rec), Observer(k))
+	assert.Same(t, obs, Observer(k))
 
 	quiet, err := idem.NewRedis(b.Client)
 	require.NoError(t, err)
@@ -59,11 +48,11 @@ func TestKeeperSettings(t *testing.T) {
 // is told InRequest. Without an Observer it measures nothing.
 func TestRequestEvent(t *testing.T) {
 	b := redistest.Miniredis(t)
-	rec := &recorder{}
+	obs, evs := told()
 	base := time.Now()
 	var elapsed atomic.Int64
 	clock := func() time.Time { return base.Add(time.Duration(elapsed.Load())) }
-	k, err := idem.NewRedis(b.Client, idem.WithObserver(rec), idem.WithClock(clock))
+	k, err := idem.NewRedis(b.Client, idem.WithObserver(obs), idem.WithClock(clock))
 	require.NoError(t, err)
 
 	req := StartRequest(k, context.Background())
@@ -71,19 +60,18 @@ func TestRequestEvent(t *testing.T) {
 	elapsed.Add(int64(time.Second))
 	out, err := k.Begin(req.Context(), "s", "key")
 	require.NoError(t, err)
-	evs := rec.take()
 	require.Len(t, evs, 1)
-	assert.Equal(t, idem.StepClaim, evs[0].Step)
-	assert.True(t, evs[0].InRequest, "an observed request's claim is marked")
+	claim := <-evs
+	assert.Equal(t, idem.StepClaim, claim.Step)
+	assert.True(t, claim.InRequest, "an observed request's claim is marked")
 
 	req.Event.Scope, req.Event.Token = "s", out.Claim.Token()
 	req.Running()
 	elapsed.Add(int64(2 * time.Second))
 	req.End(idem.ResultDone, 201, nil)
-	evs = rec.take()
 	require.Len(t, evs, 1)
 	assert.Equal(t, idem.Event{Step: idem.StepRequest, Result: idem.ResultDone, Scope: "s",
-		Token: out.Claim.Token(), Status: 201, Took: 3 * time.Second, Held: 2 * time.Second}, evs[0])
+		Token: out.Claim.Token(), Status: 201, Took: 3 * time.Second, Held: 2 * time.Second}, <-evs)
 
 	quiet, err := idem.NewRedis(b.Client)
 	require.NoError(t, err)
