@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime/metrics"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,10 @@ type load struct {
 	elapsed time.Duration // from the start of the measurement to its last call's end
 	calls   int64         // successful calls, warm-up included
 	errors  int64         // failed calls, warm-up included
+	// allocs counts the heap allocations of the whole process (callers,
+	// clients and in-process servers) from the start of the measurement
+	// to its planned end.
+	allocs  uint64
 	samples map[string]int
 }
 
@@ -62,6 +67,7 @@ func drive(ctx context.Context, p peer, ks keySource, callers int, warmup, d tim
 	total := &load{samples: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	wg.Go(func() { total.allocs = allocsBetween(ctx, start, end) })
 	for i := range callers {
 		wg.Go(func() {
 			cl := driveOne(ctx, p, ks, uint64(i), start, end)
@@ -75,6 +81,31 @@ func drive(ctx context.Context, p peer, ks keySource, callers int, warmup, d tim
 		total.elapsed = d
 	}
 	return total
+}
+
+// allocsBetween returns the heap allocations the process makes from start
+// to end (0 if ctx ends first), read from runtime/metrics, which does not
+// stop the world.
+func allocsBetween(ctx context.Context, start, end time.Time) uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	read := func(at time.Time) (uint64, bool) {
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-time.After(time.Until(at)):
+		}
+		metrics.Read(s)
+		return s[0].Value.Uint64(), true
+	}
+	a, ok := read(start)
+	if !ok {
+		return 0
+	}
+	b, ok := read(end)
+	if !ok {
+		return 0
+	}
+	return b - a
 }
 
 // stragglerGrace is how long past its end a cell waits for the first

@@ -61,8 +61,9 @@
 // The command checks what each cell did: no call failed, every result is the
 // key's own 200-byte result, a first execution ran the operation exactly once
 // per key, and a replay never ran it (the operation counts its executions per
-// key). It prints a table of ops/s and p50/p99 latency per peer, workload and
-// callers, then idem's targets against the peers: ratios of ops/s at the
+// key). It prints a table of ops/s, p50/p99 latency and the process's heap
+// allocations a call (callers, clients and the in-process HTTP servers) per
+// peer, workload and callers, then idem's targets against the peers: ratios of ops/s at the
 // largest number of callers, with whether each is met (-json prints one
 // object instead). It exits with status 1 when a check fails, 2 on bad flags.
 package main

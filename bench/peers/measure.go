@@ -185,6 +185,12 @@ type cellResult struct {
 	// those for a key that had run before.
 	Executions int64 `json:"executions"`
 	Repeats    int64 `json:"repeats"`
+	// Allocs counts the heap allocations of the whole process while the
+	// cell measured (its callers and clients, and the HTTP peers' servers,
+	// which run in it; not redis-server's or Postgres's), and AllocsPerOp
+	// is that over Ops.
+	Allocs      uint64  `json:"allocs"`
+	AllocsPerOp float64 `json:"allocs_per_op"`
 	// RoundsOpsPerSec lists each round's ops/s when there were several
 	// (-rounds); OpsPerSec is then their median, the latencies are over
 	// every round's calls, and the counts are sums.
@@ -200,6 +206,7 @@ func newCellResult(spec peerSpec, w string, callers int, l *load, t *tally) cell
 		P50us: l.hist.Quantile(0.50), P99us: l.hist.Quantile(0.99),
 		Errors: l.errors, ErrorSamples: l.errorSamples(),
 		Executions: t.executions.Load(), Repeats: t.repeats.Load(),
+		Allocs: l.allocs, AllocsPerOp: float64(l.allocs) / float64(max(l.ops, 1)),
 		hist: &l.hist,
 	}
 }
@@ -238,6 +245,8 @@ func (c *cellResult) add(o cellResult) {
 	c.ErrorSamples = append(c.ErrorSamples, o.ErrorSamples...)[:min(5, len(c.ErrorSamples)+len(o.ErrorSamples))]
 	c.Executions += o.Executions
 	c.Repeats += o.Repeats
+	c.Allocs += o.Allocs
+	c.AllocsPerOp = float64(c.Allocs) / float64(max(c.Ops, 1))
 	c.hist.Add(o.hist)
 	c.P50us, c.P99us = c.hist.Quantile(0.50), c.hist.Quantile(0.99)
 }

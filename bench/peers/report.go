@@ -167,11 +167,12 @@ func printText(w io.Writer, r *report) {
 		fmt.Fprintf(w, "; ops/s: the median of %d rounds", s.Rounds)
 	}
 	fmt.Fprint(w, "\n\n")
-	const row = "%-44s %-8s %7s %9s %8s %8s %6s\n"
-	fmt.Fprintf(w, row, "peer", "workload", "callers", "ops/s", "p50 µs", "p99 µs", "errors")
+	const row = "%-44s %-8s %7s %9s %8s %8s %9s %6s\n"
+	fmt.Fprintf(w, row, "peer", "workload", "callers", "ops/s", "p50 µs", "p99 µs", "allocs/op", "errors")
 	for _, c := range r.Cells {
 		fmt.Fprintf(w, row, c.Label, c.Workload, strconv.Itoa(c.Callers), fmt.Sprintf("%.0f", c.OpsPerSec),
-			fmt.Sprintf("%.0f", c.P50us), fmt.Sprintf("%.0f", c.P99us), strconv.FormatInt(c.Errors, 10))
+			fmt.Sprintf("%.0f", c.P50us), fmt.Sprintf("%.0f", c.P99us), fmt.Sprintf("%.1f", c.AllocsPerOp),
+			strconv.FormatInt(c.Errors, 10))
 	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintf(w, "\ntargets (ops/s over ops/s, %d callers):\n", r.Targets[0].Callers)
