@@ -51,7 +51,7 @@ func WithoutMarkers() Option {
 // Without it (the default) batchBegin keeps each claim in a record of its
 // own. It has no effect on a Keeper made WithoutMarkers.
 func withCompactClaims() Option {
-	return Option{name: "WithCompactClaims", to: toBatch, set: func(s *settings) { s.compact = true }}
+	return Option{name: "withCompactClaims", to: toBatch, set: func(s *settings) { s.compact = true }}
 }
 
 // ErrResultExpired reports a key whose operation completed and whose result

@@ -152,7 +152,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !present && !s.required {
 		return handler(ctx, req)
 	}
-	rep := integration.StartRequest(s.k, ctx)
+	rep := integration.StartRequest(ctx, s.k)
 	if !present || err != nil {
 		return nil, reply(&rep, idem.ResultInvalid, err, s.keyAnswer(present, err))
 	}

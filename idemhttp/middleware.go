@@ -192,7 +192,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	}
-	rep := integration.StartRequest(m.k, r.Context())
+	rep := integration.StartRequest(r.Context(), m.k)
 	key, body, v := m.identify(r)
 	switch {
 	case v.pass:

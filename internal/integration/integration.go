@@ -62,7 +62,7 @@ type Request struct {
 
 // StartRequest begins the StepRequest event of a request to k with ctx,
 // the context the Observer is given.
-func StartRequest(k *idem.Keeper, ctx context.Context) Request {
+func StartRequest(ctx context.Context, k *idem.Keeper) Request {
 	if observer(k) == nil {
 		return Request{ctx: ctx}
 	}

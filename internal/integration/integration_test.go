@@ -55,7 +55,7 @@ func TestRequestEvent(t *testing.T) {
 	k, err := idem.NewRedis(b.Client, idem.WithObserver(obs), idem.WithClock(clock))
 	require.NoError(t, err)
 
-	req := StartRequest(k, context.Background())
+	req := StartRequest(context.Background(), k)
 	require.True(t, req.Observed())
 	elapsed.Add(int64(time.Second))
 	out, err := k.Begin(req.Context(), "s", "key")
@@ -76,7 +76,7 @@ func TestRequestEvent(t *testing.T) {
 	quiet, err := idem.NewRedis(b.Client)
 	require.NoError(t, err)
 	ctx := context.Background()
-	req = StartRequest(quiet, ctx)
+	req = StartRequest(ctx, quiet)
 	assert.False(t, req.Observed())
 	req.Running()
 	req.End(idem.ResultDone, 201, nil) // nothing to tell, nothing measured
