@@ -276,11 +276,11 @@ func (k *Keeper) callOptions(opts []Option) (call, error) {
 	c := call{wait: k.wait}
 	for i := range opts {
 		o := &opts[i]
-		if o.to == 0 {
-			continue // the zero Option
-		}
-		if o.to&toCall == 0 {
-			return call{}, fmt.Errorf("%w: %s does not apply to a call", ErrInvalidConfig, o.name)
+		if apply, err := o.appliesTo(toCall, "a call"); !apply {
+			if err != nil {
+				return call{}, err
+			}
+			continue
 		}
 		o.call.setOn(&c)
 	}

@@ -113,11 +113,11 @@ func defaultSettings() settings {
 func (s *settings) apply(what target, who string, opts []Option) error {
 	for i := range opts {
 		o := &opts[i]
-		if o.to == 0 {
-			continue // the zero Option
-		}
-		if o.to&what == 0 {
-			return fmt.Errorf("%w: %s does not apply to %s", ErrInvalidConfig, o.name, who)
+		if apply, err := o.appliesTo(what, who); !apply {
+			if err != nil {
+				return err
+			}
+			continue
 		}
 		if o.set != nil {
 			o.set(s)
@@ -126,6 +126,20 @@ func (s *settings) apply(what target, who string, opts []Option) error {
 		s.waitSet = s.waitSet || o.call.field == callWait
 	}
 	return nil
+}
+
+// appliesTo reports whether o applies to what (the constructor or call
+// named by who): false and nil for the zero Option, which sets nothing;
+// false and an error wrapping ErrInvalidConfig for an option of something
+// else.
+func (o *Option) appliesTo(what target, who string) (bool, error) {
+	switch {
+	case o.to == 0:
+		return false, nil
+	case o.to&what == 0:
+		return false, fmt.Errorf("%w: %s does not apply to %s", ErrInvalidConfig, o.name, who)
+	}
+	return true, nil
 }
 
 // WithFingerprint binds one call of Begin or Do to a digest of its request
